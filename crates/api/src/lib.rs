@@ -1,0 +1,273 @@
+//! The `SidecarTemplate` custom resource (`sidecar.dev/v1alpha1`, cluster-scoped), the
+//! annotation and label names the injector reads and writes, and CRD generation.
+//!
+//! This crate holds types only: no I/O, no logic beyond defaults.
+
+pub mod names;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvFromSource, EnvVar, LocalObjectReference, Volume, VolumeMount,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The API group of every resource this project defines.
+pub const GROUP: &str = "sidecar.dev";
+/// The version of [`SidecarTemplate`].
+pub const VERSION: &str = "v1alpha1";
+/// The default of `spec.priority`.
+pub const DEFAULT_PRIORITY: i32 = 100;
+
+/// What to inject into Pods, and into which Pods.
+///
+/// A SidecarTemplate is cluster-scoped: it selects namespaces with `namespaceSelector` and pods
+/// with `podSelector`, and adds containers, native sidecars, volumes, pull secrets, metadata, and
+/// env and mounts for the pod's own containers when a selected Pod is created.
+// The printer columns repeat `type_ = "string"`, which clippy mistakes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "sidecar.dev",
+    version = "v1alpha1",
+    kind = "SidecarTemplate",
+    plural = "sidecartemplates",
+    singular = "sidecartemplate",
+    shortname = "sct",
+    category = "sidecar",
+    status = "SidecarTemplateStatus",
+    derive = "PartialEq",
+    printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority"),
+    printcolumn(name = "Injection", type_ = "string", json_path = ".spec.injection"),
+    printcolumn(
+        name = "Failure-Policy",
+        type_ = "string",
+        json_path = ".spec.failurePolicy"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(
+    validation = Rule::new(
+        "(has(self.containers) && size(self.containers) > 0) || (has(self.initContainers) && size(self.initContainers) > 0) || (has(self.volumes) && size(self.volumes) > 0) || (has(self.imagePullSecrets) && size(self.imagePullSecrets) > 0) || has(self.appContainers) || has(self.metadata)"
+    ).message("a SidecarTemplate must inject something: containers, initContainers, volumes, imagePullSecrets, appContainers or metadata"),
+    validation = Rule::new(
+        "!has(self.containers) || !has(self.initContainers) || self.initContainers.all(i, !self.containers.exists(c, c.name == i.name))"
+    ).message("a container name may appear in containers or initContainers, not both")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarTemplateSpec {
+    /// Selects the namespaces whose Pods this template applies to, by namespace labels.
+    /// Absent or empty selects every namespace that is not excluded (kube-system, kube-public,
+    /// kube-node-lease, the operator's own namespace, and namespaces labelled
+    /// `sidecar.dev/injection=disabled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// Selects the Pods this template applies to, by Pod labels. Absent or empty selects every
+    /// Pod in the selected namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_selector: Option<LabelSelector>,
+
+    /// `Automatic` (default) injects into every selected Pod. `OnRequest` injects only into
+    /// selected Pods whose annotation `sidecar.dev/templates` lists this template's name.
+    #[serde(default)]
+    pub injection: Injection,
+
+    /// Order of application: lower applies first, ties are broken by name. When two templates
+    /// add the same container, volume or key, the one applied first wins. Default 100.
+    #[serde(default = "default_priority")]
+    #[schemars(range(min = 0, max = 1_000_000))]
+    pub priority: i32,
+
+    /// `Fail` (default): the template is required; a selected Pod is not admitted without it,
+    /// also while the injector is unavailable. `Ignore`: best effort; a Pod is admitted without
+    /// it when it cannot be applied.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// Containers appended to the Pod's containers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(transform = item_names_are_dns_labels)]
+    pub containers: Vec<Container>,
+
+    /// Init containers placed before the Pod's own, in this order. An init container with
+    /// `restartPolicy: Always` is a native sidecar: it starts before the app and runs beside it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(transform = item_names_are_dns_labels)]
+    pub init_containers: Vec<Container>,
+
+    /// Volumes added to the Pod, for the injected containers (and `appContainers.volumeMounts`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub volumes: Vec<Volume>,
+
+    /// Image pull secrets added to the Pod (the Secrets must exist in the Pod's namespace).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// Env, envFrom and volume mounts added to the Pod's own containers. An existing env name
+    /// or mount path is never overwritten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_containers: Option<AppContainers>,
+
+    /// Labels and annotations added to the Pod. Existing keys keep their values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<InjectedMetadata>,
+}
+
+/// Bounds `items.name` to a DNS-1123 label, as the API server bounds Pod container names. Besides
+/// rejecting bad names at `kubectl apply`, the bound keeps the cost of the CEL rule comparing
+/// names across `containers` and `initContainers` within the API server's budget.
+fn item_names_are_dns_labels(schema: &mut schemars::Schema) {
+    let name = schema
+        .get_mut("items")
+        .and_then(|items| items.get_mut("properties"))
+        .and_then(|properties| properties.get_mut("name"))
+        .and_then(|name| name.as_object_mut());
+    if let Some(name) = name {
+        name.insert("maxLength".into(), 63.into());
+        name.insert("pattern".into(), names::DNS_LABEL_PATTERN.into());
+    }
+}
+
+fn default_priority() -> i32 {
+    DEFAULT_PRIORITY
+}
+
+/// When a selected Pod receives the template.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum Injection {
+    /// Every selected Pod.
+    #[default]
+    Automatic,
+    /// Only selected Pods whose `sidecar.dev/templates` annotation names this template.
+    OnRequest,
+}
+
+/// What happens to a selected Pod when the template cannot be applied.
+#[derive(
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    JsonSchema,
+)]
+pub enum FailurePolicy {
+    /// Required: the Pod is denied.
+    #[default]
+    Fail,
+    /// Best effort: the Pod is admitted without the template, with a warning.
+    Ignore,
+}
+
+impl FailurePolicy {
+    /// The name used in the API and in webhook configurations.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
+        }
+    }
+}
+
+impl Injection {
+    /// The name used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Injection::Automatic => "Automatic",
+            Injection::OnRequest => "OnRequest",
+        }
+    }
+}
+
+/// Additions to the Pod's own containers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppContainers {
+    /// Names of the Pod's containers to change. Absent or empty means every container the Pod
+    /// itself declares (not injected ones, not init containers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub names: Vec<String>,
+
+    /// Environment variables added to each named container, unless it already has that name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub env: Vec<EnvVar>,
+
+    /// Sources of environment variables (ConfigMaps, Secrets) added to each named container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub env_from: Vec<EnvFromSource>,
+
+    /// Volume mounts added to each named container, unless it already mounts that path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+/// Labels and annotations added to the Pod.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+pub struct InjectedMetadata {
+    /// Labels added to the Pod; a label the Pod already has keeps its value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Annotations added to the Pod; an annotation the Pod already has keeps its value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// What the injector last observed about the template.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarTemplateStatus {
+    /// `Ready`: `True` with reason `Valid` when the template is in use, `False` with reason
+    /// `Invalid` and every validation message when it is not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` that the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The CustomResourceDefinition of [`SidecarTemplate`], as the API server receives it.
+pub fn crd() -> CustomResourceDefinition {
+    SidecarTemplate::crd()
+}
+
+/// The CRD as YAML, exactly as `crds/` holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    let body = serde_yaml::to_string(&crd())?;
+    Ok(format!(
+        "# Generated by `sidecar-injector crd` (just generate). Do not edit.\n{body}"
+    ))
+}

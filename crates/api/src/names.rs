@@ -1,0 +1,27 @@
+//! Annotation and label names that users and the injector share.
+
+/// Pod annotation: `"false"` opts the Pod out of every template.
+pub const INJECT_ANNOTATION: &str = "sidecar.dev/inject";
+
+/// Pod annotation: a comma-separated list of `OnRequest` template names to apply.
+pub const TEMPLATES_ANNOTATION: &str = "sidecar.dev/templates";
+
+/// Pod annotation written by the injector: the templates applied, as `name@generation`
+/// separated by commas. A template listed here is never applied again to the same Pod.
+pub const INJECTED_ANNOTATION: &str = "sidecar.dev/injected";
+
+/// Namespace label: `disabled` opts every Pod of the namespace out.
+pub const INJECTION_LABEL: &str = "sidecar.dev/injection";
+
+/// The value of [`INJECTION_LABEL`] that opts a namespace out.
+pub const INJECTION_DISABLED: &str = "disabled";
+
+/// The label the API server sets on every namespace to its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Namespaces no template ever applies to.
+pub const ALWAYS_EXCLUDED_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// A DNS-1123 label (at most 63 characters), as a regular expression. Container, volume and
+/// template names must match it.
+pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";

@@ -1,0 +1,22 @@
+//! The pure injection engine: compile and validate `SidecarTemplate`s, keep them in a
+//! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them.
+//!
+//! No I/O lives here: no async runtime, no HTTP, no Kubernetes client. Everything is a function
+//! of its inputs, which is what lets the webhook call it on the hot path and the tests and
+//! benchmarks drive it directly.
+
+pub mod error;
+pub mod group;
+pub mod names;
+pub mod placeholder;
+pub mod plan;
+pub mod registry;
+pub mod selector;
+pub mod template;
+
+pub use error::{FieldError, ValidationErrors};
+pub use group::{GroupId, GroupKey};
+pub use plan::{Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan};
+pub use registry::{Group, Registry, Snapshot};
+pub use selector::{Labels, Selector};
+pub use template::{CompiledTemplate, compile};

@@ -1,0 +1,86 @@
+//! Syntax checks for Kubernetes names, label keys and label values.
+
+/// A DNS-1123 label: at most 63 lowercase alphanumerics or '-', starting and ending alphanumeric.
+pub fn is_dns_label(name: &str) -> bool {
+    name.len() <= 63
+        && !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// A DNS-1123 subdomain: at most 253 characters of dot-separated DNS labels.
+pub fn is_dns_subdomain(name: &str) -> bool {
+    name.len() <= 253 && name.split('.').all(is_dns_label)
+}
+
+/// A label value: empty, or at most 63 alphanumerics, '-', '_' or '.', starting and ending
+/// alphanumeric.
+pub fn is_label_value(value: &str) -> bool {
+    value.is_empty() || is_qualified_name_part(value)
+}
+
+/// A label or annotation key: an optional DNS subdomain prefix and '/', then a name part.
+pub fn is_qualified_name(key: &str) -> bool {
+    match key.split_once('/') {
+        Some((prefix, name)) => is_dns_subdomain(prefix) && is_qualified_name_part(name),
+        None => is_qualified_name_part(key),
+    }
+}
+
+fn is_qualified_name_part(name: &str) -> bool {
+    let alnum = |b: u8| b.is_ascii_alphanumeric();
+    let bytes = name.as_bytes();
+    match (bytes.first(), bytes.last()) {
+        (Some(&first), Some(&last)) => {
+            bytes.len() <= 63
+                && alnum(first)
+                && alnum(last)
+                && bytes
+                    .iter()
+                    .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns_label("istio-proxy"));
+        assert!(is_dns_label("a"));
+        assert!(!is_dns_label(""));
+        assert!(!is_dns_label("-a"));
+        assert!(!is_dns_label("a-"));
+        assert!(!is_dns_label("Proxy"));
+        assert!(!is_dns_label("a.b"));
+        assert!(!is_dns_label(&"a".repeat(64)));
+        assert!(is_dns_label(&"a".repeat(63)));
+    }
+
+    #[test]
+    fn subdomains() {
+        assert!(is_dns_subdomain("sidecar.dev"));
+        assert!(!is_dns_subdomain("sidecar..dev"));
+        assert!(!is_dns_subdomain(&format!("{}.dev", "a".repeat(250))));
+    }
+
+    #[test]
+    fn label_keys_and_values() {
+        assert!(is_qualified_name("app"));
+        assert!(is_qualified_name("sidecar.dev/injected"));
+        assert!(is_qualified_name("app.kubernetes.io/name"));
+        assert!(!is_qualified_name("/name"));
+        assert!(!is_qualified_name("Sidecar.Dev/name"));
+        assert!(!is_qualified_name("a/b/c"));
+        assert!(is_label_value(""));
+        assert!(is_label_value("v1.2_x-y"));
+        assert!(!is_label_value("has space"));
+        assert!(!is_label_value("-x"));
+    }
+}

@@ -1,0 +1,308 @@
+//! `{{ pod.* }}` placeholders in a template's string values.
+//!
+//! A template's injected objects are parsed once, at compile time, into a [`Node`] tree in
+//! which only strings holding placeholders stay dynamic. Rendering substitutes Pod metadata
+//! into those strings and nowhere else: a placeholder can only ever produce a string value,
+//! never structure, whatever the metadata holds.
+
+use serde_json::{Map, Value};
+
+use crate::error::FieldError;
+
+/// The placeholders a template may use, for error messages and docs.
+pub const KNOWN_PLACEHOLDERS: &str = "pod.name, pod.namespace, pod.serviceAccountName, \
+pod.labels['KEY'], pod.annotations['KEY']";
+
+/// One piece of Pod metadata a placeholder refers to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Field {
+    Name,
+    Namespace,
+    ServiceAccountName,
+    Label(String),
+    Annotation(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Field(Field),
+}
+
+/// A string with at least one placeholder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateString {
+    segments: Vec<Segment>,
+}
+
+/// The Pod metadata placeholders draw from.
+#[derive(Clone, Copy, Debug)]
+pub struct PodFacts<'a> {
+    /// `metadata.name`, or `metadata.generateName` when the name is not yet set.
+    pub name: &'a str,
+    /// The namespace the Pod is created in.
+    pub namespace: &'a str,
+    /// `spec.serviceAccountName`, `default` when unset.
+    pub service_account_name: &'a str,
+    /// `metadata.labels`.
+    pub labels: Option<&'a Map<String, Value>>,
+    /// `metadata.annotations`.
+    pub annotations: Option<&'a Map<String, Value>>,
+}
+
+impl TemplateString {
+    /// Parses `text`: `Ok(None)` when it holds no placeholder, an error naming the problem when
+    /// a placeholder is unterminated or unknown.
+    pub fn parse(text: &str) -> Result<Option<Self>, String> {
+        if !text.contains("{{") {
+            return Ok(None);
+        }
+        let mut segments = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("{{") {
+            if start > 0 {
+                segments.push(Segment::Literal(rest[..start].to_owned()));
+            }
+            let after_open = &rest[start + 2..];
+            let Some(end) = after_open.find("}}") else {
+                return Err(format!(
+                    "unterminated placeholder {:?}: expected }}}}",
+                    &rest[start..]
+                ));
+            };
+            let expression = after_open[..end].trim();
+            segments.push(Segment::Field(parse_field(expression).ok_or_else(
+                || {
+                    format!(
+                        "unknown placeholder {{{{ {expression} }}}}; known: {KNOWN_PLACEHOLDERS}"
+                    )
+                },
+            )?));
+            rest = &after_open[end + 2..];
+        }
+        if !rest.is_empty() {
+            segments.push(Segment::Literal(rest.to_owned()));
+        }
+        Ok(Some(Self { segments }))
+    }
+
+    /// The string with every placeholder replaced; a missing label or annotation is empty.
+    pub fn render(&self, pod: &PodFacts<'_>) -> String {
+        let mut out = String::new();
+        for segment in &self.segments {
+            match segment {
+                Segment::Literal(text) => out.push_str(text),
+                Segment::Field(Field::Name) => out.push_str(pod.name),
+                Segment::Field(Field::Namespace) => out.push_str(pod.namespace),
+                Segment::Field(Field::ServiceAccountName) => out.push_str(pod.service_account_name),
+                Segment::Field(Field::Label(key)) => out.push_str(lookup(pod.labels, key)),
+                Segment::Field(Field::Annotation(key)) => {
+                    out.push_str(lookup(pod.annotations, key))
+                }
+            }
+        }
+        out
+    }
+}
+
+fn lookup<'a>(map: Option<&'a Map<String, Value>>, key: &str) -> &'a str {
+    map.and_then(|m| m.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn parse_field(expression: &str) -> Option<Field> {
+    match expression {
+        "pod.name" => return Some(Field::Name),
+        "pod.namespace" => return Some(Field::Namespace),
+        "pod.serviceAccountName" => return Some(Field::ServiceAccountName),
+        _ => {}
+    }
+    let (map, index) = expression.split_once('[')?;
+    let key = index.strip_suffix(']')?.trim();
+    let key = key
+        .strip_prefix('\'')
+        .and_then(|k| k.strip_suffix('\''))
+        .or_else(|| key.strip_prefix('"').and_then(|k| k.strip_suffix('"')))?;
+    if key.is_empty() {
+        return None;
+    }
+    match map.trim_end() {
+        "pod.labels" => Some(Field::Label(key.to_owned())),
+        "pod.annotations" => Some(Field::Annotation(key.to_owned())),
+        _ => None,
+    }
+}
+
+/// A JSON value whose strings may hold placeholders.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Node {
+    /// A subtree without placeholders, copied as it is.
+    Fixed(Value),
+    /// A string with placeholders.
+    Text(TemplateString),
+    /// An array with placeholders somewhere inside.
+    Array(Vec<Node>),
+    /// An object with placeholders somewhere inside (keys are never templated).
+    Object(Vec<(String, Node)>),
+}
+
+impl Node {
+    /// Parses every string in `value`; problems are reported against `path`.
+    pub fn parse(value: &Value, path: &str, errors: &mut Vec<FieldError>) -> Node {
+        match value {
+            Value::String(text) => match TemplateString::parse(text) {
+                Ok(Some(template)) => Node::Text(template),
+                Ok(None) => Node::Fixed(value.clone()),
+                Err(message) => {
+                    errors.push(FieldError::new(path, message));
+                    Node::Fixed(value.clone())
+                }
+            },
+            Value::Array(items) => {
+                let nodes: Vec<Node> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| Node::parse(item, &format!("{path}[{i}]"), errors))
+                    .collect();
+                if nodes.iter().all(|n| matches!(n, Node::Fixed(_))) {
+                    Node::Fixed(value.clone())
+                } else {
+                    Node::Array(nodes)
+                }
+            }
+            Value::Object(fields) => {
+                let nodes: Vec<(String, Node)> = fields
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Node::parse(v, &format!("{path}.{k}"), errors)))
+                    .collect();
+                if nodes.iter().all(|(_, n)| matches!(n, Node::Fixed(_))) {
+                    Node::Fixed(value.clone())
+                } else {
+                    Node::Object(nodes)
+                }
+            }
+            _ => Node::Fixed(value.clone()),
+        }
+    }
+
+    /// The value with Pod metadata substituted.
+    pub fn render(&self, pod: &PodFacts<'_>) -> Value {
+        match self {
+            Node::Fixed(value) => value.clone(),
+            Node::Text(template) => Value::String(template.render(pod)),
+            Node::Array(items) => Value::Array(items.iter().map(|n| n.render(pod)).collect()),
+            Node::Object(fields) => Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, n)| (k.clone(), n.render(pod)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Whether rendering can differ from Pod to Pod.
+    pub fn is_templated(&self) -> bool {
+        !matches!(self, Node::Fixed(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn facts<'a>(
+        labels: &'a Map<String, Value>,
+        annotations: &'a Map<String, Value>,
+    ) -> PodFacts<'a> {
+        PodFacts {
+            name: "web-abc",
+            namespace: "shop",
+            service_account_name: "web",
+            labels: Some(labels),
+            annotations: Some(annotations),
+        }
+    }
+
+    fn render(text: &str) -> String {
+        let labels = json!({"app": "web", "a/b~c": "x"});
+        let annotations = json!({"team": "payments"});
+        let pod = facts(
+            labels.as_object().unwrap(),
+            annotations.as_object().unwrap(),
+        );
+        TemplateString::parse(text).unwrap().unwrap().render(&pod)
+    }
+
+    #[test]
+    fn every_placeholder_renders() {
+        assert_eq!(render("{{ pod.name }}"), "web-abc");
+        assert_eq!(render("{{pod.namespace}}"), "shop");
+        assert_eq!(render("sa={{ pod.serviceAccountName }}!"), "sa=web!");
+        assert_eq!(render("{{ pod.labels['app'] }}"), "web");
+        assert_eq!(render("{{ pod.labels[\"a/b~c\"] }}"), "x");
+        assert_eq!(render("{{ pod.annotations['team'] }}"), "payments");
+        assert_eq!(render("{{ pod.labels['missing'] }}"), "");
+        assert_eq!(
+            render("{{ pod.namespace }}/{{ pod.name }}.svc"),
+            "shop/web-abc.svc"
+        );
+    }
+
+    #[test]
+    fn plain_strings_are_not_templates() {
+        assert_eq!(TemplateString::parse("plain }} text").unwrap(), None);
+    }
+
+    #[test]
+    fn unknown_and_unterminated_placeholders_are_errors() {
+        let unknown = TemplateString::parse("{{ pod.uid }}").unwrap_err();
+        assert!(
+            unknown.contains("unknown placeholder {{ pod.uid }}"),
+            "{unknown}"
+        );
+        assert!(TemplateString::parse("{{ pod.labels[app] }}").is_err());
+        assert!(TemplateString::parse("{{ pod.labels[''] }}").is_err());
+        assert!(TemplateString::parse("{{ env.HOME }}").is_err());
+        let open = TemplateString::parse("x {{ pod.name").unwrap_err();
+        assert!(open.contains("unterminated"), "{open}");
+    }
+
+    #[test]
+    fn substitution_never_produces_structure() {
+        let labels = json!({"evil": "\", \"privileged\": true, \"x\": \"{{ pod.name }}"});
+        let annotations = json!({});
+        let pod = facts(
+            labels.as_object().unwrap(),
+            annotations.as_object().unwrap(),
+        );
+        let mut errors = Vec::new();
+        let node = Node::parse(
+            &json!({"env": [{"name": "A", "value": "{{ pod.labels['evil'] }}"}], "n": 1}),
+            "spec",
+            &mut errors,
+        );
+        assert!(errors.is_empty());
+        let rendered = node.render(&pod);
+        assert_eq!(
+            rendered,
+            json!({"env": [{"name": "A", "value": labels["evil"]}], "n": 1})
+        );
+    }
+
+    #[test]
+    fn untemplated_subtrees_stay_fixed_and_errors_carry_paths() {
+        let mut errors = Vec::new();
+        let node = Node::parse(
+            &json!({"a": [1, "x"], "b": {"c": "y"}}),
+            "spec",
+            &mut errors,
+        );
+        assert!(!node.is_templated());
+        let node = Node::parse(&json!({"a": [1, "{{ pod.bogus }}"]}), "spec", &mut errors);
+        assert!(!node.is_templated());
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].path, "spec.a[1]");
+    }
+}

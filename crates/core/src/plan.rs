@@ -1,0 +1,880 @@
+//! Planning: which templates apply to a Pod, and the RFC 6902 patch that applies them.
+//!
+//! The planner reads the Pod as JSON (so fields it does not know survive untouched), indexes
+//! what the Pod already has once, and then checks each addition in constant time: the cost is
+//! linear in the size of the Pod and of the templates, never quadratic.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use injector_api::FailurePolicy;
+use injector_api::Injection;
+use injector_api::names::{
+    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
+    INJECTION_LABEL, TEMPLATES_ANNOTATION,
+};
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::names::is_label_value;
+use crate::placeholder::PodFacts;
+use crate::template::{CompiledTemplate, Item, Text};
+
+/// The namespace a Pod is created in, as far as the caller knows it.
+#[derive(Clone, Copy, Debug)]
+pub struct NamespaceInfo<'a> {
+    /// The namespace's name (used when the Pod's own `metadata.namespace` is empty).
+    pub name: &'a str,
+    /// The namespace's labels. `None` means the namespace selection was already made by the
+    /// API server (webhook entries select namespaces), so namespace selectors are not checked.
+    pub labels: Option<&'a BTreeMap<String, String>>,
+}
+
+/// A template that was applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Applied {
+    /// The template's name.
+    pub name: String,
+    /// The template's generation.
+    pub generation: i64,
+}
+
+/// Why a template was not applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", content = "detail")]
+pub enum SkipReason {
+    /// The Pod has the annotation `sidecar.dev/inject: "false"`.
+    PodOptedOut,
+    /// The namespace has the label `sidecar.dev/injection: disabled`.
+    NamespaceOptedOut,
+    /// The namespace is one no template ever applies to.
+    NamespaceExcluded(String),
+    /// The namespace selector does not match the namespace's labels.
+    NamespaceNotSelected,
+    /// The pod selector does not match the Pod's labels.
+    PodNotSelected,
+    /// An `OnRequest` template the Pod's `sidecar.dev/templates` annotation does not name.
+    NotRequested,
+    /// The Pod's `sidecar.dev/injected` annotation says it was applied already.
+    AlreadyInjected,
+    /// Applying it would clash with what the Pod (or an earlier template) already has.
+    Conflict(String),
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SkipReason::PodOptedOut => {
+                write!(f, "the pod opts out ({INJECT_ANNOTATION}: \"false\")")
+            }
+            SkipReason::NamespaceOptedOut => {
+                write!(
+                    f,
+                    "the namespace opts out ({INJECTION_LABEL}={INJECTION_DISABLED})"
+                )
+            }
+            SkipReason::NamespaceExcluded(ns) => {
+                write!(f, "namespace {ns:?} is never injected")
+            }
+            SkipReason::NamespaceNotSelected => {
+                write!(
+                    f,
+                    "the namespace selector does not match the namespace's labels"
+                )
+            }
+            SkipReason::PodNotSelected => {
+                write!(f, "the pod selector does not match the pod's labels")
+            }
+            SkipReason::NotRequested => write!(
+                f,
+                "injection is OnRequest and the pod's {TEMPLATES_ANNOTATION} annotation does not name it"
+            ),
+            SkipReason::AlreadyInjected => {
+                write!(f, "already injected (listed in {INJECTED_ANNOTATION})")
+            }
+            SkipReason::Conflict(detail) => write!(f, "conflict: {detail}"),
+        }
+    }
+}
+
+/// A template that was not applied, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Skipped {
+    /// The template's name.
+    pub name: String,
+    /// Why.
+    pub reason: SkipReason,
+}
+
+/// A required template that selects the Pod but cannot be applied: the Pod must be denied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Denial {
+    /// The template's name.
+    pub template: String,
+    /// Why it cannot be applied.
+    pub reason: String,
+}
+
+/// The outcome of planning one Pod.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Plan {
+    /// The RFC 6902 patch; empty when nothing is to change.
+    pub patch: Patch,
+    /// The templates applied, in order.
+    pub applied: Vec<Applied>,
+    /// The templates not applied, with the reason, in order.
+    pub skipped: Vec<Skipped>,
+    /// Things the Pod's author should know (kubectl prints them).
+    pub warnings: Vec<String>,
+    /// Required templates that could not be applied.
+    pub denials: Vec<Denial>,
+}
+
+impl Plan {
+    /// The message to deny the Pod with, when a required template could not be applied.
+    pub fn denial_message(&self) -> Option<String> {
+        if self.denials.is_empty() {
+            return None;
+        }
+        let reasons: Vec<String> = self
+            .denials
+            .iter()
+            .map(|d| {
+                format!(
+                    "required SidecarTemplate {:?} cannot be applied: {}",
+                    d.template, d.reason
+                )
+            })
+            .collect();
+        Some(reasons.join("; "))
+    }
+}
+
+/// The Pod is not a Pod: a field the planner needs is missing or of the wrong type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a valid Pod: {0}")]
+pub struct MalformedPod(String);
+
+/// Plans the injection of `templates` into `pod` (its JSON), created in `namespace`.
+///
+/// Templates apply in (priority, name) order whatever order they are given in; a name given
+/// twice counts once.
+pub fn plan(
+    pod: &Value,
+    namespace: &NamespaceInfo<'_>,
+    templates: &[Arc<CompiledTemplate>],
+) -> Result<Plan, MalformedPod> {
+    let view = PodView::parse(pod)?;
+    let mut ordered: Vec<&CompiledTemplate> = templates.iter().map(Arc::as_ref).collect();
+    ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    ordered.dedup_by(|a, b| a.name == b.name);
+
+    let mut plan = Plan::default();
+    let namespace_name = view.namespace.unwrap_or(namespace.name);
+    if let Some(reason) = pod_wide_skip(&view, namespace_name, namespace) {
+        plan.skipped = ordered
+            .iter()
+            .map(|t| Skipped {
+                name: t.name.clone(),
+                reason: reason.clone(),
+            })
+            .collect();
+        return Ok(plan);
+    }
+
+    let injected_before = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
+    let already: HashSet<&str> = injected_names(injected_before).collect();
+    let requested: HashSet<&str> = view
+        .annotation(TEMPLATES_ANNOTATION)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect();
+    let facts = PodFacts {
+        name: view.name,
+        namespace: namespace_name,
+        service_account_name: view.service_account_name,
+        labels: view.labels,
+        annotations: view.annotations,
+    };
+    let mut builder = Builder::new(&view);
+
+    for template in ordered {
+        let skip = |reason| Skipped {
+            name: template.name.clone(),
+            reason,
+        };
+        if already.contains(template.name.as_str()) {
+            plan.skipped.push(skip(SkipReason::AlreadyInjected));
+        } else if namespace
+            .labels
+            .is_some_and(|labels| !template.namespace_selector.matches(labels))
+        {
+            plan.skipped.push(skip(SkipReason::NamespaceNotSelected));
+        } else if !template.pod_selector.matches(&view.labels) {
+            plan.skipped.push(skip(SkipReason::PodNotSelected));
+        } else if template.injection == Injection::OnRequest
+            && !requested.contains(template.name.as_str())
+        {
+            plan.skipped.push(skip(SkipReason::NotRequested));
+        } else {
+            match builder.apply(template, &facts) {
+                Ok(warnings) => {
+                    plan.warnings.extend(
+                        warnings
+                            .into_iter()
+                            .map(|w| format!("SidecarTemplate {:?}: {w}", template.name)),
+                    );
+                    plan.applied.push(Applied {
+                        name: template.name.clone(),
+                        generation: template.generation,
+                    });
+                }
+                Err(conflicts) => {
+                    let detail = conflicts.join("; ");
+                    plan.warnings.push(format!(
+                        "SidecarTemplate {:?} not applied: {detail}",
+                        template.name
+                    ));
+                    if template.failure_policy == FailurePolicy::Fail {
+                        plan.denials.push(Denial {
+                            template: template.name.clone(),
+                            reason: detail.clone(),
+                        });
+                    }
+                    plan.skipped.push(skip(SkipReason::Conflict(detail)));
+                }
+            }
+        }
+    }
+
+    if !plan.applied.is_empty() {
+        let mut record: Vec<String> = injected_before
+            .split(',')
+            .map(str::trim)
+            .filter(|entry| !entry.is_empty())
+            .map(str::to_owned)
+            .collect();
+        record.extend(
+            plan.applied
+                .iter()
+                .map(|a| format!("{}@{}", a.name, a.generation)),
+        );
+        builder
+            .annotations
+            .set(INJECTED_ANNOTATION, Value::String(record.join(",")));
+    }
+    plan.patch = builder.finish();
+    Ok(plan)
+}
+
+/// Parses the `sidecar.dev/injected` annotation (`name@generation,...`) into template names.
+pub fn injected_names(annotation: &str) -> impl Iterator<Item = &str> {
+    annotation
+        .split(',')
+        .map(str::trim)
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| entry.rsplit_once('@').map_or(entry, |(name, _)| name))
+}
+
+fn pod_wide_skip(
+    view: &PodView<'_>,
+    namespace_name: &str,
+    namespace: &NamespaceInfo<'_>,
+) -> Option<SkipReason> {
+    if ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace_name) {
+        Some(SkipReason::NamespaceExcluded(namespace_name.to_owned()))
+    } else if namespace.labels.is_some_and(|l| {
+        l.get(INJECTION_LABEL)
+            .is_some_and(|v| v == INJECTION_DISABLED)
+    }) {
+        Some(SkipReason::NamespaceOptedOut)
+    } else if view
+        .annotation(INJECT_ANNOTATION)
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+    {
+        Some(SkipReason::PodOptedOut)
+    } else {
+        None
+    }
+}
+
+/// What the planner reads of a Pod, borrowed from its JSON.
+struct PodView<'a> {
+    has_metadata: bool,
+    name: &'a str,
+    namespace: Option<&'a str>,
+    service_account_name: &'a str,
+    labels: Option<&'a Map<String, Value>>,
+    annotations: Option<&'a Map<String, Value>>,
+    containers: &'a [Value],
+    init_containers: Option<&'a [Value]>,
+    volumes: Option<&'a [Value]>,
+    image_pull_secrets: Option<&'a [Value]>,
+}
+
+impl<'a> PodView<'a> {
+    fn parse(pod: &'a Value) -> Result<Self, MalformedPod> {
+        let pod = pod
+            .as_object()
+            .ok_or_else(|| MalformedPod("the object is not a JSON object".into()))?;
+        let metadata = optional_object(pod, "metadata", "metadata")?;
+        let spec = optional_object(pod, "spec", "spec")?
+            .ok_or_else(|| MalformedPod("spec is missing".into()))?;
+        let containers = optional_array(spec, "containers", "spec.containers")?
+            .ok_or_else(|| MalformedPod("spec.containers is missing".into()))?;
+        let init_containers = optional_array(spec, "initContainers", "spec.initContainers")?;
+        for (field, list) in [
+            ("spec.containers", Some(containers)),
+            ("spec.initContainers", init_containers),
+        ] {
+            if list.into_iter().flatten().any(|c| !c.is_object()) {
+                return Err(MalformedPod(format!("{field} holds a non-object")));
+            }
+        }
+        let text = |map: Option<&'a Map<String, Value>>, key: &str| {
+            map.and_then(|m| m.get(key))
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
+        Ok(PodView {
+            has_metadata: metadata.is_some(),
+            name: text(metadata, "name")
+                .or_else(|| text(metadata, "generateName"))
+                .unwrap_or_default(),
+            namespace: text(metadata, "namespace"),
+            service_account_name: text(Some(spec), "serviceAccountName")
+                .or_else(|| text(Some(spec), "serviceAccount"))
+                .unwrap_or("default"),
+            labels: metadata
+                .map(|m| optional_object(m, "labels", "metadata.labels"))
+                .transpose()?
+                .flatten(),
+            annotations: metadata
+                .map(|m| optional_object(m, "annotations", "metadata.annotations"))
+                .transpose()?
+                .flatten(),
+            containers,
+            init_containers,
+            volumes: optional_array(spec, "volumes", "spec.volumes")?,
+            image_pull_secrets: optional_array(spec, "imagePullSecrets", "spec.imagePullSecrets")?,
+        })
+    }
+
+    fn annotation(&self, key: &str) -> Option<&'a str> {
+        self.annotations
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+    }
+}
+
+fn optional_object<'a>(
+    parent: &'a Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Result<Option<&'a Map<String, Value>>, MalformedPod> {
+    match parent.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => Ok(Some(map)),
+        Some(_) => Err(MalformedPod(format!("{field} is not an object"))),
+    }
+}
+
+fn optional_array<'a>(
+    parent: &'a Map<String, Value>,
+    key: &str,
+    field: &str,
+) -> Result<Option<&'a [Value]>, MalformedPod> {
+    match parent.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(items)),
+        Some(_) => Err(MalformedPod(format!("{field} is not a list"))),
+    }
+}
+
+fn name_of(item: &Value) -> &str {
+    item.get("name").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// Whether everything `ours` sets, `theirs` sets to the same value. The API server defaults
+/// fields of what we injected (imagePullPolicy, terminationMessagePath, …), so an injected
+/// item that comes back is a subset of what is there, not equal to it.
+fn is_subset(ours: &Value, theirs: &Value) -> bool {
+    match (ours, theirs) {
+        (Value::Object(a), Value::Object(b)) => a
+            .iter()
+            .all(|(k, v)| b.get(k).is_some_and(|w| is_subset(v, w))),
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(v, w)| is_subset(v, w))
+        }
+        _ => ours == theirs,
+    }
+}
+
+/// Who put a named item where it is.
+enum Owner<'a> {
+    Pod(&'a Value),
+    Template(&'a str, Value),
+}
+
+impl Owner<'_> {
+    fn value(&self) -> &Value {
+        match self {
+            Owner::Pod(value) => value,
+            Owner::Template(_, value) => value,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Owner::Pod(_) => "in the pod".to_owned(),
+            Owner::Template(name, _) => format!("added by SidecarTemplate {name:?}"),
+        }
+    }
+}
+
+/// Named items at one place in the Pod (containers, volumes, a container's env, …): what was
+/// there, and what the plan adds.
+struct Keyed<'a> {
+    existed: bool,
+    owners: HashMap<&'a str, Owner<'a>>,
+    added: Vec<Value>,
+}
+
+enum Presence {
+    Absent,
+    Same,
+    Different(String),
+}
+
+impl<'a> Keyed<'a> {
+    fn new(existing: Option<&'a [Value]>, key: impl Fn(&'a Value) -> &'a str) -> Self {
+        Keyed {
+            existed: existing.is_some(),
+            owners: existing
+                .into_iter()
+                .flatten()
+                .map(|item| (key(item), Owner::Pod(item)))
+                .collect(),
+            added: Vec::new(),
+        }
+    }
+
+    fn presence(&self, key: &str, value: &Value) -> Presence {
+        match self.owners.get(key) {
+            None => Presence::Absent,
+            Some(owner) if is_subset(value, owner.value()) => Presence::Same,
+            Some(owner) => Presence::Different(owner.describe()),
+        }
+    }
+
+    fn add(&mut self, key: &'a str, template: &'a str, value: Value) {
+        self.owners
+            .insert(key, Owner::Template(template, value.clone()));
+        self.added.push(value);
+    }
+}
+
+/// A map (labels or annotations) and what the plan adds to it.
+struct MapAdditions<'a> {
+    existing: Option<&'a Map<String, Value>>,
+    added: BTreeMap<String, (Value, String)>,
+    order: Vec<String>,
+}
+
+impl<'a> MapAdditions<'a> {
+    fn new(existing: Option<&'a Map<String, Value>>) -> Self {
+        MapAdditions {
+            existing,
+            added: BTreeMap::new(),
+            order: Vec::new(),
+        }
+    }
+
+    /// Adds `key` unless present; a warning when it is present with another value.
+    fn add(&mut self, what: &str, key: &str, value: Value, template: &str) -> Option<String> {
+        if let Some(current) = self.existing.and_then(|m| m.get(key)) {
+            return (current != &value).then(|| {
+                format!("{what} {key:?} is already set in the pod; kept the pod's value")
+            });
+        }
+        if let Some((current, owner)) = self.added.get(key) {
+            return (current != &value).then(|| {
+                format!(
+                    "{what} {key:?} is already set by SidecarTemplate {owner:?}; kept that value"
+                )
+            });
+        }
+        self.order.push(key.to_owned());
+        self.added
+            .insert(key.to_owned(), (value, template.to_owned()));
+        None
+    }
+
+    /// Sets `key` whatever was there (the injector's own record).
+    fn set(&mut self, key: &str, value: Value) {
+        if !self.added.contains_key(key) {
+            self.order.push(key.to_owned());
+        }
+        self.added.insert(key.to_owned(), (value, String::new()));
+    }
+
+    fn emit(mut self, field: &str, ops: &mut Vec<PatchOperation>) {
+        if self.order.is_empty() {
+            return;
+        }
+        let mut entries = self
+            .order
+            .into_iter()
+            .filter_map(|key| self.added.remove(&key).map(|(value, _)| (key, value)));
+        if self.existing.is_some() {
+            for (key, value) in entries {
+                ops.push(add(&["metadata", field, &key], value));
+            }
+        } else {
+            let map: Map<String, Value> = entries.by_ref().collect();
+            ops.push(add(&["metadata", field], Value::Object(map)));
+        }
+    }
+}
+
+/// Additions to one of the Pod's own containers.
+struct AppContainer<'a> {
+    env: Keyed<'a>,
+    env_from_existing: Option<&'a [Value]>,
+    env_from_added: Vec<Value>,
+    mounts: Keyed<'a>,
+}
+
+impl<'a> AppContainer<'a> {
+    fn new(container: &'a Value) -> Self {
+        let list = |field: &str| {
+            container
+                .get(field)
+                .and_then(Value::as_array)
+                .map(Vec::as_slice)
+        };
+        AppContainer {
+            env: Keyed::new(list("env"), name_of),
+            env_from_existing: list("envFrom"),
+            env_from_added: Vec::new(),
+            mounts: Keyed::new(list("volumeMounts"), |m| {
+                m.get("mountPath")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            }),
+        }
+    }
+}
+
+/// Accumulates what templates add, then emits the patch.
+struct Builder<'a> {
+    view: &'a PodView<'a>,
+    containers: Keyed<'a>,
+    init_containers: Keyed<'a>,
+    volumes: Keyed<'a>,
+    pull_secrets: Keyed<'a>,
+    app: Vec<Option<AppContainer<'a>>>,
+    labels: MapAdditions<'a>,
+    annotations: MapAdditions<'a>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(view: &'a PodView<'a>) -> Self {
+        // Container names are unique across containers and initContainers, so one index
+        // serves both; the two lists only differ in where additions land.
+        let mut containers = Keyed::new(Some(view.containers), name_of);
+        for init in view.init_containers.into_iter().flatten() {
+            containers.owners.insert(name_of(init), Owner::Pod(init));
+        }
+        Builder {
+            view,
+            containers,
+            init_containers: Keyed::new(view.init_containers, name_of),
+            volumes: Keyed::new(view.volumes, name_of),
+            pull_secrets: Keyed::new(view.image_pull_secrets, name_of),
+            app: view.containers.iter().map(|_| None).collect(),
+            labels: MapAdditions::new(view.labels),
+            annotations: MapAdditions::new(view.annotations),
+        }
+    }
+
+    /// Applies one template, all or nothing: `Err` lists the conflicts that stop it; `Ok`
+    /// lists the warnings about the parts that were left out.
+    fn apply(
+        &mut self,
+        template: &'a CompiledTemplate,
+        facts: &PodFacts<'_>,
+    ) -> Result<Vec<String>, Vec<String>> {
+        let render = |items: &'a [Item]| -> Vec<(&'a str, Value)> {
+            items
+                .iter()
+                .map(|i| (i.key.as_str(), i.body.render(facts)))
+                .collect()
+        };
+        let containers = render(&template.containers);
+        let init_containers = render(&template.init_containers);
+        let volumes = render(&template.volumes);
+
+        let mut conflicts = Vec::new();
+        let mut new_containers = Vec::new();
+        let mut new_init_containers = Vec::new();
+        for (list, into) in [
+            (containers, &mut new_containers),
+            (init_containers, &mut new_init_containers),
+        ] {
+            for (name, value) in list {
+                match self.containers.presence(name, &value) {
+                    Presence::Absent => into.push((name, value)),
+                    Presence::Same => {}
+                    Presence::Different(owner) => {
+                        conflicts.push(format!("container {name:?} already exists ({owner})"))
+                    }
+                }
+            }
+        }
+        let mut new_volumes = Vec::new();
+        for (name, value) in volumes {
+            match self.volumes.presence(name, &value) {
+                Presence::Absent => new_volumes.push((name, value)),
+                Presence::Same => {}
+                Presence::Different(owner) => conflicts.push(format!(
+                    "volume {name:?} already exists with a different definition ({owner})"
+                )),
+            }
+        }
+        if !conflicts.is_empty() {
+            return Err(conflicts);
+        }
+
+        let by = template.name.as_str();
+        for (name, value) in new_containers {
+            self.containers.add(name, by, value);
+        }
+        for (name, value) in new_init_containers {
+            self.containers
+                .owners
+                .insert(name, Owner::Template(by, value.clone()));
+            self.init_containers.add(name, by, value);
+        }
+        for (name, value) in new_volumes {
+            self.volumes.add(name, by, value);
+        }
+        for secret in &template.image_pull_secrets {
+            let value = serde_json::json!({ "name": secret });
+            if let Presence::Absent = self.pull_secrets.presence(secret, &value) {
+                self.pull_secrets.add(secret, by, value);
+            }
+        }
+
+        let mut warnings = Vec::new();
+        if let Some(app) = &template.app {
+            self.apply_app(app, by, facts, &mut warnings);
+        }
+        for (key, text) in &template.labels {
+            let value = render_text(text, facts);
+            if !is_label_value(&value) {
+                warnings.push(format!(
+                    "label {key:?} not added: {value:?} is not a valid label value"
+                ));
+                continue;
+            }
+            warnings.extend(self.labels.add("label", key, Value::String(value), by));
+        }
+        for (key, text) in &template.annotations {
+            let value = Value::String(render_text(text, facts));
+            warnings.extend(self.annotations.add("annotation", key, value, by));
+        }
+        Ok(warnings)
+    }
+
+    fn apply_app(
+        &mut self,
+        app: &'a crate::template::AppAdditions,
+        by: &'a str,
+        facts: &PodFacts<'_>,
+        warnings: &mut Vec<String>,
+    ) {
+        let wanted: HashSet<&str> = app.names.iter().map(String::as_str).collect();
+        let env: Vec<(&str, Value)> = app
+            .env
+            .iter()
+            .map(|i| (i.key.as_str(), i.body.render(facts)))
+            .collect();
+        let env_from: Vec<Value> = app.env_from.iter().map(|n| n.render(facts)).collect();
+        let mounts: Vec<(&str, Value)> = app
+            .volume_mounts
+            .iter()
+            .map(|i| (i.key.as_str(), i.body.render(facts)))
+            .collect();
+        for (index, container) in self.view.containers.iter().enumerate() {
+            let container_name = name_of(container);
+            if !wanted.is_empty() && !wanted.contains(container_name) {
+                continue;
+            }
+            let Some(slot) = self.app.get_mut(index) else {
+                continue;
+            };
+            let state = slot.get_or_insert_with(|| AppContainer::new(container));
+            for (name, value) in &env {
+                match state.env.presence(name, value) {
+                    Presence::Absent => state.env.add(name, by, value.clone()),
+                    Presence::Same => {}
+                    Presence::Different(owner) => warnings.push(format!(
+                        "env {name:?} of container {container_name:?} not added: already set ({owner})"
+                    )),
+                }
+            }
+            for value in &env_from {
+                let present = state
+                    .env_from_existing
+                    .into_iter()
+                    .flatten()
+                    .any(|e| is_subset(value, e))
+                    || state.env_from_added.contains(value);
+                if !present {
+                    state.env_from_added.push(value.clone());
+                }
+            }
+            for (path, value) in &mounts {
+                match state.mounts.presence(path, value) {
+                    Presence::Absent => state.mounts.add(path, by, value.clone()),
+                    Presence::Same => {}
+                    Presence::Different(owner) => warnings.push(format!(
+                        "volume mount at {path:?} in container {container_name:?} not added: the path is already mounted ({owner})"
+                    )),
+                }
+            }
+        }
+    }
+
+    fn finish(self) -> Patch {
+        let mut ops = Vec::new();
+        let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
+        if !self.view.has_metadata && adds_metadata {
+            ops.push(add(&["metadata"], Value::Object(Map::new())));
+        }
+        self.labels.emit("labels", &mut ops);
+        self.annotations.emit("annotations", &mut ops);
+        // Init containers go before the Pod's own, in order: insert at 0, 1, 2, ….
+        if self.init_containers.existed {
+            for (index, value) in self.init_containers.added.into_iter().enumerate() {
+                ops.push(add(&["spec", "initContainers", &index.to_string()], value));
+            }
+        } else {
+            append(
+                &["spec", "initContainers"],
+                false,
+                self.init_containers.added,
+                &mut ops,
+            );
+        }
+        append(
+            &["spec", "containers"],
+            true,
+            self.containers.added,
+            &mut ops,
+        );
+        append(
+            &["spec", "volumes"],
+            self.volumes.existed,
+            self.volumes.added,
+            &mut ops,
+        );
+        append(
+            &["spec", "imagePullSecrets"],
+            self.pull_secrets.existed,
+            self.pull_secrets.added,
+            &mut ops,
+        );
+        for (index, state) in self.app.into_iter().enumerate() {
+            let Some(state) = state else { continue };
+            let index = index.to_string();
+            append(
+                &["spec", "containers", &index, "env"],
+                state.env.existed,
+                state.env.added,
+                &mut ops,
+            );
+            append(
+                &["spec", "containers", &index, "envFrom"],
+                state.env_from_existing.is_some(),
+                state.env_from_added,
+                &mut ops,
+            );
+            append(
+                &["spec", "containers", &index, "volumeMounts"],
+                state.mounts.existed,
+                state.mounts.added,
+                &mut ops,
+            );
+        }
+        Patch(ops)
+    }
+}
+
+fn render_text(text: &Text, facts: &PodFacts<'_>) -> String {
+    match text {
+        Text::Fixed(value) => value.clone(),
+        Text::Templated(template) => template.render(facts),
+    }
+}
+
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(tokens.iter().copied()),
+        value,
+    })
+}
+
+/// Appends `items` to the list at `tokens`: one `add …/-` each when the list exists, else one
+/// `add` creating it.
+fn append(tokens: &[&str], existed: bool, items: Vec<Value>, ops: &mut Vec<PatchOperation>) {
+    if items.is_empty() {
+        return;
+    }
+    if existed {
+        let mut path: Vec<&str> = tokens.to_vec();
+        path.push("-");
+        for item in items {
+            ops.push(add(&path, item));
+        }
+    } else {
+        ops.push(add(tokens, Value::Array(items)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_escape_slash_and_tilde_per_rfc_6901() {
+        let PatchOperation::Add(op) = add(&["metadata", "annotations", "a~b/c"], Value::Null)
+        else {
+            unreachable!()
+        };
+        assert_eq!(op.path.as_str(), "/metadata/annotations/a~0b~1c");
+    }
+
+    #[test]
+    fn injected_annotation_parses_names() {
+        let names: Vec<_> = injected_names(" a@1, b@2 ,,c,d@e@3").collect();
+        assert_eq!(names, ["a", "b", "c", "d@e"]);
+    }
+
+    #[test]
+    fn subset_tolerates_defaulted_fields_only() {
+        let ours = serde_json::json!({"name": "x", "ports": [{"containerPort": 80}]});
+        let theirs = serde_json::json!({"name": "x", "imagePullPolicy": "Always",
+            "ports": [{"containerPort": 80, "protocol": "TCP"}]});
+        assert!(is_subset(&ours, &theirs));
+        assert!(!is_subset(&theirs, &ours));
+        let other = serde_json::json!({"name": "x", "ports": [{"containerPort": 81}]});
+        assert!(!is_subset(&ours, &other));
+    }
+}

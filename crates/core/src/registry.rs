@@ -1,0 +1,184 @@
+//! The registry of compiled templates, and the immutable snapshots the webhook reads.
+//!
+//! The registry is fed by one writer (the controller's watch, or template files) and read
+//! through [`Snapshot`]s: cheap to clone, never locked, rebuilt only when something changed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::group::{GroupId, GroupKey};
+use crate::template::CompiledTemplate;
+
+/// The templates one webhook entry serves.
+#[derive(Debug)]
+pub struct Group {
+    /// The entry's id (its path is `/mutate/<id>`).
+    pub id: GroupId,
+    /// The selectors and policy the templates share.
+    pub key: GroupKey,
+    /// The templates, in application order.
+    pub templates: Vec<Arc<CompiledTemplate>>,
+}
+
+impl Group {
+    /// The lowest priority of the group's templates: entries are ordered by it.
+    pub fn priority(&self) -> i32 {
+        self.templates.first().map_or(i32::MAX, |t| t.priority)
+    }
+}
+
+/// An immutable view of every valid template, indexed for the webhook.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    templates: Vec<Arc<CompiledTemplate>>,
+    groups: HashMap<GroupId, Arc<Group>>,
+    groups_in_order: Vec<Arc<Group>>,
+}
+
+impl Snapshot {
+    fn build(templates: impl Iterator<Item = Arc<CompiledTemplate>>) -> Self {
+        let mut templates: Vec<_> = templates.collect();
+        templates.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        let mut grouped: BTreeMap<&GroupKey, Vec<Arc<CompiledTemplate>>> = BTreeMap::new();
+        for template in &templates {
+            grouped
+                .entry(&template.group)
+                .or_default()
+                .push(Arc::clone(template));
+        }
+        let mut groups_in_order: Vec<Arc<Group>> = grouped
+            .into_iter()
+            .map(|(key, templates)| {
+                Arc::new(Group {
+                    id: key.id(),
+                    key: key.clone(),
+                    templates,
+                })
+            })
+            .collect();
+        groups_in_order.sort_by(|a, b| (a.priority(), &a.id).cmp(&(b.priority(), &b.id)));
+        let groups = groups_in_order
+            .iter()
+            .map(|g| (g.id.clone(), Arc::clone(g)))
+            .collect();
+        Snapshot {
+            templates,
+            groups,
+            groups_in_order,
+        }
+    }
+
+    /// Every template, in application order.
+    pub fn templates(&self) -> &[Arc<CompiledTemplate>] {
+        &self.templates
+    }
+
+    /// The template called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<CompiledTemplate>> {
+        self.templates.iter().find(|t| t.name == name)
+    }
+
+    /// The group served at `/mutate/<id>`; a constant-time lookup however many templates exist.
+    pub fn group(&self, id: &str) -> Option<&Arc<Group>> {
+        self.groups.get(&GroupId::from(id))
+    }
+
+    /// Every group, ordered by their templates' lowest priority: the order of the webhook
+    /// configuration's entries.
+    pub fn groups(&self) -> &[Arc<Group>] {
+        &self.groups_in_order
+    }
+
+    /// The templates whose selectors match a Pod with `pod_labels` in a namespace with
+    /// `namespace_labels`, in application order. `None` for the namespace labels means the
+    /// namespace selection was already made (by the API server).
+    pub fn matching(
+        &self,
+        pod_labels: Option<&Map<String, Value>>,
+        namespace_labels: Option<&BTreeMap<String, String>>,
+    ) -> Vec<Arc<CompiledTemplate>> {
+        let mut found: Vec<_> = self
+            .groups_in_order
+            .iter()
+            .filter(|g| {
+                g.key.pod_selector.matches(&pod_labels)
+                    && namespace_labels.is_none_or(|ns| g.key.namespace_selector.matches(ns))
+            })
+            .flat_map(|g| g.templates.iter().cloned())
+            .collect();
+        found.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        found
+    }
+
+    /// How many templates the snapshot holds.
+    pub fn len(&self) -> usize {
+        self.templates.len()
+    }
+
+    /// Whether the snapshot holds no template.
+    pub fn is_empty(&self) -> bool {
+        self.templates.is_empty()
+    }
+}
+
+/// The set of valid templates, keyed by name, with a cached snapshot.
+#[derive(Debug, Default)]
+pub struct Registry {
+    templates: BTreeMap<String, Arc<CompiledTemplate>>,
+    snapshot: Option<Arc<Snapshot>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `template`, or replaces the template of the same name.
+    pub fn apply(&mut self, template: CompiledTemplate) {
+        self.templates
+            .insert(template.name.clone(), Arc::new(template));
+        self.snapshot = None;
+    }
+
+    /// Removes the template called `name`; whether it was there.
+    pub fn delete(&mut self, name: &str) -> bool {
+        let removed = self.templates.remove(name).is_some();
+        if removed {
+            self.snapshot = None;
+        }
+        removed
+    }
+
+    /// Replaces every template (after a full list of the cluster's templates).
+    pub fn reset(&mut self, templates: impl IntoIterator<Item = CompiledTemplate>) {
+        self.templates = templates
+            .into_iter()
+            .map(|t| (t.name.clone(), Arc::new(t)))
+            .collect();
+        self.snapshot = None;
+    }
+
+    /// The current state, shareable across threads. Built at most once per change, so a burst
+    /// of applies (a full list) costs one build.
+    pub fn snapshot(&mut self) -> Arc<Snapshot> {
+        if let Some(snapshot) = &self.snapshot {
+            return Arc::clone(snapshot);
+        }
+        let snapshot = Arc::new(Snapshot::build(self.templates.values().cloned()));
+        self.snapshot = Some(Arc::clone(&snapshot));
+        snapshot
+    }
+
+    /// How many templates the registry holds.
+    pub fn len(&self) -> usize {
+        self.templates.len()
+    }
+
+    /// Whether the registry holds no template.
+    pub fn is_empty(&self) -> bool {
+        self.templates.is_empty()
+    }
+}

@@ -1,0 +1,342 @@
+//! Label selectors, validated once and matched many times.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use serde_json::{Map, Value};
+
+use crate::error::FieldError;
+use crate::names::{is_label_value, is_qualified_name};
+
+/// Anything that can answer "what is the value of label `key`?".
+pub trait Labels {
+    /// The value of `key`, if the label is set.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl Labels for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
+
+/// Labels as they appear in a Pod's JSON (`metadata.labels`); non-string values never match.
+impl Labels for Map<String, Value> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).and_then(Value::as_str)
+    }
+}
+
+impl<T: Labels> Labels for Option<&T> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.and_then(|labels| labels.label(key))
+    }
+}
+
+/// A set-based requirement's operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Operator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+impl Operator {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operator::In => "In",
+            Operator::NotIn => "NotIn",
+            Operator::Exists => "Exists",
+            Operator::DoesNotExist => "DoesNotExist",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Requirement {
+    key: String,
+    operator: Operator,
+    values: BTreeSet<String>,
+}
+
+impl Requirement {
+    fn matches(&self, labels: &impl Labels) -> bool {
+        let value = labels.label(&self.key);
+        match self.operator {
+            Operator::In => value.is_some_and(|v| self.values.contains(v)),
+            Operator::NotIn => value.is_none_or(|v| !self.values.contains(v)),
+            Operator::Exists => value.is_some(),
+            Operator::DoesNotExist => value.is_none(),
+        }
+    }
+}
+
+/// A validated label selector in canonical form: equal selectors compare equal however their
+/// terms were ordered, which is what lets templates share a webhook entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Selector {
+    match_labels: BTreeMap<String, String>,
+    requirements: BTreeSet<Requirement>,
+}
+
+impl Selector {
+    /// Validates `selector` (at field `path`), collecting every problem.
+    pub fn compile(selector: Option<&LabelSelector>, path: &str) -> Result<Self, Vec<FieldError>> {
+        let mut errors = Vec::new();
+        let mut compiled = Selector::default();
+        let Some(selector) = selector else {
+            return Ok(compiled);
+        };
+        for (key, value) in selector.match_labels.iter().flatten() {
+            let at = format!("{path}.matchLabels[{key:?}]");
+            check_key(key, &at, &mut errors);
+            if !is_label_value(value) {
+                errors.push(FieldError::new(
+                    at,
+                    format!("{value:?} is not a valid label value"),
+                ));
+            }
+            compiled.match_labels.insert(key.clone(), value.clone());
+        }
+        for (index, requirement) in selector.match_expressions.iter().flatten().enumerate() {
+            let at = format!("{path}.matchExpressions[{index}]");
+            if let Some(requirement) = compile_requirement(requirement, &at, &mut errors) {
+                compiled.requirements.insert(requirement);
+            }
+        }
+        if errors.is_empty() {
+            Ok(compiled)
+        } else {
+            Err(errors)
+        }
+    }
+
+    /// Whether the labels satisfy every term. The empty selector matches everything.
+    pub fn matches(&self, labels: &impl Labels) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(key, value)| labels.label(key) == Some(value.as_str()))
+            && self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// Whether the selector has no terms (and so selects everything).
+    pub fn is_empty(&self) -> bool {
+        self.match_labels.is_empty() && self.requirements.is_empty()
+    }
+
+    /// The selector in API form, terms in canonical order.
+    pub fn to_label_selector(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: (!self.match_labels.is_empty()).then(|| self.match_labels.clone()),
+            match_expressions: (!self.requirements.is_empty()).then(|| {
+                self.requirements
+                    .iter()
+                    .map(|r| LabelSelectorRequirement {
+                        key: r.key.clone(),
+                        operator: r.operator.as_str().to_owned(),
+                        values: match r.operator {
+                            Operator::In | Operator::NotIn => {
+                                Some(r.values.iter().cloned().collect())
+                            }
+                            Operator::Exists | Operator::DoesNotExist => None,
+                        },
+                    })
+                    .collect()
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for Selector {
+    /// The `kubectl get -l` form: `app=web,tier in (a,b),!legacy`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("<everything>");
+        }
+        let mut terms: Vec<String> = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        for r in &self.requirements {
+            let values = r.values.iter().cloned().collect::<Vec<_>>().join(",");
+            terms.push(match r.operator {
+                Operator::In => format!("{} in ({values})", r.key),
+                Operator::NotIn => format!("{} notin ({values})", r.key),
+                Operator::Exists => r.key.clone(),
+                Operator::DoesNotExist => format!("!{}", r.key),
+            });
+        }
+        f.write_str(&terms.join(","))
+    }
+}
+
+fn check_key(key: &str, path: &str, errors: &mut Vec<FieldError>) {
+    if !is_qualified_name(key) {
+        errors.push(FieldError::new(
+            path,
+            format!("{key:?} is not a valid label key"),
+        ));
+    }
+}
+
+fn compile_requirement(
+    requirement: &LabelSelectorRequirement,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Option<Requirement> {
+    let before = errors.len();
+    check_key(&requirement.key, &format!("{path}.key"), errors);
+    let operator = match requirement.operator.as_str() {
+        "In" => Some(Operator::In),
+        "NotIn" => Some(Operator::NotIn),
+        "Exists" => Some(Operator::Exists),
+        "DoesNotExist" => Some(Operator::DoesNotExist),
+        other => {
+            errors.push(FieldError::new(
+                format!("{path}.operator"),
+                format!("unknown operator {other:?}; use In, NotIn, Exists or DoesNotExist"),
+            ));
+            None
+        }
+    };
+    let values: BTreeSet<String> = requirement.values.iter().flatten().cloned().collect();
+    for value in &values {
+        if !is_label_value(value) {
+            errors.push(FieldError::new(
+                format!("{path}.values"),
+                format!("{value:?} is not a valid label value"),
+            ));
+        }
+    }
+    match operator {
+        Some(Operator::In | Operator::NotIn) if values.is_empty() => errors.push(FieldError::new(
+            format!("{path}.values"),
+            format!("must not be empty for operator {}", requirement.operator),
+        )),
+        Some(Operator::Exists | Operator::DoesNotExist) if !values.is_empty() => {
+            errors.push(FieldError::new(
+                format!("{path}.values"),
+                format!("must be empty for operator {}", requirement.operator),
+            ))
+        }
+        _ => {}
+    }
+    let operator = operator?;
+    (errors.len() == before).then(|| Requirement {
+        key: requirement.key.clone(),
+        operator,
+        values,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn selector(json: serde_json::Value) -> Result<Selector, Vec<FieldError>> {
+        let selector: LabelSelector = serde_json::from_value(json).unwrap();
+        Selector::compile(Some(&selector), "spec.podSelector")
+    }
+
+    #[test]
+    fn empty_selector_matches_everything() {
+        let empty = Selector::compile(None, "x").unwrap();
+        assert!(empty.is_empty());
+        assert!(empty.matches(&labels(&[])));
+        assert!(empty.matches(&labels(&[("a", "b")])));
+        assert_eq!(selector(serde_json::json!({})).unwrap(), empty);
+    }
+
+    #[test]
+    fn match_labels_and_every_operator() {
+        let s = selector(serde_json::json!({
+            "matchLabels": {"app": "web"},
+            "matchExpressions": [
+                {"key": "tier", "operator": "In", "values": ["a", "b"]},
+                {"key": "env", "operator": "NotIn", "values": ["prod"]},
+                {"key": "team", "operator": "Exists"},
+                {"key": "legacy", "operator": "DoesNotExist"},
+            ]
+        }))
+        .unwrap();
+        let good = labels(&[("app", "web"), ("tier", "a"), ("team", "x")]);
+        assert!(s.matches(&good));
+        let mut wrong_app = good.clone();
+        wrong_app.insert("app".into(), "db".into());
+        assert!(!s.matches(&wrong_app));
+        let mut wrong_tier = good.clone();
+        wrong_tier.insert("tier".into(), "c".into());
+        assert!(!s.matches(&wrong_tier));
+        let mut prod = good.clone();
+        prod.insert("env".into(), "prod".into());
+        assert!(!s.matches(&prod));
+        let mut no_team = good.clone();
+        no_team.remove("team");
+        assert!(!s.matches(&no_team));
+        let mut legacy = good.clone();
+        legacy.insert("legacy".into(), "".into());
+        assert!(!s.matches(&legacy));
+        assert_eq!(
+            s.to_string(),
+            "app=web,env notin (prod),!legacy,team,tier in (a,b)"
+        );
+    }
+
+    #[test]
+    fn canonical_form_ignores_order() {
+        let a = selector(serde_json::json!({"matchExpressions": [
+            {"key": "b", "operator": "In", "values": ["2", "1"]},
+            {"key": "a", "operator": "Exists"}]}))
+        .unwrap();
+        let b = selector(serde_json::json!({"matchExpressions": [
+            {"key": "a", "operator": "Exists"},
+            {"key": "b", "operator": "In", "values": ["1", "2"]}]}))
+        .unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.to_label_selector(), b.to_label_selector());
+    }
+
+    #[test]
+    fn round_trips_through_api_form() {
+        let s = selector(serde_json::json!({"matchLabels": {"a": "b"},
+            "matchExpressions": [{"key": "c", "operator": "NotIn", "values": ["d"]}]}))
+        .unwrap();
+        assert_eq!(
+            Selector::compile(Some(&s.to_label_selector()), "x").unwrap(),
+            s
+        );
+    }
+
+    #[test]
+    fn every_error_is_reported_with_its_path() {
+        let errors = selector(serde_json::json!({
+            "matchLabels": {"bad key!": "ok", "ok": "bad value!"},
+            "matchExpressions": [
+                {"key": "a", "operator": "Near", "values": ["x"]},
+                {"key": "b", "operator": "In"},
+                {"key": "c", "operator": "Exists", "values": ["x"]},
+            ]
+        }))
+        .unwrap_err();
+        let paths: Vec<_> = errors.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "spec.podSelector.matchLabels[\"bad key!\"]",
+                "spec.podSelector.matchLabels[\"ok\"]",
+                "spec.podSelector.matchExpressions[0].operator",
+                "spec.podSelector.matchExpressions[1].values",
+                "spec.podSelector.matchExpressions[2].values",
+            ]
+        );
+    }
+}

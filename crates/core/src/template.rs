@@ -1,0 +1,429 @@
+//! Compiling a `SidecarTemplate` into the form the planner applies: validated, with its
+//! selectors canonical and its placeholders parsed.
+
+use std::collections::HashSet;
+
+use injector_api::names::INJECTED_ANNOTATION;
+use injector_api::{FailurePolicy, Injection, SidecarTemplate};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{FieldError, ValidationErrors};
+use crate::group::GroupKey;
+use crate::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
+use crate::placeholder::{Node, TemplateString};
+use crate::selector::Selector;
+
+/// The generation recorded for a template that has none (one read from a file).
+pub const FILE_GENERATION: i64 = 1;
+
+/// Something named that a template adds (a container, a volume, an env var, a mount).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Item {
+    /// The key that must be unique where the item lands: a name, or a mount path.
+    pub key: String,
+    /// The item, placeholders unrendered.
+    pub body: Node,
+}
+
+/// A string value (of a label or annotation) that may hold placeholders.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Text {
+    /// Used as it is.
+    Fixed(String),
+    /// Rendered per Pod.
+    Templated(TemplateString),
+}
+
+/// What a template adds to the Pod's own containers.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct AppAdditions {
+    /// Which containers; empty means all of the Pod's own.
+    pub names: Vec<String>,
+    /// Env vars, keyed by name.
+    pub env: Vec<Item>,
+    /// envFrom sources.
+    pub env_from: Vec<Node>,
+    /// Volume mounts, keyed by mount path.
+    pub volume_mounts: Vec<Item>,
+}
+
+/// A validated template, ready to plan with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledTemplate {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.generation`, or [`FILE_GENERATION`].
+    pub generation: i64,
+    /// `spec.priority`: lower applies first.
+    pub priority: i32,
+    /// `spec.injection`.
+    pub injection: Injection,
+    /// `spec.failurePolicy`.
+    pub failure_policy: FailurePolicy,
+    /// `spec.namespaceSelector`.
+    pub namespace_selector: Selector,
+    /// `spec.podSelector`.
+    pub pod_selector: Selector,
+    /// The webhook entry this template is served from.
+    pub group: GroupKey,
+    /// Containers to append.
+    pub containers: Vec<Item>,
+    /// Init containers to place before the Pod's own.
+    pub init_containers: Vec<Item>,
+    /// Volumes to add.
+    pub volumes: Vec<Item>,
+    /// Names of image pull secrets to add.
+    pub image_pull_secrets: Vec<String>,
+    /// Additions to the Pod's own containers.
+    pub app: Option<AppAdditions>,
+    /// Labels to add.
+    pub labels: Vec<(String, Text)>,
+    /// Annotations to add.
+    pub annotations: Vec<(String, Text)>,
+}
+
+impl CompiledTemplate {
+    /// The order templates apply in: priority, then name.
+    pub fn order_key(&self) -> (i32, &str) {
+        (self.priority, &self.name)
+    }
+}
+
+/// Validates `template` and compiles it, reporting every problem with its field path.
+pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, ValidationErrors> {
+    let name = template.metadata.name.clone().unwrap_or_default();
+    let mut errors = Vec::new();
+    if name.is_empty() {
+        errors.push(FieldError::new("metadata.name", "is required"));
+    } else if !is_dns_subdomain(&name) {
+        errors.push(FieldError::new(
+            "metadata.name",
+            format!(
+                "{name:?} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')"
+            ),
+        ));
+    }
+    let spec = &template.spec;
+    let namespace_selector =
+        Selector::compile(spec.namespace_selector.as_ref(), "spec.namespaceSelector")
+            .unwrap_or_else(|e| {
+                errors.extend(e);
+                Selector::default()
+            });
+    let pod_selector = Selector::compile(spec.pod_selector.as_ref(), "spec.podSelector")
+        .unwrap_or_else(|e| {
+            errors.extend(e);
+            Selector::default()
+        });
+
+    let mut container_names = HashSet::new();
+    let containers = compile_containers(
+        &spec.containers,
+        "spec.containers",
+        false,
+        &mut container_names,
+        &mut errors,
+    );
+    let init_containers = compile_containers(
+        &spec.init_containers,
+        "spec.initContainers",
+        true,
+        &mut container_names,
+        &mut errors,
+    );
+
+    let mut volume_names = HashSet::new();
+    let volumes = spec
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, volume)| {
+            let path = format!("spec.volumes[{i}]");
+            check_unique_label(
+                &volume.name,
+                &format!("{path}.name"),
+                "volume",
+                &mut volume_names,
+                &mut errors,
+            );
+            item(volume.name.clone(), volume, &path, &mut errors)
+        })
+        .collect();
+
+    let mut secret_names = HashSet::new();
+    let image_pull_secrets = spec
+        .image_pull_secrets
+        .iter()
+        .enumerate()
+        .map(|(i, secret)| {
+            let path = format!("spec.imagePullSecrets[{i}].name");
+            if !is_dns_subdomain(&secret.name) {
+                errors.push(FieldError::new(
+                    &path,
+                    format!("{:?} is not a valid Secret name", secret.name),
+                ));
+            } else if !secret_names.insert(secret.name.as_str()) {
+                errors.push(FieldError::new(
+                    &path,
+                    format!("duplicate image pull secret {:?}", secret.name),
+                ));
+            }
+            secret.name.clone()
+        })
+        .collect();
+
+    let app = spec
+        .app_containers
+        .as_ref()
+        .map(|app| compile_app(app, &mut errors));
+
+    let (labels, annotations) = match &spec.metadata {
+        Some(metadata) => {
+            let labels = metadata
+                .labels
+                .iter()
+                .map(|(key, value)| {
+                    let path = format!("spec.metadata.labels[{key:?}]");
+                    check_metadata_key(key, &path, &mut errors);
+                    let text = text(value, &path, &mut errors);
+                    if let Text::Fixed(value) = &text
+                        && !is_label_value(value)
+                    {
+                        errors.push(FieldError::new(
+                            &path,
+                            format!("{value:?} is not a valid label value"),
+                        ));
+                    }
+                    (key.clone(), text)
+                })
+                .collect();
+            let annotations = metadata
+                .annotations
+                .iter()
+                .map(|(key, value)| {
+                    let path = format!("spec.metadata.annotations[{key:?}]");
+                    check_metadata_key(key, &path, &mut errors);
+                    (key.clone(), text(value, &path, &mut errors))
+                })
+                .collect();
+            (labels, annotations)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+
+    let compiled = CompiledTemplate {
+        group: GroupKey::new(&namespace_selector, &pod_selector, spec.failure_policy),
+        name,
+        generation: template.metadata.generation.unwrap_or(FILE_GENERATION),
+        priority: spec.priority,
+        injection: spec.injection,
+        failure_policy: spec.failure_policy,
+        namespace_selector,
+        pod_selector,
+        containers,
+        init_containers,
+        volumes,
+        image_pull_secrets,
+        app,
+        labels,
+        annotations,
+    };
+    if compiled.injects_nothing() {
+        errors.push(FieldError::new(
+            "spec",
+            "injects nothing: set containers, initContainers, volumes, imagePullSecrets, appContainers or metadata",
+        ));
+    }
+    if errors.is_empty() {
+        Ok(compiled)
+    } else {
+        Err(ValidationErrors {
+            template: compiled.name,
+            errors,
+        })
+    }
+}
+
+impl CompiledTemplate {
+    fn injects_nothing(&self) -> bool {
+        let app_empty = self.app.as_ref().is_none_or(|a| {
+            a.env.is_empty() && a.env_from.is_empty() && a.volume_mounts.is_empty()
+        });
+        self.containers.is_empty()
+            && self.init_containers.is_empty()
+            && self.volumes.is_empty()
+            && self.image_pull_secrets.is_empty()
+            && app_empty
+            && self.labels.is_empty()
+            && self.annotations.is_empty()
+    }
+}
+
+fn compile_containers(
+    containers: &[k8s_openapi::api::core::v1::Container],
+    field: &str,
+    init: bool,
+    names: &mut HashSet<String>,
+    errors: &mut Vec<FieldError>,
+) -> Vec<Item> {
+    containers
+        .iter()
+        .enumerate()
+        .map(|(i, container)| {
+            let path = format!("{field}[{i}]");
+            let name = &container.name;
+            if !is_dns_label(name) {
+                errors.push(FieldError::new(
+                    format!("{path}.name"),
+                    format!("{name:?} is not a DNS-1123 label (at most 63 lowercase letters, digits and '-')"),
+                ));
+            } else if !names.insert(name.clone()) {
+                errors.push(FieldError::new(
+                    format!("{path}.name"),
+                    format!("duplicate container name {name:?} (names are unique across containers and initContainers)"),
+                ));
+            }
+            if container.image.as_deref().is_none_or(str::is_empty) {
+                errors.push(FieldError::new(format!("{path}.image"), "is required"));
+            }
+            match container.restart_policy.as_deref() {
+                None => {}
+                Some("Always") if init => {}
+                Some(other) if init => errors.push(FieldError::new(
+                    format!("{path}.restartPolicy"),
+                    format!("{other:?} is not allowed: use Always (a native sidecar) or leave it unset"),
+                )),
+                Some(_) => errors.push(FieldError::new(
+                    format!("{path}.restartPolicy"),
+                    "is only allowed on initContainers (use it there for a native sidecar)",
+                )),
+            }
+            item(name.clone(), container, &path, errors)
+        })
+        .collect()
+}
+
+fn compile_app(app: &injector_api::AppContainers, errors: &mut Vec<FieldError>) -> AppAdditions {
+    for (i, name) in app.names.iter().enumerate() {
+        if !is_dns_label(name) {
+            errors.push(FieldError::new(
+                format!("spec.appContainers.names[{i}]"),
+                format!("{name:?} is not a valid container name"),
+            ));
+        }
+    }
+    let mut env_names = HashSet::new();
+    let env = app
+        .env
+        .iter()
+        .enumerate()
+        .map(|(i, var)| {
+            let path = format!("spec.appContainers.env[{i}]");
+            if var.name.is_empty() {
+                errors.push(FieldError::new(format!("{path}.name"), "is required"));
+            } else if !env_names.insert(var.name.as_str()) {
+                errors.push(FieldError::new(
+                    format!("{path}.name"),
+                    format!("duplicate env name {:?}", var.name),
+                ));
+            }
+            item(var.name.clone(), var, &path, errors)
+        })
+        .collect();
+    let env_from = app
+        .env_from
+        .iter()
+        .enumerate()
+        .map(|(i, source)| node(source, &format!("spec.appContainers.envFrom[{i}]"), errors))
+        .collect();
+    let mut mount_paths = HashSet::new();
+    let volume_mounts = app
+        .volume_mounts
+        .iter()
+        .enumerate()
+        .map(|(i, mount)| {
+            let path = format!("spec.appContainers.volumeMounts[{i}]");
+            if mount.name.is_empty() {
+                errors.push(FieldError::new(format!("{path}.name"), "is required"));
+            }
+            if mount.mount_path.is_empty() {
+                errors.push(FieldError::new(format!("{path}.mountPath"), "is required"));
+            } else if !mount_paths.insert(mount.mount_path.as_str()) {
+                errors.push(FieldError::new(
+                    format!("{path}.mountPath"),
+                    format!("duplicate mount path {:?}", mount.mount_path),
+                ));
+            }
+            item(mount.mount_path.clone(), mount, &path, errors)
+        })
+        .collect();
+    AppAdditions {
+        names: app.names.clone(),
+        env,
+        env_from,
+        volume_mounts,
+    }
+}
+
+fn check_unique_label(
+    name: &str,
+    path: &str,
+    what: &str,
+    seen: &mut HashSet<String>,
+    errors: &mut Vec<FieldError>,
+) {
+    if !is_dns_label(name) {
+        errors.push(FieldError::new(
+            path,
+            format!("{name:?} is not a DNS-1123 label"),
+        ));
+    } else if !seen.insert(name.to_owned()) {
+        errors.push(FieldError::new(
+            path,
+            format!("duplicate {what} name {name:?}"),
+        ));
+    }
+}
+
+fn check_metadata_key(key: &str, path: &str, errors: &mut Vec<FieldError>) {
+    if !is_qualified_name(key) {
+        errors.push(FieldError::new(path, format!("{key:?} is not a valid key")));
+    } else if key == INJECTED_ANNOTATION {
+        errors.push(FieldError::new(
+            path,
+            format!("{key:?} is reserved for the injector"),
+        ));
+    }
+}
+
+fn node(value: &impl Serialize, path: &str, errors: &mut Vec<FieldError>) -> Node {
+    match serde_json::to_value(value) {
+        Ok(json) => Node::parse(&json, path, errors),
+        Err(e) => {
+            errors.push(FieldError::new(
+                path,
+                format!("cannot be represented as JSON: {e}"),
+            ));
+            Node::Fixed(Value::Null)
+        }
+    }
+}
+
+fn item(key: String, value: &impl Serialize, path: &str, errors: &mut Vec<FieldError>) -> Item {
+    Item {
+        key,
+        body: node(value, path, errors),
+    }
+}
+
+fn text(value: &str, path: &str, errors: &mut Vec<FieldError>) -> Text {
+    match TemplateString::parse(value) {
+        Ok(Some(template)) => Text::Templated(template),
+        Ok(None) => Text::Fixed(value.to_owned()),
+        Err(message) => {
+            errors.push(FieldError::new(path, message));
+            Text::Fixed(value.to_owned())
+        }
+    }
+}

@@ -1,0 +1,500 @@
+//! The planning rules, one test each.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::*;
+use injector_core::{NamespaceInfo, SkipReason, plan};
+use serde_json::json;
+
+const SIDECAR: &str = r#"
+metadata: {name: logger, generation: 3}
+spec:
+  containers:
+  - name: logger
+    image: fluent-bit:3
+    volumeMounts: [{name: logs, mountPath: /var/log/app}]
+  volumes:
+  - name: logs
+    emptyDir: {}
+"#;
+
+#[test]
+fn injects_containers_and_creates_missing_lists() {
+    let pod = pod(APP_POD);
+    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+    let out = apply(&pod, &plan);
+    assert_eq!(names(&out["spec"]["containers"]), ["app", "logger"]);
+    assert_eq!(names(&out["spec"]["volumes"]), ["logs"]);
+    assert_eq!(
+        out["metadata"]["annotations"]["sidecar.dev/injected"],
+        "logger@3"
+    );
+    assert_eq!(plan.applied.len(), 1);
+    assert_eq!(
+        (plan.applied[0].name.as_str(), plan.applied[0].generation),
+        ("logger", 3)
+    );
+    // The volumes list and annotations map did not exist: each is created by one operation.
+    let patch = serde_json::to_value(&plan.patch).unwrap();
+    let paths: Vec<&str> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/metadata/annotations",
+            "/spec/containers/-",
+            "/spec/volumes"
+        ]
+    );
+}
+
+#[test]
+fn planning_a_mutated_pod_again_adds_nothing() {
+    let pod = pod(APP_POD);
+    let templates = [template(SIDECAR)];
+    let once = apply(&pod, &plan_in(&pod, &templates));
+    let again = plan_in(&once, &templates);
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    assert_eq!(again.skipped[0].reason, SkipReason::AlreadyInjected);
+}
+
+#[test]
+fn a_reinvocation_adds_only_new_templates_and_extends_the_record() {
+    let pod = pod(APP_POD);
+    let first = apply(&pod, &plan_in(&pod, &[template(SIDECAR)]));
+    let second =
+        template("metadata: {name: agent}\nspec:\n  containers: [{name: agent, image: agent:1}]");
+    let plan = plan_in(&first, &[template(SIDECAR), second]);
+    let out = apply(&first, &plan);
+    assert_eq!(
+        names(&out["spec"]["containers"]),
+        ["app", "logger", "agent"]
+    );
+    assert_eq!(
+        out["metadata"]["annotations"]["sidecar.dev/injected"],
+        "logger@3,agent@1"
+    );
+}
+
+#[test]
+fn injected_items_already_present_after_defaulting_are_not_conflicts() {
+    // The annotation is gone (another webhook dropped it) and the API server defaulted the
+    // injected container: nothing is added twice and nothing conflicts.
+    let pod = pod(APP_POD);
+    let mut once = apply(&pod, &plan_in(&pod, &[template(SIDECAR)]));
+    once["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .clear();
+    once["spec"]["containers"][1]["imagePullPolicy"] = "IfNotPresent".into();
+    let again = plan_in(&once, &[template(SIDECAR)]);
+    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+    let out = apply(&once, &again);
+    assert_eq!(names(&out["spec"]["containers"]), ["app", "logger"]);
+}
+
+#[test]
+fn pod_annotation_opts_out() {
+    let mut pod = pod(APP_POD);
+    pod["metadata"]["annotations"] = json!({"sidecar.dev/inject": "false"});
+    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    assert!(plan.patch.0.is_empty());
+    assert_eq!(plan.skipped[0].reason, SkipReason::PodOptedOut);
+}
+
+#[test]
+fn namespace_label_opts_out() {
+    let pod = pod(APP_POD);
+    let plan = plan_with_labels(
+        &pod,
+        &labels(&[("sidecar.dev/injection", "disabled")]),
+        &[template(SIDECAR)],
+    );
+    assert!(plan.patch.0.is_empty());
+    assert_eq!(plan.skipped[0].reason, SkipReason::NamespaceOptedOut);
+}
+
+#[test]
+fn system_namespaces_are_never_injected() {
+    let mut pod = pod(APP_POD);
+    pod["metadata"]["namespace"] = "kube-system".into();
+    let system = plan_in(&pod, &[template(SIDECAR)]);
+    assert!(system.patch.0.is_empty());
+    assert_eq!(
+        system.skipped[0].reason,
+        SkipReason::NamespaceExcluded("kube-system".into())
+    );
+    // A Pod without metadata.namespace takes the request's namespace.
+    pod["metadata"].as_object_mut().unwrap().remove("namespace");
+    let public = plan(
+        &pod,
+        &NamespaceInfo {
+            name: "kube-public",
+            labels: None,
+        },
+        &[template(SIDECAR)],
+    )
+    .unwrap();
+    assert!(public.patch.0.is_empty());
+}
+
+#[test]
+fn selectors_choose_pods_and_namespaces() {
+    let pod = pod(APP_POD);
+    let selective = template(
+        "metadata: {name: sel}\nspec:\n  namespaceSelector: {matchLabels: {team: shop}}\n  podSelector: {matchLabels: {app: web}}\n  containers: [{name: s, image: s}]",
+    );
+    let other_pods = template(
+        "metadata: {name: db}\nspec:\n  podSelector: {matchLabels: {app: db}}\n  containers: [{name: d, image: d}]",
+    );
+    let shop = labels(&[("team", "shop")]);
+    let plan = plan_with_labels(&pod, &shop, &[selective.clone(), other_pods.clone()]);
+    assert_eq!(plan.applied.len(), 1);
+    assert_eq!(plan.skipped[0].reason, SkipReason::PodNotSelected);
+    let plan = plan_with_labels(
+        &pod,
+        &labels(&[("team", "other")]),
+        std::slice::from_ref(&selective),
+    );
+    assert_eq!(plan.skipped[0].reason, SkipReason::NamespaceNotSelected);
+    // Unknown namespace labels: the API server already selected the namespace.
+    assert_eq!(plan_in(&pod, &[selective]).applied.len(), 1);
+}
+
+#[test]
+fn on_request_templates_apply_only_when_named() {
+    let on_request = template(
+        "metadata: {name: proxy}\nspec:\n  injection: OnRequest\n  initContainers: [{name: proxy, image: envoy, restartPolicy: Always}]",
+    );
+    let mut pod = pod(APP_POD);
+    let plan = plan_in(&pod, std::slice::from_ref(&on_request));
+    assert_eq!(plan.skipped[0].reason, SkipReason::NotRequested);
+    pod["metadata"]["annotations"] = json!({"sidecar.dev/templates": "other, proxy"});
+    let out = apply(&pod, &plan_in(&pod, &[on_request]));
+    assert_eq!(names(&out["spec"]["initContainers"]), ["proxy"]);
+    assert_eq!(out["spec"]["initContainers"][0]["restartPolicy"], "Always");
+}
+
+#[test]
+fn init_containers_go_before_the_pods_own_in_priority_order() {
+    let mut pod = pod(APP_POD);
+    pod["spec"]["initContainers"] = json!([{"name": "migrate", "image": "m"}]);
+    let a = template(
+        "metadata: {name: a}\nspec:\n  priority: 10\n  initContainers: [{name: a1, image: a}, {name: a2, image: a}]",
+    );
+    let b = template(
+        "metadata: {name: b}\nspec:\n  priority: 20\n  initContainers: [{name: b1, image: b, restartPolicy: Always}]",
+    );
+    let out = apply(&pod, &plan_in(&pod, &[b, a]));
+    assert_eq!(
+        names(&out["spec"]["initContainers"]),
+        ["a1", "a2", "b1", "migrate"]
+    );
+}
+
+#[test]
+fn priority_then_name_decides_order_whatever_the_input_order() {
+    let pod = pod(APP_POD);
+    let mk = |name: &str, priority: i32| {
+        template(&format!(
+            "metadata: {{name: {name}}}\nspec:\n  priority: {priority}\n  containers: [{{name: {name}, image: x}}]"
+        ))
+    };
+    let (a, b, c) = (mk("zeta", 1), mk("alpha", 5), mk("beta", 5));
+    let one = apply(&pod, &plan_in(&pod, &[a.clone(), b.clone(), c.clone()]));
+    let two = apply(&pod, &plan_in(&pod, &[c, b, a]));
+    assert_eq!(one, two);
+    assert_eq!(
+        names(&one["spec"]["containers"]),
+        ["app", "zeta", "alpha", "beta"]
+    );
+    assert_eq!(
+        one["metadata"]["annotations"]["sidecar.dev/injected"],
+        "zeta@1,alpha@1,beta@1"
+    );
+}
+
+#[test]
+fn a_conflict_with_the_pod_skips_the_template_whole_and_denies_when_required() {
+    let pod = pod(APP_POD);
+    let required = template(
+        "metadata: {name: agent}\nspec:\n  containers: [{name: app, image: agent}]\n  volumes: [{name: v, emptyDir: {}}]",
+    );
+    let plan = plan_in(&pod, &[required]);
+    assert!(plan.patch.0.is_empty(), "all or nothing: {:?}", plan.patch);
+    assert!(
+        matches!(&plan.skipped[0].reason, SkipReason::Conflict(d) if d.contains("container \"app\" already exists (in the pod)"))
+    );
+    assert_eq!(plan.warnings.len(), 1);
+    let message = plan.denial_message().unwrap();
+    assert!(
+        message.contains("required SidecarTemplate \"agent\" cannot be applied"),
+        "{message}"
+    );
+
+    let best_effort = template(
+        "metadata: {name: agent}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: app, image: agent}]",
+    );
+    let plan = plan_in(&pod, &[best_effort]);
+    assert!(plan.denials.is_empty());
+    assert_eq!(plan.warnings.len(), 1);
+}
+
+#[test]
+fn between_two_templates_the_first_in_order_wins() {
+    let pod = pod(APP_POD);
+    let first = template(
+        "metadata: {name: first}\nspec:\n  priority: 1\n  containers: [{name: proxy, image: one}]",
+    );
+    let second = template(
+        "metadata: {name: second}\nspec:\n  priority: 2\n  failurePolicy: Ignore\n  containers: [{name: proxy, image: two}]",
+    );
+    let plan = plan_in(&pod, &[second, first]);
+    let out = apply(&pod, &plan);
+    assert_eq!(out["spec"]["containers"][1]["image"], "one");
+    assert_eq!(plan.skipped[0].name, "second");
+    assert!(
+        plan.warnings[0].contains("added by SidecarTemplate \"first\""),
+        "{:?}",
+        plan.warnings
+    );
+}
+
+#[test]
+fn volumes_conflict_only_when_different() {
+    let mut pod = pod(APP_POD);
+    pod["spec"]["volumes"] = json!([{"name": "logs", "emptyDir": {}}]);
+    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    assert!(plan.warnings.is_empty());
+    assert_eq!(names(&apply(&pod, &plan)["spec"]["volumes"]), ["logs"]);
+    pod["spec"]["volumes"] = json!([{"name": "logs", "hostPath": {"path": "/"}}]);
+    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    assert!(plan.applied.is_empty());
+    assert!(
+        plan.warnings[0].contains("volume \"logs\" already exists with a different definition")
+    );
+}
+
+#[test]
+fn image_pull_secrets_are_added_once() {
+    let mut pod = pod(APP_POD);
+    let t = template(
+        "metadata: {name: t}\nspec:\n  imagePullSecrets: [{name: regcred}, {name: other}]",
+    );
+    assert_eq!(
+        names(&apply(&pod, &plan_in(&pod, std::slice::from_ref(&t)))["spec"]["imagePullSecrets"]),
+        ["regcred", "other"]
+    );
+    pod["spec"]["imagePullSecrets"] = json!([{"name": "regcred"}]);
+    assert_eq!(
+        names(&apply(&pod, &plan_in(&pod, &[t]))["spec"]["imagePullSecrets"]),
+        ["regcred", "other"]
+    );
+}
+
+#[test]
+fn app_containers_get_env_and_mounts_without_overwriting() {
+    let pod = pod(r#"
+metadata: {name: p}
+spec:
+  containers:
+  - name: app
+    image: a
+    env: [{name: KEEP, value: pod}]
+    volumeMounts: [{name: data, mountPath: /data}]
+  - name: worker
+    image: w
+  - name: other
+    image: o
+"#);
+    let t = template(
+        r#"
+metadata: {name: t}
+spec:
+  appContainers:
+    names: [app, worker, missing]
+    env: [{name: KEEP, value: template}, {name: NEW, value: "{{ pod.name }}"}]
+    envFrom: [{configMapRef: {name: cfg}}]
+    volumeMounts: [{name: data2, mountPath: /data}, {name: certs, mountPath: /certs}]
+"#,
+    );
+    let plan = plan_in(&pod, &[t]);
+    let out = apply(&pod, &plan);
+    let app = &out["spec"]["containers"][0];
+    assert_eq!(
+        app["env"],
+        json!([{"name": "KEEP", "value": "pod"}, {"name": "NEW", "value": "p"}])
+    );
+    assert_eq!(app["volumeMounts"][0]["name"], "data");
+    assert_eq!(app["volumeMounts"][1]["mountPath"], "/certs");
+    assert_eq!(app["envFrom"], json!([{"configMapRef": {"name": "cfg"}}]));
+    let worker = &out["spec"]["containers"][1];
+    assert_eq!(names(&worker["env"]), ["KEEP", "NEW"]);
+    assert_eq!(out["spec"]["containers"][2].get("env"), None, "not named");
+    assert_eq!(plan.warnings.len(), 2, "{:?}", plan.warnings);
+    assert!(plan.warnings[0].contains("env \"KEEP\" of container \"app\" not added"));
+    assert!(plan.warnings[1].contains("volume mount at \"/data\""));
+}
+
+#[test]
+fn app_containers_without_names_means_every_own_container_not_injected_ones() {
+    let pod = pod(APP_POD);
+    let sidecar = template(SIDECAR);
+    let env = template(
+        "metadata: {name: env}\nspec:\n  priority: 200\n  appContainers:\n    env: [{name: A, value: b}]",
+    );
+    let out = apply(&pod, &plan_in(&pod, &[sidecar, env]));
+    assert_eq!(names(&out["spec"]["containers"][0]["env"]), ["A"]);
+    assert_eq!(out["spec"]["containers"][1].get("env"), None);
+}
+
+#[test]
+fn metadata_keys_are_escaped_and_existing_keys_kept() {
+    let mut pod = pod(APP_POD);
+    pod["metadata"]["annotations"] = json!({"keep": "pod"});
+    let t = template(
+        r#"
+metadata: {name: t}
+spec:
+  metadata:
+    labels: {"sidecar.dev/injected-by": t, app: other}
+    annotations: {"example.com/a.b": x, keep: template}
+"#,
+    );
+    let plan = plan_in(&pod, &[t]);
+    let patch = serde_json::to_value(&plan.patch).unwrap();
+    let paths: Vec<&str> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&"/metadata/labels/sidecar.dev~1injected-by"),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"/metadata/annotations/example.com~1a.b"),
+        "{paths:?}"
+    );
+    assert!(
+        paths.contains(&"/metadata/annotations/sidecar.dev~1injected"),
+        "{paths:?}"
+    );
+    let out = apply(&pod, &plan);
+    assert_eq!(out["metadata"]["labels"]["app"], "web");
+    assert_eq!(out["metadata"]["labels"]["sidecar.dev/injected-by"], "t");
+    assert_eq!(out["metadata"]["annotations"]["keep"], "pod");
+    assert_eq!(out["metadata"]["annotations"]["example.com/a.b"], "x");
+    assert_eq!(plan.warnings.len(), 2, "{:?}", plan.warnings);
+}
+
+#[test]
+fn missing_metadata_maps_are_created() {
+    let pod = pod("spec:\n  containers: [{name: app, image: a}]");
+    let t = template("metadata: {name: t}\nspec:\n  metadata: {labels: {a: b}}");
+    let out = apply(&pod, &plan_in(&pod, &[t]));
+    assert_eq!(out["metadata"]["labels"], json!({"a": "b"}));
+    assert_eq!(
+        out["metadata"]["annotations"],
+        json!({"sidecar.dev/injected": "t@1"})
+    );
+}
+
+#[test]
+fn placeholders_draw_from_the_pod() {
+    let pod = pod(r#"
+metadata:
+  generateName: web-7d9f-
+  labels: {app: web}
+  annotations: {team: payments}
+spec:
+  containers: [{name: app, image: a}]
+"#);
+    let t = template(
+        r#"
+metadata: {name: t}
+spec:
+  containers:
+  - name: agent
+    image: agent
+    args: ["--id={{ pod.namespace }}/{{ pod.name }}", "--sa={{ pod.serviceAccountName }}", "--app={{ pod.labels['app'] }}", "--team={{ pod.annotations['team'] }}"]
+  metadata:
+    labels: {owner: "{{ pod.annotations['team'] }}", bad: "{{ pod.namespace }}/x"}
+"#,
+    );
+    let plan = plan(
+        &pod,
+        &NamespaceInfo {
+            name: "shop",
+            labels: None,
+        },
+        &[t],
+    )
+    .unwrap();
+    let out = apply(&pod, &plan);
+    assert_eq!(
+        out["spec"]["containers"][1]["args"],
+        json!([
+            "--id=shop/web-7d9f-",
+            "--sa=default",
+            "--app=web",
+            "--team=payments"
+        ])
+    );
+    assert_eq!(out["metadata"]["labels"]["owner"], "payments");
+    assert_eq!(out["metadata"]["labels"].get("bad"), None);
+    assert!(
+        plan.warnings[0].contains("\"shop/x\" is not a valid label value"),
+        "{:?}",
+        plan.warnings
+    );
+}
+
+#[test]
+fn malformed_pods_are_errors_not_panics() {
+    let ns = NamespaceInfo {
+        name: "default",
+        labels: None,
+    };
+    for bad in [
+        json!(null),
+        json!([]),
+        json!({}),
+        json!({"spec": {}}),
+        json!({"spec": {"containers": 3}}),
+        json!({"spec": {"containers": [1]}}),
+        json!({"metadata": 1, "spec": {"containers": []}}),
+        json!({"spec": {"containers": [], "volumes": {}}}),
+    ] {
+        let error = plan(&bad, &ns, &[template(SIDECAR)]).unwrap_err();
+        assert!(error.to_string().starts_with("not a valid Pod"), "{error}");
+    }
+}
+
+#[test]
+fn a_pod_with_thousands_of_env_vars_is_planned_correctly() {
+    let env: Vec<_> = (0..3000)
+        .map(|i| json!({"name": format!("VAR_{i}"), "value": "x"}))
+        .collect();
+    let pod = json!({"metadata": {"name": "big"}, "spec": {"containers": [{"name": "app", "image": "a", "env": env}]}});
+    let t = template(
+        "metadata: {name: t}\nspec:\n  appContainers:\n    env: [{name: VAR_2999, value: y}, {name: EXTRA, value: z}]",
+    );
+    let plan = plan_in(&pod, &[t]);
+    let out = apply(&pod, &plan);
+    assert_eq!(
+        out["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3001
+    );
+    assert_eq!(plan.warnings.len(), 1);
+}
