@@ -61,7 +61,7 @@ pub const DEFAULT_PRIORITY: i32 = 100;
 )]
 #[x_kube(
     validation = Rule::new(
-        "(has(self.containers) && size(self.containers) > 0) || (has(self.initContainers) && size(self.initContainers) > 0) || (has(self.volumes) && size(self.volumes) > 0) || (has(self.imagePullSecrets) && size(self.imagePullSecrets) > 0) || has(self.appContainers) || has(self.metadata)"
+        "(has(self.containers) && size(self.containers) > 0) || (has(self.initContainers) && size(self.initContainers) > 0) || (has(self.volumes) && size(self.volumes) > 0) || (has(self.imagePullSecrets) && size(self.imagePullSecrets) > 0) || (has(self.appContainers) && ((has(self.appContainers.env) && size(self.appContainers.env) > 0) || (has(self.appContainers.envFrom) && size(self.appContainers.envFrom) > 0) || (has(self.appContainers.volumeMounts) && size(self.appContainers.volumeMounts) > 0))) || (has(self.metadata) && ((has(self.metadata.labels) && size(self.metadata.labels) > 0) || (has(self.metadata.annotations) && size(self.metadata.annotations) > 0)))"
     ).message("a SidecarTemplate must inject something: containers, initContainers, volumes, imagePullSecrets, appContainers or metadata"),
     validation = Rule::new(
         "!has(self.containers) || !has(self.initContainers) || self.initContainers.all(i, !self.containers.exists(c, c.name == i.name))"

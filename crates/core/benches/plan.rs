@@ -1,1 +1,544 @@
-fn main() {}
+//! Benchmarks of the injection engine's hot path: what the webhook does per admission request.
+//!
+//! - `plan/*`: [`injector_core::plan`] on an already-parsed Pod (`serde_json::Value`): a tiny
+//!   Pod, a realistic ~8 KB Deployment Pod with three templates, and Pods with one container
+//!   holding 1,500 and 3,000 env vars (the planner must stay linear in the Pod's size).
+//!   `plan/typical_8k_pod_with_parse` adds `serde_json::from_slice` of the Pod's bytes, the
+//!   webhook's other per-request cost.
+//! - `registry/group_lookup/N`: `Snapshot::group(id)` and iterating that group's templates,
+//!   with N other templates in N other groups; it must not grow with N.
+//! - `registry/matching/N`: `Snapshot::matching` (selection by labels, used outside the
+//!   webhook's per-group path); linear in the number of groups, reported for reference.
+//!
+//! Run with `just bench` or `cargo bench -p injector-core --bench plan`; results are written
+//! under `target/criterion/`. See BENCHMARKS.md for the figures and the targets.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use injector_api::SidecarTemplate;
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, compile, plan};
+use serde_json::{Map, Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Fixtures
+// ---------------------------------------------------------------------------------------------
+
+/// A template from its JSON (apiVersion and kind are filled in).
+fn compile_json(mut value: Value) -> CompiledTemplate {
+    value["apiVersion"] = "sidecar.dev/v1alpha1".into();
+    value["kind"] = "SidecarTemplate".into();
+    let template: SidecarTemplate = serde_json::from_value(value).unwrap();
+    compile(&template).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A template from YAML (apiVersion and kind are filled in).
+fn template(yaml: &str) -> Arc<CompiledTemplate> {
+    let value: Value = serde_yaml::from_str(yaml).unwrap();
+    Arc::new(compile_json(value))
+}
+
+/// Namespace "shop", already selected by the API server (as for a webhook entry).
+const NAMESPACE: NamespaceInfo<'static> = NamespaceInfo {
+    name: "shop",
+    labels: None,
+};
+
+fn run(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan {
+    plan(pod, &NAMESPACE, templates).unwrap()
+}
+
+/// Checks, once in the setup, that the fixture exercises what the benchmark claims to.
+fn check_plan(label: &str, plan: &Plan, applied: usize, warnings: usize) {
+    assert_eq!(plan.applied.len(), applied, "{label}: {plan:#?}");
+    assert_eq!(
+        plan.warnings.len(),
+        warnings,
+        "{label}: {:?}",
+        plan.warnings
+    );
+    assert!(plan.denials.is_empty(), "{label}: {:?}", plan.denials);
+    assert!(!plan.patch.0.is_empty(), "{label}: empty patch");
+}
+
+const SMALL_POD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web-1
+  namespace: shop
+  labels: {app: web}
+spec:
+  containers:
+  - name: app
+    image: nginx
+"#;
+
+const SMALL_TEMPLATE: &str = r#"
+metadata: {name: logger, generation: 3}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  containers:
+  - name: logger
+    image: fluent-bit:3
+    volumeMounts: [{name: logs, mountPath: /var/log/app}]
+  volumes:
+  - name: logs
+    emptyDir: {}
+"#;
+
+/// A log shipper: a container and an emptyDir volume.
+const LOG_SHIPPER: &str = r#"
+metadata: {name: log-shipper, generation: 4}
+spec:
+  priority: 50
+  podSelector: {matchLabels: {app.kubernetes.io/part-of: shop}}
+  containers:
+  - name: log-shipper
+    image: cr.fluentbit.io/fluent/fluent-bit:3.1.9
+    args: ["--config=/fluent-bit/etc/fluent-bit.yaml"]
+    env:
+    - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+    - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+    resources:
+      requests: {cpu: 20m, memory: 32Mi}
+      limits: {memory: 64Mi}
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      runAsNonRoot: true
+      capabilities: {drop: [ALL]}
+    volumeMounts:
+    - {name: app-logs, mountPath: /var/log/app, readOnly: true}
+  volumes:
+  - name: app-logs
+    emptyDir: {sizeLimit: 256Mi}
+"#;
+
+/// A native sidecar proxy (an init container with `restartPolicy: Always`) using placeholders.
+const PROXY: &str = r#"
+metadata: {name: mesh-proxy, generation: 12}
+spec:
+  priority: 10
+  failurePolicy: Fail
+  podSelector:
+    matchExpressions:
+    - {key: app.kubernetes.io/part-of, operator: In, values: [shop, checkout]}
+  initContainers:
+  - name: mesh-proxy
+    image: registry.example.com/mesh/proxy:1.22.3
+    restartPolicy: Always
+    args:
+    - proxy
+    - sidecar
+    - "--service-node={{ pod.name }}.{{ pod.namespace }}"
+    - "--service-cluster={{ pod.labels['app.kubernetes.io/name'] }}"
+    - "--log-level=warn"
+    env:
+    - {name: POD_NAME, value: "{{ pod.name }}"}
+    - {name: POD_NAMESPACE, value: "{{ pod.namespace }}"}
+    - {name: SERVICE_ACCOUNT, value: "{{ pod.serviceAccountName }}"}
+    - {name: MESH_VERSION, value: "{{ pod.annotations['mesh.example.com/version'] }}"}
+    ports:
+    - {name: proxy-admin, containerPort: 15000, protocol: TCP}
+    - {name: proxy-inbound, containerPort: 15006, protocol: TCP}
+    readinessProbe:
+      httpGet: {path: /healthz/ready, port: 15021}
+      periodSeconds: 5
+    startupProbe:
+      httpGet: {path: /healthz/ready, port: 15021}
+      periodSeconds: 1
+      failureThreshold: 60
+    resources:
+      requests: {cpu: 50m, memory: 64Mi}
+      limits: {memory: 256Mi}
+    securityContext:
+      runAsUser: 1337
+      runAsGroup: 1337
+      runAsNonRoot: true
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      capabilities: {drop: [ALL]}
+    volumeMounts:
+    - {name: mesh-certs, mountPath: /etc/mesh/certs, readOnly: true}
+  volumes:
+  - name: mesh-certs
+    secret: {secretName: mesh-ca, defaultMode: 292}
+"#;
+
+/// Env, mounts and metadata for the Pod's own containers.
+const APP_ENV: &str = r#"
+metadata: {name: app-telemetry, generation: 2}
+spec:
+  priority: 100
+  podSelector: {matchLabels: {app.kubernetes.io/part-of: shop}}
+  appContainers:
+    env:
+    - {name: OTEL_SERVICE_NAME, value: "{{ pod.labels['app.kubernetes.io/name'] }}"}
+    - {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: "http://otel-collector.observability:4317"}
+    - {name: OTEL_RESOURCE_ATTRIBUTES, value: "k8s.pod.name={{ pod.name }},k8s.namespace.name={{ pod.namespace }}"}
+    - {name: LOG_DIR, value: /var/log/app}
+    volumeMounts:
+    - {name: app-logs, mountPath: /var/log/app}
+  metadata:
+    labels:
+      mesh.example.com/injected: "true"
+      telemetry.example.com/service: "{{ pod.labels['app.kubernetes.io/name'] }}"
+    annotations:
+      telemetry.example.com/scrape: "true"
+"#;
+
+fn app_container(name: &str, image: &str, port: i64, extra_env: &[(&str, &str)]) -> Value {
+    let mut env = vec![
+        json!({"name": "APP_NAME", "value": name}),
+        json!({"name": "APP_ENV", "value": "production"}),
+        json!({"name": "LOG_LEVEL", "value": "info"}),
+        json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}),
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}}),
+        json!({"name": "DATABASE_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "shop-db", "key": "password"}}}),
+        json!({"name": "GOMAXPROCS", "valueFrom": {"resourceFieldRef": {"containerName": name, "divisor": "0", "resource": "limits.cpu"}}}),
+    ];
+    env.extend(
+        extra_env
+            .iter()
+            .map(|(k, v)| json!({"name": k, "value": v})),
+    );
+    let probe = |path: &str, period: i64| {
+        json!({
+            "httpGet": {"path": path, "port": port, "scheme": "HTTP"},
+            "initialDelaySeconds": 5,
+            "periodSeconds": period,
+            "timeoutSeconds": 1,
+            "successThreshold": 1,
+            "failureThreshold": 3
+        })
+    };
+    json!({
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["--port", port.to_string(), "--config", "/etc/shop/config.yaml"],
+        "ports": [
+            {"name": "http", "containerPort": port, "protocol": "TCP"},
+        ],
+        "env": env,
+        "envFrom": [{"configMapRef": {"name": "shop-config"}}],
+        "resources": {
+            "requests": {"cpu": "250m", "memory": "256Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"}
+        },
+        "livenessProbe": probe("/healthz", 10),
+        "readinessProbe": probe("/ready", 5),
+        "startupProbe": probe("/healthz", 2),
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/shop", "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "kube-api-access-7xk2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "runAsNonRoot": true,
+            "runAsUser": 10001,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File"
+    })
+}
+
+/// A Pod as a Deployment's ReplicaSet creates it, after the API server's defaulting: what the
+/// webhook receives for a typical workload.
+fn typical_pod() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "storefront-7d9c5b8f6d-",
+            "namespace": "shop",
+            "labels": {
+                "app.kubernetes.io/name": "storefront",
+                "app.kubernetes.io/instance": "storefront-prod",
+                "app.kubernetes.io/part-of": "shop",
+                "app.kubernetes.io/version": "2.14.1",
+                "app.kubernetes.io/component": "frontend",
+                "app.kubernetes.io/managed-by": "Helm",
+                "pod-template-hash": "7d9c5b8f6d",
+                "team": "checkout"
+            },
+            "annotations": {
+                "kubectl.kubernetes.io/restartedAt": "2025-03-14T09:26:53Z",
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "9090",
+                "prometheus.io/path": "/metrics",
+                "mesh.example.com/version": "1.22.3",
+                "checksum/config": "4f1c2a9d8b7e6f5a4c3b2a1908f7e6d5c4b3a2918f7e6d5c4b3a29180f7e6d5c"
+            },
+            "ownerReferences": [{
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": "storefront-7d9c5b8f6d",
+                "uid": "0f8b7f4e-2c1d-4e5f-9a8b-7c6d5e4f3a2b",
+                "controller": true,
+                "blockOwnerDeletion": true
+            }]
+        },
+        "spec": {
+            "containers": [
+                app_container(
+                    "storefront",
+                    "registry.example.com/shop/storefront:2.14.1",
+                    8080,
+                    &[("CART_URL", "http://cart.shop.svc:8080"), ("CATALOG_URL", "http://catalog.shop.svc:8080")],
+                ),
+                app_container(
+                    "worker",
+                    "registry.example.com/shop/storefront-worker:2.14.1",
+                    8081,
+                    &[("QUEUE_URL", "amqp://rabbitmq.shop.svc:5672"), ("WORKER_CONCURRENCY", "8")],
+                ),
+                app_container(
+                    "metrics-exporter",
+                    "registry.example.com/shop/metrics-exporter:0.9.0",
+                    9090,
+                    &[],
+                ),
+            ],
+            "volumes": [
+                {"name": "config", "configMap": {"name": "storefront-config", "defaultMode": 420}},
+                {"name": "tmp", "emptyDir": {}},
+                {
+                    "name": "kube-api-access-7xk2p",
+                    "projected": {
+                        "defaultMode": 420,
+                        "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+                        ]
+                    }
+                }
+            ],
+            "imagePullSecrets": [{"name": "registry-credentials"}],
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "storefront"}},
+                            "topologyKey": "kubernetes.io/hostname"
+                        }
+                    }]
+                }
+            },
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            ],
+            "dnsPolicy": "ClusterFirst",
+            "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority",
+            "priority": 0,
+            "restartPolicy": "Always",
+            "schedulerName": "default-scheduler",
+            "securityContext": {"fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+            "serviceAccount": "storefront",
+            "serviceAccountName": "storefront",
+            "terminationGracePeriodSeconds": 30
+        }
+    })
+}
+
+/// A Pod with one container holding `count` env vars.
+fn env_pod(count: usize) -> Value {
+    let env: Vec<Value> = (0..count)
+        .map(|i| json!({"name": format!("SETTING_{i:05}"), "value": format!("value-{i}")}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "config-heavy-0", "namespace": "shop", "labels": {"app": "config-heavy"}},
+        "spec": {"containers": [{"name": "app", "image": "registry.example.com/config-heavy:1", "env": env}]}
+    })
+}
+
+/// Adds 64 env vars to the app containers (8 colliding with the Pod's, 4 of them with another
+/// value, which gives a warning each) and a container.
+fn env_template() -> Arc<CompiledTemplate> {
+    let mut env: Vec<Value> = (0..56)
+        .map(|i| json!({"name": format!("INJECTED_{i:03}"), "value": format!("injected-{i}")}))
+        .collect();
+    for i in 0..8 {
+        let value = if i % 2 == 0 {
+            format!("value-{i}")
+        } else {
+            format!("other-{i}")
+        };
+        env.push(json!({"name": format!("SETTING_{i:05}"), "value": value}));
+    }
+    Arc::new(compile_json(json!({
+        "metadata": {"name": "env-injector", "generation": 1},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "config-heavy"}},
+            "containers": [{"name": "agent", "image": "registry.example.com/agent:1"}],
+            "appContainers": {"env": env}
+        }
+    })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// plan/*
+// ---------------------------------------------------------------------------------------------
+
+fn bench_plan(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan");
+
+    let small = serde_yaml::from_str::<Value>(SMALL_POD).unwrap();
+    let small_templates = [template(SMALL_TEMPLATE)];
+    check_plan("small_pod", &run(&small, &small_templates), 1, 0);
+    group.bench_function("small_pod", |b| {
+        b.iter(|| run(black_box(&small), black_box(&small_templates)))
+    });
+
+    let typical = typical_pod();
+    let typical_bytes = serde_json::to_vec(&typical).unwrap();
+    println!(
+        "plan/typical_8k_pod: the pod is {} bytes of JSON",
+        typical_bytes.len()
+    );
+    assert!(
+        (7 * 1024..=9 * 1024).contains(&typical_bytes.len()),
+        "the typical pod should be 7-9 KB, is {} bytes",
+        typical_bytes.len()
+    );
+    let typical_templates = [template(LOG_SHIPPER), template(PROXY), template(APP_ENV)];
+    let typical_plan = run(&typical, &typical_templates);
+    check_plan("typical_8k_pod", &typical_plan, 3, 0);
+    group.bench_function("typical_8k_pod", |b| {
+        b.iter(|| run(black_box(&typical), black_box(&typical_templates)))
+    });
+    group.bench_function("typical_8k_pod_with_parse", |b| {
+        b.iter(|| {
+            let pod: Value = serde_json::from_slice(black_box(&typical_bytes)).unwrap();
+            run(&pod, black_box(&typical_templates))
+        })
+    });
+
+    // The large pods: fewer samples, so that each stays within the time budget.
+    group.sample_size(50);
+    let env_templates = [env_template()];
+    for count in [1_500, 3_000] {
+        let pod = env_pod(count);
+        check_plan(&format!("env_{count}"), &run(&pod, &env_templates), 1, 4);
+        group.bench_function(format!("env_{count}"), |b| {
+            b.iter(|| run(black_box(&pod), black_box(&env_templates)))
+        });
+    }
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// registry/*
+// ---------------------------------------------------------------------------------------------
+
+/// Templates in the target group: selected by `tier: target`, the same in every registry.
+const TARGET_TEMPLATES: usize = 3;
+
+/// A registry of `fillers` templates, each with its own pod selector (so each in its own
+/// group), plus [`TARGET_TEMPLATES`] templates sharing one group; and that group's id.
+fn registry(fillers: usize) -> (Arc<Snapshot>, String) {
+    let mut registry = Registry::new();
+    for i in 0..fillers {
+        registry.apply(compile_json(json!({
+            "metadata": {"name": format!("filler-{i:05}"), "generation": 1},
+            "spec": {
+                "priority": i % 1000,
+                "podSelector": {"matchLabels": {"app": format!("service-{i:05}")}},
+                "containers": [{"name": format!("agent-{i:05}"), "image": "registry.example.com/agent:1"}]
+            }
+        })));
+    }
+    let mut target_id = None;
+    for i in 0..TARGET_TEMPLATES {
+        let compiled = compile_json(json!({
+            "metadata": {"name": format!("target-{i}"), "generation": 1},
+            "spec": {
+                "podSelector": {"matchLabels": {"tier": "target"}},
+                "containers": [{"name": format!("target-{i}"), "image": "registry.example.com/target:1"}]
+            }
+        }));
+        target_id = Some(compiled.group.id().as_str().to_owned());
+        registry.apply(compiled);
+    }
+    let snapshot = registry.snapshot();
+    let target_id = target_id.unwrap();
+    assert_eq!(snapshot.len(), fillers + TARGET_TEMPLATES);
+    assert_eq!(snapshot.groups().len(), fillers + 1);
+    assert_eq!(
+        snapshot.group(&target_id).unwrap().templates.len(),
+        TARGET_TEMPLATES
+    );
+    (snapshot, target_id)
+}
+
+/// What the webhook does per request before planning: find the group of the path's id, and
+/// walk its templates.
+fn lookup(snapshot: &Snapshot, id: &str) -> usize {
+    let group = snapshot.group(id).unwrap();
+    group
+        .templates
+        .iter()
+        .map(|t| t.name.len() + t.priority as usize)
+        .sum()
+}
+
+fn bench_registry(c: &mut Criterion) {
+    let mut group = c.benchmark_group("registry/group_lookup");
+    for n in [1usize, 10, 100, 10_000] {
+        let (snapshot, id) = registry(n);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| lookup(black_box(&snapshot), black_box(&id)))
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("registry/matching");
+    let pod_labels: Map<String, Value> = [
+        ("app", "service-00000"),
+        ("tier", "target"),
+        ("pod-template-hash", "7d9c5b8f6d"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), Value::from(v)))
+    .collect();
+    let ns_labels: BTreeMap<String, String> =
+        [("kubernetes.io/metadata.name".to_owned(), "shop".to_owned())].into();
+    for n in [1usize, 100, 10_000] {
+        let (snapshot, _) = registry(n);
+        // The target group, and filler 0 (whose selector the labels also match).
+        let found = snapshot.matching(Some(&pod_labels), Some(&ns_labels));
+        assert_eq!(found.len(), TARGET_TEMPLATES + 1);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| black_box(&snapshot).matching(Some(black_box(&pod_labels)), Some(&ns_labels)))
+        });
+    }
+    group.finish();
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = bench_plan, bench_registry
+}
+criterion_main!(benches);

@@ -21,6 +21,7 @@ use serde_json::{Map, Value};
 
 use crate::names::is_label_value;
 use crate::placeholder::PodFacts;
+use crate::selector::Labels;
 use crate::template::{CompiledTemplate, Item, Text};
 
 /// The namespace a Pod is created in, as far as the caller knows it.
@@ -168,9 +169,7 @@ pub fn plan(
     templates: &[Arc<CompiledTemplate>],
 ) -> Result<Plan, MalformedPod> {
     let view = PodView::parse(pod)?;
-    let mut ordered: Vec<&CompiledTemplate> = templates.iter().map(Arc::as_ref).collect();
-    ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
-    ordered.dedup_by(|a, b| a.name == b.name);
+    let ordered = in_application_order(templates);
 
     let mut plan = Plan::default();
     let namespace_name = view.namespace.unwrap_or(namespace.name);
@@ -187,13 +186,6 @@ pub fn plan(
 
     let injected_before = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
     let already: HashSet<&str> = injected_names(injected_before).collect();
-    let requested: HashSet<&str> = view
-        .annotation(TEMPLATES_ANNOTATION)
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .collect();
     let facts = PodFacts {
         name: view.name,
         namespace: namespace_name,
@@ -203,25 +195,39 @@ pub fn plan(
     };
     let mut builder = Builder::new(&view);
 
+    // Selection sees the Pod as the templates applied so far leave it: a template may select on
+    // a label (or be requested by an annotation) that another template adds. Passes repeat
+    // until one applies nothing, so planning the result again finds nothing left to apply.
+    let mut pending: Vec<&CompiledTemplate> = Vec::new();
     for template in ordered {
-        let skip = |reason| Skipped {
-            name: template.name.clone(),
-            reason,
-        };
         if already.contains(template.name.as_str()) {
-            plan.skipped.push(skip(SkipReason::AlreadyInjected));
+            plan.skipped.push(Skipped {
+                name: template.name.clone(),
+                reason: SkipReason::AlreadyInjected,
+            });
         } else if namespace
             .labels
             .is_some_and(|labels| !template.namespace_selector.matches(labels))
         {
-            plan.skipped.push(skip(SkipReason::NamespaceNotSelected));
-        } else if !template.pod_selector.matches(&view.labels) {
-            plan.skipped.push(skip(SkipReason::PodNotSelected));
-        } else if template.injection == Injection::OnRequest
-            && !requested.contains(template.name.as_str())
-        {
-            plan.skipped.push(skip(SkipReason::NotRequested));
+            plan.skipped.push(Skipped {
+                name: template.name.clone(),
+                reason: SkipReason::NamespaceNotSelected,
+            });
         } else {
+            pending.push(template);
+        }
+    }
+    let mut unselected = Vec::new();
+    loop {
+        let mut progressed = false;
+        unselected.clear();
+        for template in std::mem::take(&mut pending) {
+            if let Some(reason) = builder.unselected(template) {
+                unselected.push(reason);
+                pending.push(template);
+                continue;
+            }
+            progressed = true;
             match builder.apply(template, &facts) {
                 Ok(warnings) => {
                     plan.warnings.extend(
@@ -246,10 +252,22 @@ pub fn plan(
                             reason: detail.clone(),
                         });
                     }
-                    plan.skipped.push(skip(SkipReason::Conflict(detail)));
+                    plan.skipped.push(Skipped {
+                        name: template.name.clone(),
+                        reason: SkipReason::Conflict(detail),
+                    });
                 }
             }
         }
+        if !progressed || pending.is_empty() {
+            break;
+        }
+    }
+    for (template, reason) in pending.into_iter().zip(unselected) {
+        plan.skipped.push(Skipped {
+            name: template.name.clone(),
+            reason,
+        });
     }
 
     if !plan.applied.is_empty() {
@@ -270,6 +288,21 @@ pub fn plan(
     }
     plan.patch = builder.finish();
     Ok(plan)
+}
+
+/// The templates in (priority, name) order, each name once: of two templates with the same
+/// name, the higher generation wins, then the one given first.
+fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTemplate> {
+    let mut by_name: HashMap<&str, &CompiledTemplate> = HashMap::new();
+    for template in templates {
+        let kept = by_name.entry(template.name.as_str()).or_insert(template);
+        if template.generation > kept.generation {
+            *kept = template;
+        }
+    }
+    let mut ordered: Vec<&CompiledTemplate> = by_name.into_values().collect();
+    ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    ordered
 }
 
 /// Parses the `sidecar.dev/injected` annotation (`name@generation,...`) into template names.
@@ -542,6 +575,26 @@ impl<'a> MapAdditions<'a> {
     }
 }
 
+/// A map of the Pod's metadata as the plan leaves it: the Pod's own keys win (they are never
+/// overwritten), then the keys templates added.
+struct Effective<'m, 'a> {
+    pod: Option<&'a Map<String, Value>>,
+    added: &'m MapAdditions<'a>,
+}
+
+impl Labels for Effective<'_, '_> {
+    fn label(&self, key: &str) -> Option<&str> {
+        match self.pod.and_then(|m| m.get(key)) {
+            Some(value) => value.as_str(),
+            None => self
+                .added
+                .added
+                .get(key)
+                .and_then(|(value, _)| value.as_str()),
+        }
+    }
+}
+
 /// Additions to one of the Pod's own containers.
 struct AppContainer<'a> {
     env: Keyed<'a>,
@@ -601,6 +654,33 @@ impl<'a> Builder<'a> {
             labels: MapAdditions::new(view.labels),
             annotations: MapAdditions::new(view.annotations),
         }
+    }
+
+    /// Why `template` does not select the Pod as it stands now (its own labels and
+    /// annotations plus those added so far), or `None` when it does.
+    fn unselected(&self, template: &CompiledTemplate) -> Option<SkipReason> {
+        let labels = Effective {
+            pod: self.view.labels,
+            added: &self.labels,
+        };
+        if !template.pod_selector.matches(&labels) {
+            return Some(SkipReason::PodNotSelected);
+        }
+        if template.injection == Injection::OnRequest {
+            let annotations = Effective {
+                pod: self.view.annotations,
+                added: &self.annotations,
+            };
+            let requested = annotations
+                .label(TEMPLATES_ANNOTATION)
+                .unwrap_or_default()
+                .split(',')
+                .any(|name| name.trim() == template.name);
+            if !requested {
+                return Some(SkipReason::NotRequested);
+            }
+        }
+        None
     }
 
     /// Applies one template, all or nothing: `Err` lists the conflicts that stop it; `Ok`

@@ -186,8 +186,10 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
                 .map(|(key, value)| {
                     let path = format!("spec.metadata.labels[{key:?}]");
                     check_metadata_key(key, &path, &mut errors);
+                    let before = errors.len();
                     let text = text(value, &path, &mut errors);
                     if let Text::Fixed(value) = &text
+                        && errors.len() == before
                         && !is_label_value(value)
                     {
                         errors.push(FieldError::new(

@@ -498,3 +498,49 @@ fn a_pod_with_thousands_of_env_vars_is_planned_correctly() {
     );
     assert_eq!(plan.warnings.len(), 1);
 }
+
+#[test]
+fn a_template_may_select_on_what_another_adds_and_replanning_stays_empty() {
+    let pod = pod(APP_POD);
+    // "logging" sorts first but selects on a label "mesh" adds; "proxy" is requested by an
+    // annotation "mesh" adds.
+    let logging = template(
+        "metadata: {name: a-logging}\nspec:\n  podSelector: {matchLabels: {mesh: enabled}}\n  containers: [{name: log, image: l}]",
+    );
+    let proxy = template(
+        "metadata: {name: proxy}\nspec:\n  injection: OnRequest\n  containers: [{name: proxy, image: p}]",
+    );
+    let mesh = template(
+        "metadata: {name: mesh}\nspec:\n  metadata:\n    labels: {mesh: enabled}\n    annotations: {sidecar.dev/templates: proxy}",
+    );
+    let templates = [logging, proxy, mesh];
+    let plan = plan_in(&pod, &templates);
+    let applied: Vec<&str> = plan.applied.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(
+        applied,
+        ["mesh", "proxy", "a-logging"],
+        "passes in (priority, name) order"
+    );
+    let out = apply(&pod, &plan);
+    assert_eq!(names(&out["spec"]["containers"]), ["app", "proxy", "log"]);
+    assert!(plan_in(&out, &templates).patch.0.is_empty());
+}
+
+#[test]
+fn a_name_given_twice_counts_once_and_the_newest_generation_wins() {
+    let pod = pod(APP_POD);
+    let old = template(
+        "metadata: {name: t, generation: 1}\nspec:\n  priority: 1\n  containers: [{name: old, image: o}]",
+    );
+    let new = template(
+        "metadata: {name: t, generation: 2}\nspec:\n  priority: 9\n  containers: [{name: new, image: n}]",
+    );
+    for templates in [[old.clone(), new.clone()], [new.clone(), old.clone()]] {
+        let out = apply(&pod, &plan_in(&pod, &templates));
+        assert_eq!(names(&out["spec"]["containers"]), ["app", "new"]);
+        assert_eq!(
+            out["metadata"]["annotations"]["sidecar.dev/injected"],
+            "t@2"
+        );
+    }
+}

@@ -1,0 +1,958 @@
+//! Property tests of the planner: random but realistic Pods and sets of `SidecarTemplate`s,
+//! checked against the rules every plan must keep whatever the input.
+//!
+//! - the patch applies to the Pod and the result is still a `v1.Pod`;
+//! - planning the mutated Pod again with the same templates adds nothing;
+//! - the result does not depend on the order templates were given or registered in;
+//! - an opted-out Pod or namespace is never patched;
+//! - the Pod's own containers (and init containers, volumes, labels and annotations) are only
+//!   ever added to, never changed;
+//! - re-planning stays a no-op when what one template adds (a label, a `sidecar.dev/templates`
+//!   request) is what selects another;
+//! - a template name given twice counts once.
+//!
+//! The generators draw names from small pools so that templates collide with each other and
+//! with the Pod (container, volume, env and mount names, label keys), priorities from a small
+//! range so that ties are common, and string values from a pool of `{{ pod.* }}` placeholders.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use injector_api::SidecarTemplate;
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan};
+use k8s_openapi::api::core::v1::Pod;
+use proptest::collection::{btree_map, btree_set, vec};
+use proptest::option;
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Pools. Small on purpose: the interesting cases are the collisions.
+// ---------------------------------------------------------------------------------------------
+
+const CONTAINER_NAMES: &[&str] = &["app", "web", "proxy", "logger", "agent"];
+const IMAGES: &[&str] = &["nginx:1.27", "busybox", "envoy:1.30", "fluent-bit:3"];
+const VOLUME_NAMES: &[&str] = &["data", "logs", "certs", "config"];
+const ENV_NAMES: &[&str] = &["LOG_LEVEL", "POD_NAME", "REGION", "MODE"];
+const MOUNT_PATHS: &[&str] = &["/data", "/var/log", "/certs", "/etc/config"];
+const SECRETS: &[&str] = &["regcred", "mirror", "private"];
+const TEMPLATE_NAMES: &[&str] = &["mesh", "logging", "agent", "a", "zz-last"];
+
+/// Label keys and values a Pod may carry (and selectors look at).
+const LABEL_KEYS: &[&str] = &["app", "tier", "example.com/x", "team"];
+const LABEL_VALUES: &[&str] = &["web", "db", "frontend", "v1"];
+/// Annotation keys a Pod may carry (placeholders read `example.com/x`).
+const ANNOTATION_KEYS: &[&str] = &["example.com/x", "team", "note", "prometheus.io/scrape"];
+
+/// String values of a template, with and without placeholders.
+const TEXTS: &[&str] = &[
+    "x",
+    "v1",
+    "debug",
+    "{{ pod.name }}",
+    "{{ pod.labels['app'] }}",
+    "{{ pod.namespace }}/{{ pod.name }}",
+    "{{ pod.annotations['example.com/x'] }}",
+    "sa-{{ pod.serviceAccountName }}",
+];
+/// String values of a Pod's own env vars (some equal to template values).
+const POD_TEXTS: &[&str] = &["x", "v1", "debug", "", "info"];
+
+/// Labels a template adds. Keys that no selector reads: a template whose labels (or
+/// `sidecar.dev/templates` annotation) feed another template's selection is a separate property,
+/// `what_one_template_adds_does_not_select_another_on_replanning`.
+const TEMPLATE_LABEL_KEYS: &[&str] = &["sidecar.dev/injected-by", "example.com/mesh", "owner"];
+const TEMPLATE_LABEL_VALUES: &[&str] = &[
+    "mesh",
+    "on",
+    "{{ pod.labels['app'] }}",
+    "{{ pod.name }}",
+    "{{ pod.annotations['team'] }}",
+];
+const TEMPLATE_ANNOTATION_KEYS: &[&str] = &[
+    "example.com/x",
+    "team",
+    "prometheus.io/scrape",
+    "mesh.example.com/version",
+];
+
+/// The namespace every scenario is planned in.
+const NAMESPACE: &str = "shop";
+
+// ---------------------------------------------------------------------------------------------
+// Scenario
+// ---------------------------------------------------------------------------------------------
+
+/// A Pod, the templates, a permutation of them and what is known of the namespace.
+#[derive(Clone)]
+struct Scenario {
+    pod: Value,
+    /// The templates as written, for failure reports.
+    sources: Vec<Value>,
+    templates: Vec<Arc<CompiledTemplate>>,
+    /// A permutation of `0..templates.len()`.
+    order: Vec<usize>,
+    /// `None`: the API server selected the namespace.
+    ns_labels: Option<BTreeMap<String, String>>,
+}
+
+impl fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "pod: {}", self.pod)?;
+        for source in &self.sources {
+            writeln!(f, "template: {source}")?;
+        }
+        writeln!(f, "order: {:?}", self.order)?;
+        write!(f, "namespace labels: {:?}", self.ns_labels)
+    }
+}
+
+impl Scenario {
+    fn namespace(&self) -> NamespaceInfo<'_> {
+        NamespaceInfo {
+            name: NAMESPACE,
+            labels: self.ns_labels.as_ref(),
+        }
+    }
+
+    fn shuffled(&self) -> Vec<Arc<CompiledTemplate>> {
+        self.order
+            .iter()
+            .map(|&i| Arc::clone(&self.templates[i]))
+            .collect()
+    }
+}
+
+fn plan_for(
+    pod: &Value,
+    namespace: &NamespaceInfo<'_>,
+    templates: &[Arc<CompiledTemplate>],
+) -> Plan {
+    plan(pod, namespace, templates).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The pod with the plan's patch applied.
+fn apply(pod: &Value, plan: &Plan) -> Result<Value, TestCaseError> {
+    let mut out = pod.clone();
+    json_patch::patch(&mut out, &plan.patch).map_err(|e| {
+        TestCaseError::fail(format!(
+            "patch does not apply: {e}\npatch: {}",
+            serde_json::to_string(&plan.patch).unwrap_or_default()
+        ))
+    })?;
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies: pieces
+// ---------------------------------------------------------------------------------------------
+
+fn pick(pool: &'static [&'static str]) -> BoxedStrategy<String> {
+    prop::sample::select(pool).prop_map(str::to_owned).boxed()
+}
+
+fn container_name() -> BoxedStrategy<String> {
+    prop_oneof![4 => pick(CONTAINER_NAMES), 1 => "[a-z][a-z0-9]{0,4}"].boxed()
+}
+
+fn env_var(templated: bool) -> BoxedStrategy<Value> {
+    let name = prop_oneof![3 => pick(ENV_NAMES), 1 => "[A-Z][A-Z0-9_]{0,5}"];
+    let value = if templated {
+        pick(TEXTS)
+    } else {
+        pick(POD_TEXTS)
+    };
+    (
+        name,
+        prop_oneof![4 => value.prop_map(Some), 1 => Just(None)],
+    )
+        .prop_map(|(name, value)| match value {
+            Some(value) => json!({"name": name, "value": value}),
+            None => json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+        })
+        .boxed()
+}
+
+fn env_from(templated: bool) -> BoxedStrategy<Value> {
+    let secret = if templated {
+        "{{ pod.name }}-env"
+    } else {
+        "app-env"
+    };
+    prop_oneof![
+        Just(json!({"configMapRef": {"name": "cfg"}})),
+        Just(json!({"secretRef": {"name": secret}, "prefix": "S_"})),
+    ]
+    .boxed()
+}
+
+fn mount() -> BoxedStrategy<Value> {
+    (pick(VOLUME_NAMES), pick(MOUNT_PATHS), any::<bool>())
+        .prop_map(|(name, path, read_only)| {
+            let mut m = json!({"name": name, "mountPath": path});
+            if read_only {
+                m["readOnly"] = true.into();
+            }
+            m
+        })
+        .boxed()
+}
+
+fn volume(templated: bool) -> BoxedStrategy<Value> {
+    let config = if templated {
+        prop::sample::select(&["app-config", "{{ pod.name }}-config"][..]).boxed()
+    } else {
+        Just("app-config").boxed()
+    };
+    (pick(VOLUME_NAMES), 0..3u8, config)
+        .prop_map(|(name, kind, config)| match kind {
+            0 => json!({"name": name, "emptyDir": {}}),
+            1 => json!({"name": name, "configMap": {"name": config}}),
+            _ => json!({"name": name, "secret": {"secretName": "tls", "defaultMode": 420}}),
+        })
+        .boxed()
+}
+
+/// Keeps the first item of each `key`.
+fn dedup(items: Vec<Value>, key: &str, seen: &mut HashSet<String>) -> Vec<Value> {
+    items
+        .into_iter()
+        .filter(|item| seen.insert(item[key].as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
+fn dedup_strings(items: Vec<String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    items
+        .into_iter()
+        .filter(|s| seen.insert(s.clone()))
+        .collect()
+}
+
+fn string_map(map: BTreeMap<String, String>) -> Value {
+    Value::Object(
+        map.into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies: Pods
+// ---------------------------------------------------------------------------------------------
+
+fn pod_container() -> BoxedStrategy<Value> {
+    (
+        container_name(),
+        pick(IMAGES),
+        option::of(vec(env_var(false), 0..4)),
+        option::of(vec(mount(), 0..3)),
+        option::weighted(0.2, vec(env_from(false), 1..2)),
+        any::<bool>(),
+    )
+        .prop_map(|(name, image, env, mounts, env_from, ports)| {
+            let mut c = json!({"name": name, "image": image});
+            if let Some(env) = env {
+                c["env"] = Value::Array(dedup(env, "name", &mut HashSet::new()));
+            }
+            if let Some(mounts) = mounts {
+                c["volumeMounts"] = Value::Array(dedup(mounts, "mountPath", &mut HashSet::new()));
+            }
+            if let Some(env_from) = env_from {
+                c["envFrom"] = Value::Array(env_from);
+            }
+            if ports {
+                c["ports"] = json!([{"containerPort": 8080, "protocol": "TCP"}]);
+            }
+            c
+        })
+        .boxed()
+}
+
+fn pod_metadata() -> BoxedStrategy<Value> {
+    let name = prop_oneof![
+        "[a-z]{1,6}(-[a-z0-9]{1,5})?".prop_map(|n| ("name", n)),
+        "[a-z]{1,6}-".prop_map(|n| ("generateName", n)),
+    ];
+    (
+        name,
+        option::of(prop::sample::select(&[NAMESPACE, "default"][..])),
+        option::of(btree_map(pick(LABEL_KEYS), pick(LABEL_VALUES), 0..4)),
+        option::of(btree_map(pick(ANNOTATION_KEYS), "[ -~]{0,8}", 0..3)),
+    )
+        .prop_map(|((field, name), namespace, labels, annotations)| {
+            let mut m = Map::new();
+            m.insert(field.into(), name.into());
+            if let Some(namespace) = namespace {
+                m.insert("namespace".into(), namespace.into());
+            }
+            if let Some(labels) = labels {
+                m.insert("labels".into(), string_map(labels));
+            }
+            if let Some(annotations) = annotations {
+                m.insert("annotations".into(), string_map(annotations));
+            }
+            Value::Object(m)
+        })
+        .boxed()
+}
+
+fn pod() -> BoxedStrategy<Value> {
+    (
+        option::weighted(0.9, pod_metadata()),
+        vec(pod_container(), 1..=4),
+        option::of(vec(pod_container(), 0..=2)),
+        option::of(vec(volume(false), 0..=3)),
+        option::of(vec(pick(SECRETS), 0..=2)),
+        option::of(prop::sample::select(&["web", "builder"][..])),
+    )
+        .prop_map(
+            |(metadata, containers, init_containers, volumes, secrets, service_account)| {
+                // Container names are unique across containers and initContainers.
+                let mut names = HashSet::new();
+                let mut spec = Map::new();
+                spec.insert(
+                    "containers".into(),
+                    Value::Array(dedup(containers, "name", &mut names)),
+                );
+                if let Some(init) = init_containers {
+                    spec.insert(
+                        "initContainers".into(),
+                        Value::Array(dedup(init, "name", &mut names)),
+                    );
+                }
+                if let Some(volumes) = volumes {
+                    spec.insert(
+                        "volumes".into(),
+                        Value::Array(dedup(volumes, "name", &mut HashSet::new())),
+                    );
+                }
+                if let Some(secrets) = secrets {
+                    let secrets = dedup_strings(secrets)
+                        .into_iter()
+                        .map(|name| json!({"name": name}))
+                        .collect();
+                    spec.insert("imagePullSecrets".into(), Value::Array(secrets));
+                }
+                if let Some(account) = service_account {
+                    spec.insert("serviceAccountName".into(), account.into());
+                }
+                let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "spec": spec});
+                if let Some(metadata) = metadata {
+                    pod["metadata"] = metadata;
+                }
+                pod
+            },
+        )
+        .boxed()
+}
+
+fn namespace_labels() -> BoxedStrategy<Option<BTreeMap<String, String>>> {
+    option::of(btree_map(
+        prop::sample::select(&["team", "env"][..]).prop_map(str::to_owned),
+        prop::sample::select(&["shop", "prod", "dev"][..]).prop_map(str::to_owned),
+        0..3,
+    ))
+    .prop_map(|labels| {
+        labels.map(|mut l| {
+            l.insert("kubernetes.io/metadata.name".into(), NAMESPACE.into());
+            l
+        })
+    })
+    .boxed()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Strategies: templates
+// ---------------------------------------------------------------------------------------------
+
+fn template_name() -> BoxedStrategy<String> {
+    prop_oneof![pick(TEMPLATE_NAMES), "[a-z]([a-z0-9-]{0,8}[a-z0-9])?"].boxed()
+}
+
+fn template_container(init: bool) -> BoxedStrategy<Value> {
+    (
+        container_name(),
+        pick(IMAGES),
+        vec(pick(TEXTS), 0..3),
+        vec(env_var(true), 0..3),
+        vec(mount(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(move |(name, image, args, env, mounts, always)| {
+            let mut c = json!({"name": name, "image": image});
+            if !args.is_empty() {
+                c["args"] = json!(args);
+            }
+            if !env.is_empty() {
+                c["env"] = Value::Array(dedup(env, "name", &mut HashSet::new()));
+            }
+            if !mounts.is_empty() {
+                c["volumeMounts"] = Value::Array(dedup(mounts, "mountPath", &mut HashSet::new()));
+            }
+            if init && always {
+                c["restartPolicy"] = "Always".into();
+            }
+            c
+        })
+        .boxed()
+}
+
+fn pod_selector() -> BoxedStrategy<Option<Value>> {
+    prop_oneof![
+        4 => Just(None),
+        1 => Just(Some(json!({}))),
+        1 => pick(LABEL_VALUES).prop_map(|v| Some(json!({"matchLabels": {"app": v}}))),
+        1 => Just(Some(json!({"matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["frontend", "db"]}]}))),
+        1 => Just(Some(json!({"matchExpressions": [
+            {"key": "example.com/x", "operator": "Exists"}]}))),
+        1 => Just(Some(json!({"matchExpressions": [
+            {"key": "team", "operator": "DoesNotExist"}]}))),
+    ]
+    .boxed()
+}
+
+fn namespace_selector() -> BoxedStrategy<Option<Value>> {
+    prop_oneof![
+        4 => Just(None),
+        1 => Just(Some(json!({"matchLabels": {"team": "shop"}}))),
+        1 => Just(Some(json!({"matchExpressions": [
+            {"key": "env", "operator": "NotIn", "values": ["prod"]}]}))),
+    ]
+    .boxed()
+}
+
+fn app_containers() -> BoxedStrategy<Value> {
+    (
+        option::weighted(0.3, vec(container_name(), 1..3)),
+        vec(env_var(true), 0..3),
+        vec(env_from(true), 0..2),
+        vec(mount(), 0..3),
+    )
+        .prop_map(|(names, env, env_from, mounts)| {
+            let mut app = Map::new();
+            if let Some(names) = names {
+                app.insert("names".into(), json!(dedup_strings(names)));
+            }
+            if !env.is_empty() {
+                let env = dedup(env, "name", &mut HashSet::new());
+                app.insert("env".into(), Value::Array(env));
+            }
+            if !env_from.is_empty() {
+                app.insert("envFrom".into(), Value::Array(env_from));
+            }
+            if !mounts.is_empty() {
+                let mounts = dedup(mounts, "mountPath", &mut HashSet::new());
+                app.insert("volumeMounts".into(), Value::Array(mounts));
+            }
+            Value::Object(app)
+        })
+        .boxed()
+}
+
+/// Everything of a template but its name.
+#[derive(Clone, Debug)]
+struct TemplateParts {
+    priority: i32,
+    generation: i64,
+    on_request: bool,
+    ignore: bool,
+    pod_selector: Option<Value>,
+    namespace_selector: Option<Value>,
+    containers: Vec<Value>,
+    init_containers: Vec<Value>,
+    volumes: Vec<Value>,
+    secrets: Vec<String>,
+    app: Option<Value>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+fn template_parts() -> BoxedStrategy<TemplateParts> {
+    let policy = (
+        0..3i32,
+        1..4i64,
+        prop::bool::weighted(0.25),
+        any::<bool>(),
+        pod_selector(),
+        namespace_selector(),
+    );
+    let content = (
+        vec(template_container(false), 0..3),
+        vec(template_container(true), 0..3),
+        vec(volume(true), 0..3),
+        vec(pick(SECRETS), 0..3),
+        option::weighted(0.4, app_containers()),
+        btree_map(pick(TEMPLATE_LABEL_KEYS), pick(TEMPLATE_LABEL_VALUES), 0..3),
+        btree_map(pick(TEMPLATE_ANNOTATION_KEYS), pick(TEXTS), 0..3),
+    );
+    (policy, content)
+        .prop_map(
+            |(
+                (priority, generation, on_request, ignore, pod_selector, namespace_selector),
+                (containers, init_containers, volumes, secrets, app, labels, annotations),
+            )| TemplateParts {
+                priority,
+                generation,
+                on_request,
+                ignore,
+                pod_selector,
+                namespace_selector,
+                containers,
+                init_containers,
+                volumes,
+                secrets,
+                app,
+                labels,
+                annotations,
+            },
+        )
+        .boxed()
+}
+
+/// The template's JSON, valid by construction.
+fn template_source(name: &str, parts: TemplateParts) -> Value {
+    let mut spec = Map::new();
+    spec.insert("priority".into(), parts.priority.into());
+    if parts.on_request {
+        spec.insert("injection".into(), "OnRequest".into());
+    }
+    if parts.ignore {
+        spec.insert("failurePolicy".into(), "Ignore".into());
+    }
+    if let Some(selector) = parts.pod_selector {
+        spec.insert("podSelector".into(), selector);
+    }
+    if let Some(selector) = parts.namespace_selector {
+        spec.insert("namespaceSelector".into(), selector);
+    }
+    let mut names = HashSet::new();
+    let mut content = false;
+    let mut list = |spec: &mut Map<String, Value>, field: &str, items: Vec<Value>| {
+        if !items.is_empty() {
+            content = true;
+            spec.insert(field.into(), Value::Array(items));
+        }
+    };
+    list(
+        &mut spec,
+        "containers",
+        dedup(parts.containers, "name", &mut names),
+    );
+    list(
+        &mut spec,
+        "initContainers",
+        dedup(parts.init_containers, "name", &mut names),
+    );
+    list(
+        &mut spec,
+        "volumes",
+        dedup(parts.volumes, "name", &mut HashSet::new()),
+    );
+    let secrets = dedup_strings(parts.secrets)
+        .into_iter()
+        .map(|name| json!({"name": name}))
+        .collect();
+    list(&mut spec, "imagePullSecrets", secrets);
+    if let Some(app) = parts.app {
+        // `names` alone adds nothing.
+        content |= ["env", "envFrom", "volumeMounts"]
+            .iter()
+            .any(|field| app.get(field).is_some());
+        spec.insert("appContainers".into(), app);
+    }
+    let mut metadata = Map::new();
+    if !parts.labels.is_empty() {
+        metadata.insert("labels".into(), string_map(parts.labels));
+    }
+    if !parts.annotations.is_empty() || (!content && metadata.is_empty()) {
+        let mut annotations = parts.annotations;
+        if annotations.is_empty() {
+            // A template must inject something.
+            annotations.insert("example.com/x".into(), "x".into());
+        }
+        metadata.insert("annotations".into(), string_map(annotations));
+    }
+    if !metadata.is_empty() {
+        spec.insert("metadata".into(), Value::Object(metadata));
+    }
+    json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": name, "generation": parts.generation},
+        "spec": spec,
+    })
+}
+
+fn compile_source(source: &Value) -> Arc<CompiledTemplate> {
+    let template: SidecarTemplate = serde_json::from_value(source.clone())
+        .unwrap_or_else(|e| panic!("generator bug: {e}\n{source}"));
+    Arc::new(compile(&template).unwrap_or_else(|e| panic!("generator bug: {e}\n{source}")))
+}
+
+fn scenario() -> BoxedStrategy<Scenario> {
+    btree_set(template_name(), 1..=5)
+        .prop_flat_map(|names| {
+            let names: Vec<String> = names.into_iter().collect();
+            let n = names.len();
+            (
+                vec(template_parts(), n),
+                pod(),
+                option::of(prop::sample::subsequence(names.clone(), 0..=n)),
+                Just((0..n).collect::<Vec<usize>>()).prop_shuffle(),
+                namespace_labels(),
+                Just(names),
+            )
+        })
+        .prop_map(|(parts, mut pod, requested, order, ns_labels, names)| {
+            let sources: Vec<Value> = names
+                .iter()
+                .zip(parts)
+                .map(|(name, parts)| template_source(name, parts))
+                .collect();
+            let templates = sources.iter().map(compile_source).collect();
+            if let Some(requested) = requested
+                && pod.get("metadata").is_some()
+            {
+                pod["metadata"]["annotations"]["sidecar.dev/templates"] =
+                    requested.join(", ").into();
+            }
+            Scenario {
+                pod,
+                sources,
+                templates,
+                order,
+                ns_labels,
+            }
+        })
+        .boxed()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+// ---------------------------------------------------------------------------------------------
+
+/// `before` is a prefix of `after` (an absent list counts as empty).
+fn is_prefix(before: Option<&Value>, after: Option<&Value>) -> bool {
+    let empty = Vec::new();
+    let before = before.and_then(Value::as_array).unwrap_or(&empty);
+    let after = after.and_then(Value::as_array).unwrap_or(&empty);
+    after.len() >= before.len() && after.iter().zip(before).all(|(a, b)| a == b)
+}
+
+/// Every key of `before` is in `after` with the same value, but `except`.
+fn map_kept(before: Option<&Value>, after: Option<&Value>, except: &str) -> bool {
+    let Some(before) = before.and_then(Value::as_object) else {
+        return true;
+    };
+    before
+        .iter()
+        .filter(|(k, _)| k.as_str() != except)
+        .all(|(k, v)| after.and_then(|a| a.get(k)) == Some(v))
+}
+
+fn pod_labels(pod: &Value) -> Option<&Map<String, Value>> {
+    pod.get("metadata")
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+}
+
+fn config() -> ProptestConfig {
+    // The default number of cases (256, or PROPTEST_CASES); no regression files are written
+    // into the source tree.
+    ProptestConfig {
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn the_patch_applies_and_yields_a_pod(s in scenario()) {
+        let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
+        let out = apply(&s.pod, &plan)?;
+        if let Err(e) = serde_json::from_value::<Pod>(out.clone()) {
+            return Err(TestCaseError::fail(format!("not a Pod: {e}\n{out}")));
+        }
+        // Every applied template is recorded, and nothing is both applied and denied.
+        for applied in &plan.applied {
+            let record = out["metadata"]["annotations"]["sidecar.dev/injected"]
+                .as_str()
+                .unwrap_or_default();
+            prop_assert!(
+                record.split(',').any(|e| e == format!("{}@{}", applied.name, applied.generation)),
+                "{} missing from {record:?}", applied.name
+            );
+            prop_assert!(plan.denials.iter().all(|d| d.template != applied.name));
+        }
+        prop_assert_eq!(plan.applied.len() + plan.skipped.len(), s.templates.len());
+    }
+
+    #[test]
+    fn planning_the_mutated_pod_again_adds_nothing(s in scenario()) {
+        let ns = s.namespace();
+        let first = plan_for(&s.pod, &ns, &s.templates);
+        let once = apply(&s.pod, &first)?;
+        let again = plan_for(&once, &ns, &s.templates);
+        prop_assert!(
+            again.patch.0.is_empty(),
+            "second patch: {}\napplied first: {:?}\napplied again: {:?}\nmutated pod: {once}",
+            serde_json::to_string(&again.patch).unwrap_or_default(),
+            first.applied,
+            again.applied,
+        );
+        prop_assert!(again.applied.is_empty());
+    }
+
+    #[test]
+    fn the_result_does_not_depend_on_the_order_of_the_templates(s in scenario()) {
+        let ns = s.namespace();
+        let mut given = Registry::new();
+        for template in &s.templates {
+            given.apply(CompiledTemplate::clone(template));
+        }
+        let mut shuffled = Registry::new();
+        for template in s.shuffled() {
+            shuffled.apply(CompiledTemplate::clone(&template));
+        }
+        let all = given.snapshot().templates().to_vec();
+        let matching = shuffled.snapshot().matching(pod_labels(&s.pod), s.ns_labels.as_ref());
+
+        let reference = plan_for(&s.pod, &ns, &s.templates);
+        let expected = apply(&s.pod, &reference)?;
+        for (what, templates) in [
+            ("the registry's templates", all),
+            ("the shuffled registry's matching templates", matching),
+            ("the templates in shuffled order", s.shuffled()),
+        ] {
+            let other = plan_for(&s.pod, &ns, &templates);
+            let out = apply(&s.pod, &other)?;
+            prop_assert_eq!(&other.applied, &reference.applied, "applied, with {}", what);
+            prop_assert_eq!(&other.denials, &reference.denials, "denials, with {}", what);
+            prop_assert_eq!(&other.warnings, &reference.warnings, "warnings, with {}", what);
+            prop_assert_eq!(&out, &expected, "patched pod, with {}", what);
+        }
+    }
+
+    #[test]
+    fn an_opted_out_pod_or_namespace_is_never_patched(
+        mut s in scenario(),
+        via_namespace in any::<bool>(),
+        value in prop::sample::select(&["false", "False", " FALSE "][..]),
+    ) {
+        let expected = if via_namespace {
+            s.ns_labels
+                .get_or_insert_with(BTreeMap::new)
+                .insert("sidecar.dev/injection".into(), "disabled".into());
+            SkipReason::NamespaceOptedOut
+        } else {
+            s.pod["metadata"]["annotations"]["sidecar.dev/inject"] = value.into();
+            SkipReason::PodOptedOut
+        };
+        let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
+        prop_assert!(plan.patch.0.is_empty(), "{:?}", plan.patch);
+        prop_assert!(plan.applied.is_empty());
+        prop_assert!(plan.denials.is_empty());
+        prop_assert_eq!(plan.skipped.len(), s.templates.len());
+        prop_assert!(plan.skipped.iter().all(|skip| skip.reason == expected));
+    }
+
+    #[test]
+    fn the_pods_own_containers_are_only_added_to(s in scenario()) {
+        let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
+        let out = apply(&s.pod, &plan)?;
+        let (before, after) = (&s.pod["spec"], &out["spec"]);
+
+        let own = before["containers"].as_array().unwrap();
+        let patched = after["containers"].as_array().unwrap();
+        prop_assert!(patched.len() >= own.len());
+        for (old, new) in own.iter().zip(patched) {
+            let (old, new) = (old.as_object().unwrap(), new.as_object().unwrap());
+            for (key, value) in old {
+                match key.as_str() {
+                    "env" | "envFrom" | "volumeMounts" => prop_assert!(
+                        is_prefix(Some(value), new.get(key)),
+                        "{key} of {:?} changed: {value} became {:?}", old["name"], new.get(key)
+                    ),
+                    _ => prop_assert_eq!(Some(value), new.get(key), "{} changed", key),
+                }
+            }
+            for key in new.keys() {
+                let addable = ["env", "envFrom", "volumeMounts"].contains(&key.as_str());
+                prop_assert!(old.contains_key(key) || addable, "{key} added to {:?}", old["name"]);
+            }
+            // Each env var the container had keeps its value: the first of its name is the
+            // pod's own.
+            for var in old.get("env").and_then(Value::as_array).into_iter().flatten() {
+                let first = new["env"]
+                    .as_array()
+                    .and_then(|env| env.iter().find(|v| v["name"] == var["name"]));
+                prop_assert_eq!(first, Some(var));
+            }
+        }
+
+        // The pod's own init containers keep their order and content, after the injected ones.
+        let own_init = before["initContainers"].as_array().cloned().unwrap_or_default();
+        let own_names: HashSet<&Value> = own_init.iter().map(|c| &c["name"]).collect();
+        let kept: Vec<Value> = after["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| own_names.contains(&c["name"]))
+            .cloned()
+            .collect();
+        prop_assert_eq!(&kept, &own_init);
+        let patched_init = after["initContainers"].as_array().cloned().unwrap_or_default();
+        prop_assert_eq!(&patched_init[patched_init.len() - own_init.len()..], &own_init[..]);
+
+        // Volumes, pull secrets, labels and annotations are only added to.
+        for list in ["volumes", "imagePullSecrets"] {
+            prop_assert!(is_prefix(before.get(list), after.get(list)), "{} changed", list);
+        }
+        let (meta_before, meta_after) = (s.pod.get("metadata"), out.get("metadata"));
+        for (map, except) in [("labels", ""), ("annotations", "sidecar.dev/injected")] {
+            prop_assert!(
+                map_kept(
+                    meta_before.and_then(|m| m.get(map)),
+                    meta_after.and_then(|m| m.get(map)),
+                    except,
+                ),
+                "{} changed", map
+            );
+        }
+        let unique: BTreeSet<&str> = patched
+            .iter()
+            .chain(after["initContainers"].as_array().into_iter().flatten())
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        prop_assert_eq!(
+            unique.len(),
+            patched.len() + patched_init.len(),
+            "container names are no longer unique"
+        );
+    }
+}
+
+/// A template that adds a label another template's pod selector reads (`feed_label`), or that
+/// names an `OnRequest` template in `sidecar.dev/templates` (not `feed_label`).
+fn feeding_pair(
+    feeder: &str,
+    follower: &str,
+    priorities: (i32, i32),
+    feed_label: bool,
+) -> [Value; 2] {
+    let (feed, selection) = if feed_label {
+        (
+            json!({"labels": {"tier": "frontend"}}),
+            json!({"podSelector": {"matchLabels": {"tier": "frontend"}}}),
+        )
+    } else {
+        (
+            json!({"annotations": {"sidecar.dev/templates": follower}}),
+            json!({"injection": "OnRequest"}),
+        )
+    };
+    let mut follower_spec = json!({
+        "priority": priorities.1,
+        "containers": [{"name": "follower-sidecar", "image": "busybox"}],
+    });
+    follower_spec
+        .as_object_mut()
+        .unwrap()
+        .extend(selection.as_object().unwrap().clone());
+    [
+        json!({
+            "apiVersion": "sidecar.dev/v1alpha1", "kind": "SidecarTemplate",
+            "metadata": {"name": feeder},
+            "spec": {"priority": priorities.0, "metadata": feed},
+        }),
+        json!({
+            "apiVersion": "sidecar.dev/v1alpha1", "kind": "SidecarTemplate",
+            "metadata": {"name": follower},
+            "spec": follower_spec,
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Idempotence when what one template adds changes which templates select the Pod.
+    ///
+    /// Fails today: `plan` selects on the Pod's labels and annotations as they were before the
+    /// patch, so a template whose pod selector (or `OnRequest` request) is satisfied only by
+    /// what another template adds is skipped on the first call and applied on the second,
+    /// breaking "a webhook re-invocation adds nothing".
+    #[test]
+    fn what_one_template_adds_does_not_select_another_on_replanning(
+        mut s in scenario(),
+        priorities in (0..3i32, 0..3i32),
+        names in prop::sample::subsequence(&["feeder-a", "feeder-z", "follow-m"][..], 2),
+        swap in any::<bool>(),
+        feed_label in any::<bool>(),
+    ) {
+        let (feeder, follower) = if swap { (names[1], names[0]) } else { (names[0], names[1]) };
+        // The Pod neither has the label nor requests the follower itself.
+        if let Some(metadata) = s.pod.get_mut("metadata").and_then(Value::as_object_mut) {
+            for (map, key) in [("labels", "tier"), ("annotations", "sidecar.dev/templates")] {
+                if let Some(m) = metadata.get_mut(map).and_then(Value::as_object_mut) {
+                    m.remove(key);
+                }
+            }
+        }
+        for source in feeding_pair(feeder, follower, priorities, feed_label) {
+            s.templates.push(compile_source(&source));
+            s.sources.push(source);
+        }
+        let ns = s.namespace();
+        let first = plan_for(&s.pod, &ns, &s.templates);
+        let once = apply(&s.pod, &first)?;
+        let again = plan_for(&once, &ns, &s.templates);
+        prop_assert!(
+            again.patch.0.is_empty(),
+            "second patch: {}\napplied first: {:?}\napplied again: {:?}",
+            serde_json::to_string(&again.patch).unwrap_or_default(),
+            first.applied,
+            again.applied,
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `plan` promises that a name given twice counts once (the CLI passes every template of
+    /// every file it is given, so two versions of one template can meet).
+    ///
+    /// Fails today: the dedup runs after sorting by (priority, name), so two templates of the
+    /// same name and different priorities are not adjacent, and both are applied and recorded.
+    #[test]
+    fn a_name_given_twice_counts_once(
+        s in scenario(),
+        index in any::<prop::sample::Index>(),
+        shift in 1..3i32,
+    ) {
+        let original = index.get(&s.sources);
+        let mut copy = original.clone();
+        let priority = original["spec"]["priority"].as_i64().unwrap() + i64::from(shift);
+        copy["spec"]["priority"] = priority.into();
+        let mut templates = s.templates.clone();
+        templates.push(compile_source(&copy));
+        let plan = plan_for(&s.pod, &s.namespace(), &templates);
+        let mut seen = HashSet::new();
+        for applied in &plan.applied {
+            prop_assert!(
+                seen.insert(applied.name.as_str()),
+                "{:?} applied twice: {:?}\ncopy: {copy}",
+                applied.name,
+                plan.applied
+            );
+        }
+        prop_assert_eq!(plan.applied.len() + plan.skipped.len(), s.templates.len());
+    }
+}
