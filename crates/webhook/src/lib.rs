@@ -1,0 +1,16 @@
+//! The admission webhook: an HTTPS server (hyper + rustls) that answers AdmissionReviews for
+//! Pods from an in-memory template snapshot, never calling the API server on the hot path.
+//!
+//! * [`review`] decides one AdmissionReview (pure: bytes in, bytes out);
+//! * [`tls`] holds the serving certificate behind an atomic pointer and reloads it;
+//! * [`server`] runs the admission and admin servers with their limits and graceful shutdown;
+//! * [`metrics`] are the Prometheus metrics.
+
+pub mod metrics;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+pub use review::{Decision, Outcome, Target, decide};
+pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission};
+pub use tls::CertificateStore;

@@ -1,0 +1,149 @@
+//! The webhook's Prometheus metrics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::review::Outcome;
+
+/// Labels of an admission request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The selector group (`all` for `/mutate`, `none` for requests that named none).
+    pub group: String,
+    /// How the request was answered.
+    pub outcome: String,
+}
+
+/// Labels naming a template.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplateLabels {
+    /// The template's name.
+    pub template: String,
+}
+
+/// Labels naming a selector group.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    /// The selector group.
+    pub group: String,
+}
+
+/// Every webhook metric, registered in a shared registry.
+#[derive(Debug)]
+pub struct WebhookMetrics {
+    requests: Family<RequestLabels, Counter>,
+    duration: Family<GroupLabels, Histogram>,
+    injections: Family<TemplateLabels, Counter>,
+    denials: Family<TemplateLabels, Counter>,
+    warnings: Counter,
+    body_bytes: Histogram,
+    rejected_connections: Counter,
+}
+
+impl WebhookMetrics {
+    /// Creates the metrics and registers them (prefix `sidecar_injector_`).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            requests: Family::default(),
+            // 100 µs to ~1.6 s.
+            duration: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.0001, 2.0, 15))
+            }),
+            injections: Family::default(),
+            denials: Family::default(),
+            warnings: Counter::default(),
+            // 1 KiB to 4 MiB.
+            body_bytes: Histogram::new(exponential_buckets(1024.0, 2.0, 13)),
+            rejected_connections: Counter::default(),
+        };
+        let registry = registry.sub_registry_with_prefix("sidecar_injector");
+        registry.register(
+            "admission_requests",
+            "Admission requests, by selector group and outcome",
+            metrics.requests.clone(),
+        );
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer an admission request, from the first byte of the body to the response",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "injections",
+            "Pods a template was applied to",
+            metrics.injections.clone(),
+        );
+        registry.register(
+            "denials",
+            "Pods denied because a required template could not be applied",
+            metrics.denials.clone(),
+        );
+        registry.register(
+            "admission_warnings",
+            "Warnings returned to clients",
+            metrics.warnings.clone(),
+        );
+        registry.register(
+            "admission_request_body_bytes",
+            "Size of admission request bodies",
+            metrics.body_bytes.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "Connections that failed or timed out in the TLS handshake",
+            metrics.rejected_connections.clone(),
+        );
+        metrics
+    }
+
+    /// Records one answered request.
+    pub fn record(&self, group: &str, outcome: Outcome, seconds: f64) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                group: group.to_owned(),
+                outcome: outcome.as_str().to_owned(),
+            })
+            .inc();
+        self.duration
+            .get_or_create(&GroupLabels {
+                group: group.to_owned(),
+            })
+            .observe(seconds);
+    }
+
+    /// Records the templates applied, the denials and the warnings of one decision.
+    pub fn record_decision(
+        &self,
+        applied: &[injector_core::Applied],
+        denied_by: &[String],
+        warnings: usize,
+    ) {
+        for a in applied {
+            self.injections
+                .get_or_create(&TemplateLabels {
+                    template: a.name.clone(),
+                })
+                .inc();
+        }
+        for template in denied_by {
+            self.denials
+                .get_or_create(&TemplateLabels {
+                    template: template.clone(),
+                })
+                .inc();
+        }
+        self.warnings.inc_by(warnings as u64);
+    }
+
+    /// Records a request body's size.
+    pub fn record_body(&self, bytes: usize) {
+        self.body_bytes.observe(bytes as f64);
+    }
+
+    /// Records a failed TLS handshake.
+    pub fn record_handshake_failure(&self) {
+        self.rejected_connections.inc();
+    }
+}

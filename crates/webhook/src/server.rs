@@ -1,0 +1,446 @@
+//! The HTTPS admission server and the plain-HTTP admin server (health, readiness, metrics).
+//!
+//! Bounded everywhere: request body size, JSON depth (serde_json stops at 128 levels), time to
+//! read the headers, time to read the body, TLS handshake time and concurrent connections.
+//! Shutdown stops accepting, lets the requests in flight finish, then returns.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use injector_core::Snapshot;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::WebhookMetrics;
+use crate::review::{Outcome, Target, decide};
+use crate::tls::CertificateStore;
+
+/// Bounds on what one client can make the server do.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request body accepted (larger: 413).
+    pub max_body_bytes: usize,
+    /// Time allowed to send the request headers.
+    pub header_read_timeout: Duration,
+    /// Time allowed to send the body and get the answer (exceeded: 408).
+    pub request_timeout: Duration,
+    /// Time allowed for the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// How long shutdown waits for requests in flight.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 3 * 1024 * 1024,
+            header_read_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(25),
+        }
+    }
+}
+
+/// What the webhook serves from: the template snapshot and whether it is complete.
+#[derive(Debug)]
+pub struct Templates {
+    snapshot: ArcSwap<Snapshot>,
+    synced: AtomicBool,
+}
+
+impl Templates {
+    /// No templates yet, not synced.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            synced: AtomicBool::new(false),
+        })
+    }
+
+    /// Publishes a new snapshot; requests that started earlier finish with the old one.
+    pub fn publish(&self, snapshot: Arc<Snapshot>) {
+        self.snapshot.store(snapshot);
+    }
+
+    /// Marks the snapshot complete (the first full list was applied).
+    pub fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Whether the first full list was applied.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+}
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct Webhook {
+    /// The templates served.
+    pub templates: Arc<Templates>,
+    /// The serving certificate.
+    pub certificates: Arc<CertificateStore>,
+    /// The webhook's metrics.
+    pub metrics: WebhookMetrics,
+    /// The registry `/metrics` renders (the webhook's and whatever else registered there).
+    pub registry: Registry,
+    /// Bounds on clients.
+    pub limits: Limits,
+}
+
+impl Webhook {
+    /// Ready means correct: templates synced and a certificate loaded.
+    pub fn readiness(&self) -> Result<(), &'static str> {
+        if !self.templates.is_synced() {
+            Err("templates not synced yet")
+        } else if !self.certificates.is_loaded() {
+            Err("no serving certificate loaded")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+type Body = Full<Bytes>;
+
+fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    let mut message = message.into();
+    message.push('\n');
+    let mut response = Response::new(Full::new(Bytes::from(message)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn json(body: Vec<u8>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Answers one HTTP request to the admission server.
+async fn admission(
+    request: Request<Incoming>,
+    webhook: Arc<Webhook>,
+) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let path = request.uri().path().to_owned();
+    let target = match path.as_str() {
+        "/mutate" => Target::All,
+        other => match other.strip_prefix("/mutate/") {
+            Some(id) if !id.is_empty() && !id.contains('/') => Target::Group(id),
+            _ => {
+                return Ok(text(
+                    StatusCode::NOT_FOUND,
+                    format!(
+                        "no such path {path:?}: POST AdmissionReviews to /mutate or /mutate/<group>"
+                    ),
+                ));
+            }
+        },
+    };
+    if request.method() != Method::POST {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return Ok(response);
+    }
+    let is_json = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Ok(text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        ));
+    }
+    let limit = webhook.limits.max_body_bytes;
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Ok(too_large(limit));
+    }
+    let body = Limited::new(request.into_body(), limit);
+    let bytes = match tokio::time::timeout(webhook.limits.request_timeout, body.collect()).await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error))
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Ok(too_large(limit));
+        }
+        Ok(Err(error)) => {
+            return Ok(text(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the body: {error}"),
+            ));
+        }
+        Err(_) => {
+            return Ok(text(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body was not received in time",
+            ));
+        }
+    };
+    webhook.metrics.record_body(bytes.len());
+    let snapshot = webhook.templates.snapshot();
+    let group_label = match target {
+        Target::All => "all",
+        Target::Group(id) if snapshot.group(id).is_some() => id,
+        Target::Group(_) => "unknown",
+    };
+    let decision = decide(&bytes, target, &snapshot);
+    let seconds = started.elapsed().as_secs_f64();
+    match decision {
+        Ok(decision) => {
+            webhook
+                .metrics
+                .record(group_label, decision.outcome, seconds);
+            webhook.metrics.record_decision(
+                &decision.applied,
+                &decision.denied_by,
+                decision.warnings,
+            );
+            let applied: Vec<String> = decision
+                .applied
+                .iter()
+                .map(|a| format!("{}@{}", a.name, a.generation))
+                .collect();
+            if decision.outcome == Outcome::UnknownGroup {
+                tracing::warn!(
+                    uid = %decision.uid,
+                    path = %path,
+                    "admission request for a selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
+                );
+            }
+            tracing::info!(
+                uid = %decision.uid,
+                namespace = %decision.namespace,
+                pod = %decision.pod,
+                group = group_label,
+                outcome = decision.outcome.as_str(),
+                templates = %applied.join(","),
+                warnings = decision.warnings,
+                duration_us = (seconds * 1e6) as u64,
+                "admission"
+            );
+            Ok(json(decision.body))
+        }
+        Err(bad) => {
+            webhook
+                .metrics
+                .record(group_label, Outcome::BadRequest, seconds);
+            tracing::info!(path = %path, error = %bad, "bad admission request");
+            Ok(text(StatusCode::BAD_REQUEST, bad.to_string()))
+        }
+    }
+}
+
+fn too_large(limit: usize) -> Response<Body> {
+    text(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("the body is larger than {limit} bytes"),
+    )
+}
+
+/// Serves admission requests over TLS on `listener` until `stop` is cancelled, then waits (at
+/// most `limits.shutdown_grace`) for the requests in flight.
+pub async fn serve_admission(
+    listener: TcpListener,
+    webhook: Arc<Webhook>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let tls = crate::tls::server_config(Arc::clone(&webhook.certificates))
+        .map_err(std::io::Error::other)?;
+    let acceptor = TlsAcceptor::from(tls);
+    let connections = Arc::new(Semaphore::new(webhook.limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => break,
+            permit = Arc::clone(&connections).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let webhook = Arc::clone(&webhook);
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(
+                webhook.limits.handshake_timeout,
+                acceptor.accept(stream),
+            )
+            .await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    webhook.metrics.record_handshake_failure();
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    webhook.metrics.record_handshake_failure();
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let service_webhook = Arc::clone(&webhook);
+            let service =
+                service_fn(move |request| admission(request, Arc::clone(&service_webhook)));
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(webhook.limits.header_read_timeout)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watcher.watch(connection).await {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let grace = webhook.limits.shutdown_grace;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "requests still in flight after the grace period; closing"
+        );
+    }
+    Ok(())
+}
+
+/// Answers one request to the admin server.
+async fn admin(
+    request: Request<Incoming>,
+    webhook: Arc<Webhook>,
+) -> Result<Response<Body>, Infallible> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return Ok(text(StatusCode::METHOD_NOT_ALLOWED, "use GET"));
+    }
+    Ok(match request.uri().path() {
+        "/healthz" | "/livez" => text(StatusCode::OK, "ok"),
+        "/readyz" => match webhook.readiness() {
+            Ok(()) => text(StatusCode::OK, "ok"),
+            Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, reason),
+        },
+        "/metrics" => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, &webhook.registry) {
+                Ok(()) => {
+                    let mut response = Response::new(Full::new(Bytes::from(body)));
+                    response.headers_mut().insert(
+                        CONTENT_TYPE,
+                        HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                    );
+                    response
+                }
+                Err(error) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("cannot encode metrics: {error}"),
+                ),
+            }
+        }
+        other => text(
+            StatusCode::NOT_FOUND,
+            format!("no such path {other:?}: try /healthz, /readyz or /metrics"),
+        ),
+    })
+}
+
+/// Serves `/healthz`, `/readyz` and `/metrics` over plain HTTP until `stop` is cancelled.
+pub async fn serve_admin(
+    listener: TcpListener,
+    webhook: Arc<Webhook>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let webhook = Arc::clone(&webhook);
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(5))
+            .serve_connection(
+                TokioIo::new(stream),
+                service_fn(move |request| admin(request, Arc::clone(&webhook))),
+            );
+        let watched = graceful.watch(connection);
+        tokio::spawn(async move {
+            let _ = watched.await;
+        });
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
+    Ok(())
+}
+
+/// Binds a listener, with the address in the error.
+pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
+}

@@ -1,0 +1,79 @@
+# Every task a person runs on sidecar-injector. `just --list` shows them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+crd_file := "crds/sidecartemplates.sidecar.dev.yaml"
+
+# List the recipes
+default:
+    @just --list
+
+# Build every crate (debug)
+build:
+    cargo build --workspace --all-targets
+
+# Format check, clippy, every test, the CRD drift check and the fuzz target's build
+test: fmt-check lint check-generated test-unit fuzz-check
+
+# Run every test of the workspace
+test-unit:
+    cargo test --workspace --all-targets
+    cargo test --workspace --doc
+
+# Clippy on everything, warnings are errors
+lint:
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# Check formatting
+fmt-check:
+    cargo fmt --all -- --check
+
+# Format the code
+fmt:
+    cargo fmt --all
+
+# Regenerate crds/ from the Rust types
+generate:
+    cargo run --quiet -p injector-cli -- crd > {{crd_file}}
+
+# Fail when crds/ differs from what the Rust types generate
+check-generated:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    generated=$(mktemp)
+    trap 'rm -f "$generated"' EXIT
+    cargo run --quiet -p injector-cli -- crd > "$generated"
+    if ! diff -u {{crd_file}} "$generated"; then
+        echo "crds/ has drifted from the Rust types: run 'just generate' and commit" >&2
+        exit 1
+    fi
+
+# Criterion benchmarks of the engine (figures go in BENCHMARKS.md)
+bench:
+    cargo bench -p injector-core --bench plan
+
+# Build the fuzz target on the stable toolchain (running it needs cargo-fuzz; see README)
+fuzz-check:
+    cargo check --quiet --manifest-path crates/core/fuzz/Cargo.toml
+
+# Fuzz compile + plan for SECONDS seconds (installs cargo-fuzz when missing)
+fuzz seconds="60":
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+    mkdir -p crates/core/fuzz/corpus/plan
+    cd crates/core && RUSTC_BOOTSTRAP=1 cargo fuzz run plan fuzz/corpus/plan fuzz/seeds/plan -- -max_total_time={{seconds}}
+
+# Dry-run TEMPLATE against POD offline, explaining each decision
+render template pod *args:
+    cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
+
+# Offline demo: render every example workload with its template and show the containers each pod gets
+demo:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --quiet -p injector-cli
+    for dir in examples/*/; do
+        name=$(basename "$dir")
+        echo "== $name: $(head -n 1 "$dir/sidecartemplate.yaml" | sed 's/^# //')"
+        ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
+        echo
+    done
