@@ -197,12 +197,12 @@ fn namespace_labels(documents: &[Document]) -> BTreeMap<String, BTreeMap<String,
 }
 
 /// Plans one object; returns its display name with the mutated object, and the plan.
-fn render_object(
+fn render_object<'t>(
     request: &RenderRequest,
     namespaces: &BTreeMap<String, BTreeMap<String, String>>,
-    templates: &[Arc<CompiledTemplate>],
+    templates: &'t [Arc<CompiledTemplate>],
     object: Document,
-) -> Result<((String, Value), Plan), RenderError> {
+) -> Result<((String, Value), Plan<'t>), RenderError> {
     let kind = object.kind().to_owned();
     let display = object.describe();
     let bad = |message: String| RenderError::BadPod {
@@ -230,7 +230,7 @@ fn render_object(
 
     if pointer.is_empty() {
         let plan = plan(&value, &info, templates).map_err(|e| bad(e.to_string()))?;
-        json_patch::patch(&mut value, &plan.patch)
+        json_patch::patch(&mut value, &plan.patch.to_json_patch())
             .map_err(|e| bad(format!("patch does not apply: {e}")))?;
         return Ok(((format!("{display} in {namespace}"), value), plan));
     }
@@ -263,7 +263,7 @@ fn render_object(
         "spec": template.remove("spec").unwrap_or(Value::Null),
     });
     let plan = plan(&pod, &info, templates).map_err(|e| bad(e.to_string()))?;
-    json_patch::patch(&mut pod, &plan.patch)
+    json_patch::patch(&mut pod, &plan.patch.to_json_patch())
         .map_err(|e| bad(format!("patch does not apply: {e}")))?;
     if let Value::Object(mut pod) = pod {
         if let Some(Value::Object(mut metadata)) = pod.remove("metadata") {

@@ -48,7 +48,7 @@ const NAMESPACE: NamespaceInfo<'static> = NamespaceInfo {
     labels: None,
 };
 
-fn run(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan {
+fn run<'t>(pod: &Value, templates: &'t [Arc<CompiledTemplate>]) -> Plan<'t> {
     plan(pod, &NAMESPACE, templates).unwrap()
 }
 
@@ -62,7 +62,7 @@ fn check_plan(label: &str, plan: &Plan, applied: usize, warnings: usize) {
         plan.warnings
     );
     assert!(plan.denials.is_empty(), "{label}: {:?}", plan.denials);
-    assert!(!plan.patch.0.is_empty(), "{label}: empty patch");
+    assert!(!plan.patch.is_empty(), "{label}: empty patch");
 }
 
 const SMALL_POD: &str = r#"

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod group;
 pub mod names;
+pub mod patch;
 pub mod placeholder;
 pub mod plan;
 pub mod registry;
@@ -16,6 +17,7 @@ pub mod template;
 
 pub use error::{FieldError, ValidationErrors};
 pub use group::{GroupId, GroupKey};
+pub use patch::{Patch, PatchValue};
 pub use plan::{Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan};
 pub use registry::{Group, Registry, Snapshot};
 pub use selector::{Labels, Selector};

@@ -201,6 +201,24 @@ impl Node {
         }
     }
 
+    /// The value with Pod metadata substituted, borrowing every fixed part.
+    pub fn render_patch<'t>(&'t self, pod: &PodFacts<'_>) -> crate::patch::PatchValue<'t> {
+        use crate::patch::PatchValue;
+        match self {
+            Node::Fixed(value) => PatchValue::Borrowed(value),
+            Node::Text(template) => PatchValue::String(template.render(pod)),
+            Node::Array(items) => {
+                PatchValue::Array(items.iter().map(|n| n.render_patch(pod)).collect())
+            }
+            Node::Object(fields) => PatchValue::Object(
+                fields
+                    .iter()
+                    .map(|(k, n)| (k.as_str(), n.render_patch(pod)))
+                    .collect(),
+            ),
+        }
+    }
+
     /// Whether rendering can differ from Pod to Pod.
     pub fn is_templated(&self) -> bool {
         !matches!(self, Node::Fixed(_))

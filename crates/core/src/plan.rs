@@ -15,14 +15,14 @@ use injector_api::names::{
     INJECTION_LABEL, TEMPLATES_ANNOTATION,
 };
 use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::names::is_label_value;
+use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::PodFacts;
 use crate::selector::Labels;
-use crate::template::{CompiledTemplate, Item, Text};
+use crate::template::{CompiledTemplate, Text};
 
 /// The namespace a Pod is created in, as far as the caller knows it.
 #[derive(Clone, Copy, Debug)]
@@ -119,11 +119,11 @@ pub struct Denial {
     pub reason: String,
 }
 
-/// The outcome of planning one Pod.
+/// The outcome of planning one Pod. The patch borrows from the templates planned with.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Plan {
+pub struct Plan<'t> {
     /// The RFC 6902 patch; empty when nothing is to change.
-    pub patch: Patch,
+    pub patch: Patch<'t>,
     /// The templates applied, in order.
     pub applied: Vec<Applied>,
     /// The templates not applied, with the reason, in order.
@@ -134,7 +134,18 @@ pub struct Plan {
     pub denials: Vec<Denial>,
 }
 
-impl Plan {
+impl Plan<'_> {
+    /// The same plan, owning its patch (to keep it beyond the templates it borrows from).
+    pub fn into_owned(self) -> Plan<'static> {
+        Plan {
+            patch: self.patch.into_owned(),
+            applied: self.applied,
+            skipped: self.skipped,
+            warnings: self.warnings,
+            denials: self.denials,
+        }
+    }
+
     /// The message to deny the Pod with, when a required template could not be applied.
     pub fn denial_message(&self) -> Option<String> {
         if self.denials.is_empty() {
@@ -163,11 +174,11 @@ pub struct MalformedPod(String);
 ///
 /// Templates apply in (priority, name) order whatever order they are given in; a name given
 /// twice counts once.
-pub fn plan(
+pub fn plan<'t>(
     pod: &Value,
     namespace: &NamespaceInfo<'_>,
-    templates: &[Arc<CompiledTemplate>],
-) -> Result<Plan, MalformedPod> {
+    templates: &'t [Arc<CompiledTemplate>],
+) -> Result<Plan<'t>, MalformedPod> {
     let view = PodView::parse(pod)?;
     let ordered = in_application_order(templates);
 
@@ -198,7 +209,7 @@ pub fn plan(
     // Selection sees the Pod as the templates applied so far leave it: a template may select on
     // a label (or be requested by an annotation) that another template adds. Passes repeat
     // until one applies nothing, so planning the result again finds nothing left to apply.
-    let mut pending: Vec<&CompiledTemplate> = Vec::new();
+    let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
     for template in ordered {
         if already.contains(template.name.as_str()) {
             plan.skipped.push(Skipped {
@@ -284,7 +295,7 @@ pub fn plan(
         );
         builder
             .annotations
-            .set(INJECTED_ANNOTATION, Value::String(record.join(",")));
+            .set(INJECTED_ANNOTATION, record.join(","));
     }
     plan.patch = builder.finish();
     Ok(plan)
@@ -433,49 +444,28 @@ fn name_of(item: &Value) -> &str {
     item.get("name").and_then(Value::as_str).unwrap_or_default()
 }
 
-/// Whether everything `ours` sets, `theirs` sets to the same value. The API server defaults
-/// fields of what we injected (imagePullPolicy, terminationMessagePath, …), so an injected
-/// item that comes back is a subset of what is there, not equal to it.
-fn is_subset(ours: &Value, theirs: &Value) -> bool {
-    match (ours, theirs) {
-        (Value::Object(a), Value::Object(b)) => a
-            .iter()
-            .all(|(k, v)| b.get(k).is_some_and(|w| is_subset(v, w))),
-        (Value::Array(a), Value::Array(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(v, w)| is_subset(v, w))
-        }
-        _ => ours == theirs,
-    }
-}
-
 /// Who put a named item where it is.
-enum Owner<'a> {
-    Pod(&'a Value),
-    Template(&'a str, Value),
+enum Owner<'k> {
+    Pod(&'k Value),
+    /// A template, and the index of the item in the list's additions.
+    Template(&'k str, usize),
 }
 
-impl Owner<'_> {
-    fn value(&self) -> &Value {
-        match self {
-            Owner::Pod(value) => value,
-            Owner::Template(_, value) => value,
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Owner::Pod(_) => "in the pod".to_owned(),
-            Owner::Template(name, _) => format!("added by SidecarTemplate {name:?}"),
-        }
-    }
+/// Where an added container goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placement {
+    Containers,
+    InitContainers,
 }
 
 /// Named items at one place in the Pod (containers, volumes, a container's env, …): what was
 /// there, and what the plan adds.
-struct Keyed<'a> {
+struct Keyed<'k, 't, T = ()> {
     existed: bool,
-    owners: HashMap<&'a str, Owner<'a>>,
-    added: Vec<Value>,
+    /// foldhash, randomly seeded: several times faster than SipHash on short keys (a Pod may
+    /// hold thousands of env vars), still resistant to keys chosen to collide.
+    owners: HashMap<&'k str, Owner<'k>, foldhash::fast::RandomState>,
+    added: Vec<(T, PatchValue<'t>)>,
 }
 
 enum Presence {
@@ -484,8 +474,8 @@ enum Presence {
     Different(String),
 }
 
-impl<'a> Keyed<'a> {
-    fn new(existing: Option<&'a [Value]>, key: impl Fn(&'a Value) -> &'a str) -> Self {
+impl<'k, 't, T> Keyed<'k, 't, T> {
+    fn new(existing: Option<&'k [Value]>, key: impl Fn(&'k Value) -> &'k str) -> Self {
         Keyed {
             existed: existing.is_some(),
             owners: existing
@@ -497,25 +487,39 @@ impl<'a> Keyed<'a> {
         }
     }
 
-    fn presence(&self, key: &str, value: &Value) -> Presence {
-        match self.owners.get(key) {
-            None => Presence::Absent,
-            Some(owner) if is_subset(value, owner.value()) => Presence::Same,
-            Some(owner) => Presence::Different(owner.describe()),
+    fn presence(&self, key: &str, value: &PatchValue<'_>) -> Presence {
+        let (current, describe) = match self.owners.get(key) {
+            None => return Presence::Absent,
+            Some(Owner::Pod(current)) => (value.is_subset_of(current), "in the pod".to_owned()),
+            Some(Owner::Template(name, index)) => (
+                self.added
+                    .get(*index)
+                    .is_some_and(|(_, added)| added.to_value() == value.to_value()),
+                format!("added by SidecarTemplate {name:?}"),
+            ),
+        };
+        if current {
+            Presence::Same
+        } else {
+            Presence::Different(describe)
         }
     }
 
-    fn add(&mut self, key: &'a str, template: &'a str, value: Value) {
+    fn add(&mut self, key: &'k str, template: &'k str, tag: T, value: PatchValue<'t>) {
         self.owners
-            .insert(key, Owner::Template(template, value.clone()));
-        self.added.push(value);
+            .insert(key, Owner::Template(template, self.added.len()));
+        self.added.push((tag, value));
+    }
+
+    fn into_values(self) -> Vec<PatchValue<'t>> {
+        self.added.into_iter().map(|(_, value)| value).collect()
     }
 }
 
 /// A map (labels or annotations) and what the plan adds to it.
 struct MapAdditions<'a> {
     existing: Option<&'a Map<String, Value>>,
-    added: BTreeMap<String, (Value, String)>,
+    added: BTreeMap<String, (String, String)>,
     order: Vec<String>,
 }
 
@@ -529,9 +533,9 @@ impl<'a> MapAdditions<'a> {
     }
 
     /// Adds `key` unless present; a warning when it is present with another value.
-    fn add(&mut self, what: &str, key: &str, value: Value, template: &str) -> Option<String> {
+    fn add(&mut self, what: &str, key: &str, value: String, template: &str) -> Option<String> {
         if let Some(current) = self.existing.and_then(|m| m.get(key)) {
-            return (current != &value).then(|| {
+            return (current.as_str() != Some(value.as_str())).then(|| {
                 format!("{what} {key:?} is already set in the pod; kept the pod's value")
             });
         }
@@ -549,28 +553,36 @@ impl<'a> MapAdditions<'a> {
     }
 
     /// Sets `key` whatever was there (the injector's own record).
-    fn set(&mut self, key: &str, value: Value) {
+    fn set(&mut self, key: &str, value: String) {
         if !self.added.contains_key(key) {
             self.order.push(key.to_owned());
         }
         self.added.insert(key.to_owned(), (value, String::new()));
     }
 
-    fn emit(mut self, field: &str, ops: &mut Vec<PatchOperation>) {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.added.get(key).map(|(value, _)| value.as_str())
+    }
+
+    fn emit<'t>(mut self, field: &str, ops: &mut Vec<AddOperation<'t>>) {
         if self.order.is_empty() {
             return;
         }
-        let mut entries = self
-            .order
-            .into_iter()
-            .filter_map(|key| self.added.remove(&key).map(|(value, _)| (key, value)));
+        let entries = self.order.into_iter().filter_map(|key| {
+            self.added
+                .remove(&key)
+                .map(|(value, _)| (key, Value::String(value)))
+        });
         if self.existing.is_some() {
             for (key, value) in entries {
-                ops.push(add(&["metadata", field, &key], value));
+                ops.push(add(&["metadata", field, &key], PatchValue::Owned(value)));
             }
         } else {
-            let map: Map<String, Value> = entries.by_ref().collect();
-            ops.push(add(&["metadata", field], Value::Object(map)));
+            let map: Map<String, Value> = entries.collect();
+            ops.push(add(
+                &["metadata", field],
+                PatchValue::Owned(Value::Object(map)),
+            ));
         }
     }
 }
@@ -586,25 +598,21 @@ impl Labels for Effective<'_, '_> {
     fn label(&self, key: &str) -> Option<&str> {
         match self.pod.and_then(|m| m.get(key)) {
             Some(value) => value.as_str(),
-            None => self
-                .added
-                .added
-                .get(key)
-                .and_then(|(value, _)| value.as_str()),
+            None => self.added.label(key),
         }
     }
 }
 
 /// Additions to one of the Pod's own containers.
-struct AppContainer<'a> {
-    env: Keyed<'a>,
-    env_from_existing: Option<&'a [Value]>,
-    env_from_added: Vec<Value>,
-    mounts: Keyed<'a>,
+struct AppContainer<'k, 't> {
+    env: Keyed<'k, 't>,
+    env_from_existing: Option<&'k [Value]>,
+    env_from_added: Vec<PatchValue<'t>>,
+    mounts: Keyed<'k, 't>,
 }
 
-impl<'a> AppContainer<'a> {
-    fn new(container: &'a Value) -> Self {
+impl<'k, 't> AppContainer<'k, 't> {
+    fn new(container: &'k Value) -> Self {
         let list = |field: &str| {
             container
                 .get(field)
@@ -624,22 +632,24 @@ impl<'a> AppContainer<'a> {
     }
 }
 
-/// Accumulates what templates add, then emits the patch.
-struct Builder<'a> {
-    view: &'a PodView<'a>,
-    containers: Keyed<'a>,
-    init_containers: Keyed<'a>,
-    volumes: Keyed<'a>,
-    pull_secrets: Keyed<'a>,
-    app: Vec<Option<AppContainer<'a>>>,
-    labels: MapAdditions<'a>,
-    annotations: MapAdditions<'a>,
+/// Accumulates what templates add, then emits the patch. `'k` is what the Pod and the
+/// templates both outlive (keys come from either); `'t` is the templates', which the patch
+/// borrows.
+struct Builder<'k, 't> {
+    view: &'k PodView<'k>,
+    /// Container names are unique across containers and initContainers, so one index serves
+    /// both; the placement says which list an addition lands in.
+    containers: Keyed<'k, 't, Placement>,
+    init_containers_existed: bool,
+    volumes: Keyed<'k, 't>,
+    pull_secrets: Keyed<'k, 't>,
+    app: Vec<Option<AppContainer<'k, 't>>>,
+    labels: MapAdditions<'k>,
+    annotations: MapAdditions<'k>,
 }
 
-impl<'a> Builder<'a> {
-    fn new(view: &'a PodView<'a>) -> Self {
-        // Container names are unique across containers and initContainers, so one index
-        // serves both; the two lists only differ in where additions land.
+impl<'k, 't: 'k> Builder<'k, 't> {
+    fn new(view: &'k PodView<'k>) -> Self {
         let mut containers = Keyed::new(Some(view.containers), name_of);
         for init in view.init_containers.into_iter().flatten() {
             containers.owners.insert(name_of(init), Owner::Pod(init));
@@ -647,7 +657,7 @@ impl<'a> Builder<'a> {
         Builder {
             view,
             containers,
-            init_containers: Keyed::new(view.init_containers, name_of),
+            init_containers_existed: view.init_containers.is_some(),
             volumes: Keyed::new(view.volumes, name_of),
             pull_secrets: Keyed::new(view.image_pull_secrets, name_of),
             app: view.containers.iter().map(|_| None).collect(),
@@ -687,43 +697,40 @@ impl<'a> Builder<'a> {
     /// lists the warnings about the parts that were left out.
     fn apply(
         &mut self,
-        template: &'a CompiledTemplate,
+        template: &'t CompiledTemplate,
         facts: &PodFacts<'_>,
     ) -> Result<Vec<String>, Vec<String>> {
-        let render = |items: &'a [Item]| -> Vec<(&'a str, Value)> {
-            items
-                .iter()
-                .map(|i| (i.key.as_str(), i.body.render(facts)))
-                .collect()
-        };
-        let containers = render(&template.containers);
-        let init_containers = render(&template.init_containers);
-        let volumes = render(&template.volumes);
-
         let mut conflicts = Vec::new();
         let mut new_containers = Vec::new();
-        let mut new_init_containers = Vec::new();
-        for (list, into) in [
-            (containers, &mut new_containers),
-            (init_containers, &mut new_init_containers),
-        ] {
-            for (name, value) in list {
-                match self.containers.presence(name, &value) {
-                    Presence::Absent => into.push((name, value)),
-                    Presence::Same => {}
-                    Presence::Different(owner) => {
-                        conflicts.push(format!("container {name:?} already exists ({owner})"))
-                    }
+        let placed = template
+            .containers
+            .iter()
+            .map(|item| (Placement::Containers, item))
+            .chain(
+                template
+                    .init_containers
+                    .iter()
+                    .map(|item| (Placement::InitContainers, item)),
+            );
+        for (placement, item) in placed {
+            let value = item.body.render_patch(facts);
+            match self.containers.presence(&item.key, &value) {
+                Presence::Absent => new_containers.push((placement, item.key.as_str(), value)),
+                Presence::Same => {}
+                Presence::Different(owner) => {
+                    conflicts.push(format!("container {:?} already exists ({owner})", item.key))
                 }
             }
         }
         let mut new_volumes = Vec::new();
-        for (name, value) in volumes {
-            match self.volumes.presence(name, &value) {
-                Presence::Absent => new_volumes.push((name, value)),
+        for item in &template.volumes {
+            let value = item.body.render_patch(facts);
+            match self.volumes.presence(&item.key, &value) {
+                Presence::Absent => new_volumes.push((item.key.as_str(), value)),
                 Presence::Same => {}
                 Presence::Different(owner) => conflicts.push(format!(
-                    "volume {name:?} already exists with a different definition ({owner})"
+                    "volume {:?} already exists with a different definition ({owner})",
+                    item.key
                 )),
             }
         }
@@ -732,22 +739,16 @@ impl<'a> Builder<'a> {
         }
 
         let by = template.name.as_str();
-        for (name, value) in new_containers {
-            self.containers.add(name, by, value);
-        }
-        for (name, value) in new_init_containers {
-            self.containers
-                .owners
-                .insert(name, Owner::Template(by, value.clone()));
-            self.init_containers.add(name, by, value);
+        for (placement, name, value) in new_containers {
+            self.containers.add(name, by, placement, value);
         }
         for (name, value) in new_volumes {
-            self.volumes.add(name, by, value);
+            self.volumes.add(name, by, (), value);
         }
         for secret in &template.image_pull_secrets {
-            let value = serde_json::json!({ "name": secret });
-            if let Presence::Absent = self.pull_secrets.presence(secret, &value) {
-                self.pull_secrets.add(secret, by, value);
+            if !self.pull_secrets.owners.contains_key(secret.as_str()) {
+                let value = PatchValue::Owned(serde_json::json!({ "name": secret }));
+                self.pull_secrets.add(secret, by, (), value);
             }
         }
 
@@ -763,46 +764,46 @@ impl<'a> Builder<'a> {
                 ));
                 continue;
             }
-            warnings.extend(self.labels.add("label", key, Value::String(value), by));
+            warnings.extend(self.labels.add("label", key, value, by));
         }
         for (key, text) in &template.annotations {
-            let value = Value::String(render_text(text, facts));
-            warnings.extend(self.annotations.add("annotation", key, value, by));
+            warnings.extend(
+                self.annotations
+                    .add("annotation", key, render_text(text, facts), by),
+            );
         }
         Ok(warnings)
     }
 
     fn apply_app(
         &mut self,
-        app: &'a crate::template::AppAdditions,
-        by: &'a str,
+        app: &'t crate::template::AppAdditions,
+        by: &'t str,
         facts: &PodFacts<'_>,
         warnings: &mut Vec<String>,
     ) {
-        let wanted: HashSet<&str> = app.names.iter().map(String::as_str).collect();
-        let env: Vec<(&str, Value)> = app
+        let wanted = |name: &str| app.names.is_empty() || app.names.iter().any(|n| n == name);
+        let env: Vec<(&str, PatchValue<'t>)> = app
             .env
             .iter()
-            .map(|i| (i.key.as_str(), i.body.render(facts)))
+            .map(|i| (i.key.as_str(), i.body.render_patch(facts)))
             .collect();
-        let env_from: Vec<Value> = app.env_from.iter().map(|n| n.render(facts)).collect();
-        let mounts: Vec<(&str, Value)> = app
+        let env_from: Vec<PatchValue<'t>> =
+            app.env_from.iter().map(|n| n.render_patch(facts)).collect();
+        let mounts: Vec<(&str, PatchValue<'t>)> = app
             .volume_mounts
             .iter()
-            .map(|i| (i.key.as_str(), i.body.render(facts)))
+            .map(|i| (i.key.as_str(), i.body.render_patch(facts)))
             .collect();
-        for (index, container) in self.view.containers.iter().enumerate() {
+        for (container, slot) in self.view.containers.iter().zip(self.app.iter_mut()) {
             let container_name = name_of(container);
-            if !wanted.is_empty() && !wanted.contains(container_name) {
+            if !wanted(container_name) {
                 continue;
             }
-            let Some(slot) = self.app.get_mut(index) else {
-                continue;
-            };
             let state = slot.get_or_insert_with(|| AppContainer::new(container));
             for (name, value) in &env {
                 match state.env.presence(name, value) {
-                    Presence::Absent => state.env.add(name, by, value.clone()),
+                    Presence::Absent => state.env.add(name, by, (), value.clone()),
                     Presence::Same => {}
                     Presence::Different(owner) => warnings.push(format!(
                         "env {name:?} of container {container_name:?} not added: already set ({owner})"
@@ -814,15 +815,18 @@ impl<'a> Builder<'a> {
                     .env_from_existing
                     .into_iter()
                     .flatten()
-                    .any(|e| is_subset(value, e))
-                    || state.env_from_added.contains(value);
+                    .any(|e| value.is_subset_of(e))
+                    || state
+                        .env_from_added
+                        .iter()
+                        .any(|e| e.to_value() == value.to_value());
                 if !present {
                     state.env_from_added.push(value.clone());
                 }
             }
             for (path, value) in &mounts {
                 match state.mounts.presence(path, value) {
-                    Presence::Absent => state.mounts.add(path, by, value.clone()),
+                    Presence::Absent => state.mounts.add(path, by, (), value.clone()),
                     Presence::Same => {}
                     Presence::Different(owner) => warnings.push(format!(
                         "volume mount at {path:?} in container {container_name:?} not added: the path is already mounted ({owner})"
@@ -832,52 +836,59 @@ impl<'a> Builder<'a> {
         }
     }
 
-    fn finish(self) -> Patch {
+    fn finish(self) -> Patch<'t> {
         let mut ops = Vec::new();
         let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
         if !self.view.has_metadata && adds_metadata {
-            ops.push(add(&["metadata"], Value::Object(Map::new())));
+            ops.push(add(
+                &["metadata"],
+                PatchValue::Owned(Value::Object(Map::new())),
+            ));
         }
         self.labels.emit("labels", &mut ops);
         self.annotations.emit("annotations", &mut ops);
+        let (init_containers, containers): (Vec<_>, Vec<_>) = self
+            .containers
+            .added
+            .into_iter()
+            .partition(|(placement, _)| *placement == Placement::InitContainers);
+        let values = |items: Vec<(Placement, PatchValue<'t>)>| -> Vec<PatchValue<'t>> {
+            items.into_iter().map(|(_, value)| value).collect()
+        };
         // Init containers go before the Pod's own, in order: insert at 0, 1, 2, ….
-        if self.init_containers.existed {
-            for (index, value) in self.init_containers.added.into_iter().enumerate() {
+        if self.init_containers_existed {
+            for (index, value) in values(init_containers).into_iter().enumerate() {
                 ops.push(add(&["spec", "initContainers", &index.to_string()], value));
             }
         } else {
             append(
                 &["spec", "initContainers"],
                 false,
-                self.init_containers.added,
+                values(init_containers),
                 &mut ops,
             );
         }
-        append(
-            &["spec", "containers"],
-            true,
-            self.containers.added,
-            &mut ops,
-        );
+        append(&["spec", "containers"], true, values(containers), &mut ops);
         append(
             &["spec", "volumes"],
             self.volumes.existed,
-            self.volumes.added,
+            self.volumes.into_values(),
             &mut ops,
         );
         append(
             &["spec", "imagePullSecrets"],
             self.pull_secrets.existed,
-            self.pull_secrets.added,
+            self.pull_secrets.into_values(),
             &mut ops,
         );
         for (index, state) in self.app.into_iter().enumerate() {
             let Some(state) = state else { continue };
             let index = index.to_string();
+            let env_existed = state.env.existed;
             append(
                 &["spec", "containers", &index, "env"],
-                state.env.existed,
-                state.env.added,
+                env_existed,
+                state.env.into_values(),
                 &mut ops,
             );
             append(
@@ -886,10 +897,11 @@ impl<'a> Builder<'a> {
                 state.env_from_added,
                 &mut ops,
             );
+            let mounts_existed = state.mounts.existed;
             append(
                 &["spec", "containers", &index, "volumeMounts"],
-                state.mounts.existed,
-                state.mounts.added,
+                mounts_existed,
+                state.mounts.into_values(),
                 &mut ops,
             );
         }
@@ -904,27 +916,35 @@ fn render_text(text: &Text, facts: &PodFacts<'_>) -> String {
     }
 }
 
-fn add(tokens: &[&str], value: Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation {
+fn add<'t>(tokens: &[&str], value: PatchValue<'t>) -> AddOperation<'t> {
+    AddOperation {
         path: PointerBuf::from_tokens(tokens.iter().copied()),
         value,
-    })
+    }
 }
 
 /// Appends `items` to the list at `tokens`: one `add …/-` each when the list exists, else one
 /// `add` creating it.
-fn append(tokens: &[&str], existed: bool, items: Vec<Value>, ops: &mut Vec<PatchOperation>) {
+fn append<'t>(
+    tokens: &[&str],
+    existed: bool,
+    items: Vec<PatchValue<'t>>,
+    ops: &mut Vec<AddOperation<'t>>,
+) {
     if items.is_empty() {
         return;
     }
     if existed {
-        let mut path: Vec<&str> = tokens.to_vec();
-        path.push("-");
-        for item in items {
-            ops.push(add(&path, item));
+        let mut path = PointerBuf::from_tokens(tokens.iter().copied());
+        path.push_back("-");
+        for value in items {
+            ops.push(AddOperation {
+                path: path.clone(),
+                value,
+            });
         }
     } else {
-        ops.push(add(tokens, Value::Array(items)));
+        ops.push(add(tokens, PatchValue::Array(items)));
     }
 }
 
@@ -934,10 +954,10 @@ mod tests {
 
     #[test]
     fn paths_escape_slash_and_tilde_per_rfc_6901() {
-        let PatchOperation::Add(op) = add(&["metadata", "annotations", "a~b/c"], Value::Null)
-        else {
-            unreachable!()
-        };
+        let op = add(
+            &["metadata", "annotations", "a~b/c"],
+            PatchValue::Owned(Value::Null),
+        );
         assert_eq!(op.path.as_str(), "/metadata/annotations/a~0b~1c");
     }
 
@@ -945,16 +965,5 @@ mod tests {
     fn injected_annotation_parses_names() {
         let names: Vec<_> = injected_names(" a@1, b@2 ,,c,d@e@3").collect();
         assert_eq!(names, ["a", "b", "c", "d@e"]);
-    }
-
-    #[test]
-    fn subset_tolerates_defaulted_fields_only() {
-        let ours = serde_json::json!({"name": "x", "ports": [{"containerPort": 80}]});
-        let theirs = serde_json::json!({"name": "x", "imagePullPolicy": "Always",
-            "ports": [{"containerPort": 80, "protocol": "TCP"}]});
-        assert!(is_subset(&ours, &theirs));
-        assert!(!is_subset(&theirs, &ours));
-        let other = serde_json::json!({"name": "x", "ports": [{"containerPort": 81}]});
-        assert!(!is_subset(&ours, &other));
     }
 }

@@ -60,7 +60,7 @@ fn planning_a_mutated_pod_again_adds_nothing() {
     let templates = [template(SIDECAR)];
     let once = apply(&pod, &plan_in(&pod, &templates));
     let again = plan_in(&once, &templates);
-    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
     assert_eq!(again.skipped[0].reason, SkipReason::AlreadyInjected);
 }
 
@@ -104,7 +104,7 @@ fn pod_annotation_opts_out() {
     let mut pod = pod(APP_POD);
     pod["metadata"]["annotations"] = json!({"sidecar.dev/inject": "false"});
     let plan = plan_in(&pod, &[template(SIDECAR)]);
-    assert!(plan.patch.0.is_empty());
+    assert!(plan.patch.is_empty());
     assert_eq!(plan.skipped[0].reason, SkipReason::PodOptedOut);
 }
 
@@ -116,7 +116,7 @@ fn namespace_label_opts_out() {
         &labels(&[("sidecar.dev/injection", "disabled")]),
         &[template(SIDECAR)],
     );
-    assert!(plan.patch.0.is_empty());
+    assert!(plan.patch.is_empty());
     assert_eq!(plan.skipped[0].reason, SkipReason::NamespaceOptedOut);
 }
 
@@ -125,7 +125,7 @@ fn system_namespaces_are_never_injected() {
     let mut pod = pod(APP_POD);
     pod["metadata"]["namespace"] = "kube-system".into();
     let system = plan_in(&pod, &[template(SIDECAR)]);
-    assert!(system.patch.0.is_empty());
+    assert!(system.patch.is_empty());
     assert_eq!(
         system.skipped[0].reason,
         SkipReason::NamespaceExcluded("kube-system".into())
@@ -140,8 +140,9 @@ fn system_namespaces_are_never_injected() {
         },
         &[template(SIDECAR)],
     )
-    .unwrap();
-    assert!(public.patch.0.is_empty());
+    .unwrap()
+    .into_owned();
+    assert!(public.patch.is_empty());
 }
 
 #[test]
@@ -227,7 +228,7 @@ fn a_conflict_with_the_pod_skips_the_template_whole_and_denies_when_required() {
         "metadata: {name: agent}\nspec:\n  containers: [{name: app, image: agent}]\n  volumes: [{name: v, emptyDir: {}}]",
     );
     let plan = plan_in(&pod, &[required]);
-    assert!(plan.patch.0.is_empty(), "all or nothing: {:?}", plan.patch);
+    assert!(plan.patch.is_empty(), "all or nothing: {:?}", plan.patch);
     assert!(
         matches!(&plan.skipped[0].reason, SkipReason::Conflict(d) if d.contains("container \"app\" already exists (in the pod)"))
     );
@@ -437,7 +438,8 @@ spec:
         },
         &[t],
     )
-    .unwrap();
+    .unwrap()
+    .into_owned();
     let out = apply(&pod, &plan);
     assert_eq!(
         out["spec"]["containers"][1]["args"],
@@ -523,7 +525,7 @@ fn a_template_may_select_on_what_another_adds_and_replanning_stays_empty() {
     );
     let out = apply(&pod, &plan);
     assert_eq!(names(&out["spec"]["containers"]), ["app", "proxy", "log"]);
-    assert!(plan_in(&out, &templates).patch.0.is_empty());
+    assert!(plan_in(&out, &templates).patch.is_empty());
 }
 
 #[test]

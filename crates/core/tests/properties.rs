@@ -125,18 +125,18 @@ impl Scenario {
     }
 }
 
-fn plan_for(
+fn plan_for<'t>(
     pod: &Value,
     namespace: &NamespaceInfo<'_>,
-    templates: &[Arc<CompiledTemplate>],
-) -> Plan {
+    templates: &'t [Arc<CompiledTemplate>],
+) -> Plan<'t> {
     plan(pod, namespace, templates).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The pod with the plan's patch applied.
 fn apply(pod: &Value, plan: &Plan) -> Result<Value, TestCaseError> {
     let mut out = pod.clone();
-    json_patch::patch(&mut out, &plan.patch).map_err(|e| {
+    json_patch::patch(&mut out, &plan.patch.to_json_patch()).map_err(|e| {
         TestCaseError::fail(format!(
             "patch does not apply: {e}\npatch: {}",
             serde_json::to_string(&plan.patch).unwrap_or_default()
@@ -700,7 +700,7 @@ proptest! {
         let once = apply(&s.pod, &first)?;
         let again = plan_for(&once, &ns, &s.templates);
         prop_assert!(
-            again.patch.0.is_empty(),
+            again.patch.is_empty(),
             "second patch: {}\napplied first: {:?}\napplied again: {:?}\nmutated pod: {once}",
             serde_json::to_string(&again.patch).unwrap_or_default(),
             first.applied,
@@ -755,7 +755,7 @@ proptest! {
             SkipReason::PodOptedOut
         };
         let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
-        prop_assert!(plan.patch.0.is_empty(), "{:?}", plan.patch);
+        prop_assert!(plan.patch.is_empty(), "{:?}", plan.patch);
         prop_assert!(plan.applied.is_empty());
         prop_assert!(plan.denials.is_empty());
         prop_assert_eq!(plan.skipped.len(), s.templates.len());
@@ -914,7 +914,7 @@ proptest! {
         let once = apply(&s.pod, &first)?;
         let again = plan_for(&once, &ns, &s.templates);
         prop_assert!(
-            again.patch.0.is_empty(),
+            again.patch.is_empty(),
             "second patch: {}\napplied first: {:?}\napplied again: {:?}",
             serde_json::to_string(&again.patch).unwrap_or_default(),
             first.applied,

@@ -279,7 +279,7 @@ fn answer_pod(
         deny(response, 403, format!("sidecar-injector: {message}"));
         return;
     }
-    if plan.patch.0.is_empty() {
+    if plan.patch.is_empty() {
         decision.outcome = Outcome::Unchanged;
         return;
     }

@@ -32,7 +32,7 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Plans in namespace "default" whose labels are unknown (the API server selected it).
-pub fn plan_in(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan {
+pub fn plan_in(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan<'static> {
     plan(
         pod,
         &NamespaceInfo {
@@ -42,13 +42,14 @@ pub fn plan_in(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan {
         templates,
     )
     .unwrap()
+    .into_owned()
 }
 
 pub fn plan_with_labels(
     pod: &Value,
     ns_labels: &BTreeMap<String, String>,
     templates: &[Arc<CompiledTemplate>],
-) -> Plan {
+) -> Plan<'static> {
     plan(
         pod,
         &NamespaceInfo {
@@ -58,12 +59,13 @@ pub fn plan_with_labels(
         templates,
     )
     .unwrap()
+    .into_owned()
 }
 
 /// The pod with the plan's patch applied.
 pub fn apply(pod: &Value, plan: &Plan) -> Value {
     let mut out = pod.clone();
-    json_patch::patch(&mut out, &plan.patch)
+    json_patch::patch(&mut out, &plan.patch.to_json_patch())
         .unwrap_or_else(|e| panic!("patch does not apply: {e}\n{:#?}", plan.patch));
     out
 }
