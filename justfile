@@ -77,3 +77,7 @@ demo:
         ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
         echo
     done
+
+# Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation (figures go in BENCHMARKS.md)
+bench-webhook:
+    bench/webhook-load.sh
