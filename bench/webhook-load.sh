@@ -65,8 +65,9 @@ load() {
     local args=(-z "$duration" -c "$connections" --no-tui --output-format json --insecure
         -m POST -H "Content-Type: application/json" -D bench/fixtures/typical-pod-review.json)
     if [ -n "$rate" ]; then args+=(-q "$rate"); fi
-    oha "${args[@]}" "https://127.0.0.1:$port/mutate" >"$work/$name.json"
-    python3 - "$work/$name.json" "$name" "$connections" "${rate:-max}" <<'EOF'
+    local out="$work/run-$RANDOM.json"
+    oha "${args[@]}" "https://127.0.0.1:$port/mutate" >"$out"
+    python3 - "$out" "$name" "$connections" "${rate:-max}" <<'EOF'
 import json, sys
 result = json.load(open(sys.argv[1]))
 summary = result["summary"]

@@ -1,0 +1,10 @@
+//! The controller: keeps the webhook's template registry in step with the cluster, writes
+//! template status, owns the operator's MutatingWebhookConfiguration and its caBundle, keeps
+//! the CA and serving certificate in a Secret and rotates them, and elects a leader so only
+//! one replica writes.
+//!
+//! Pure decisions live in their own modules ([`certs`], [`webhook_config`]) and are tested
+//! without a cluster; the modules that talk to the API server are thin around them.
+
+pub mod certs;
+pub mod webhook_config;

@@ -1,0 +1,1427 @@
+//! The operator's own `MutatingWebhookConfiguration`, as a pure function of the registry
+//! (ARCHITECTURE.md, decision 2).
+//!
+//! [`desired_configuration`] turns a registry [`Snapshot`] into the configuration the leader
+//! applies with server-side apply: one entry per selector group, in the order the API server
+//! should call them (the group's lowest priority first), each pointing at `/mutate/<group>`
+//! through the operator's Service (in a cluster) or a URL (out of cluster). Every entry
+//! excludes `kube-system`, `kube-public`, `kube-node-lease`, the operator's own namespace and
+//! namespaces labelled `sidecar.dev/injection=disabled`. With no templates the configuration
+//! has no entries, so applying it removes the entries that were there.
+//!
+//! [`drifted`] (and [`drift`], which says what differs) compares a desired configuration with
+//! the one in the cluster on the fields the operator owns only, ignoring what the API server
+//! defaults and what other field managers add: it tells the controller whether someone edited
+//! its configuration and it should apply again.
+//!
+//! Nothing here does I/O.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::RangeInclusive;
+
+use injector_api::names::{
+    ALWAYS_EXCLUDED_NAMESPACES, INJECTION_DISABLED, INJECTION_LABEL, NAMESPACE_NAME_LABEL,
+};
+use injector_core::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
+use injector_core::{Group, GroupId, Snapshot};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
+
+/// The suffix of every entry's name: the API server requires a fully qualified name of at least
+/// three segments, so an entry is called `<group-id>.webhook.sidecar.dev`.
+pub const ENTRY_NAME_SUFFIX: &str = "webhook.sidecar.dev";
+
+/// The label set on the configuration to say who manages it.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+
+/// The value of [`MANAGED_BY_LABEL`] on the configuration.
+pub const MANAGED_BY: &str = "sidecar-injector";
+
+/// The default `timeoutSeconds` of every entry.
+pub const DEFAULT_TIMEOUT_SECONDS: i32 = 10;
+
+/// The `timeoutSeconds` values the API server accepts.
+pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<i32> = 1..=30;
+
+/// The port the API server uses for a service reference that names none.
+const DEFAULT_SERVICE_PORT: i32 = 443;
+
+/// Where the API server reaches the webhook (ARCHITECTURE.md, decision 8).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// In a cluster: through the operator's Service.
+    Service {
+        /// The Service's namespace (normally the operator's).
+        namespace: String,
+        /// The Service's name.
+        name: String,
+        /// The Service's port (1 to 65535).
+        port: i32,
+    },
+    /// Out of cluster (local development, the e2e suite): by URL.
+    Url {
+        /// `https://host:port`, optionally with a path prefix, e.g. `https://127.0.0.1:8443`;
+        /// each entry's URL is this followed by `/mutate/<group>`.
+        base: String,
+    },
+}
+
+impl Endpoint {
+    /// The client configuration that calls `path` (`/mutate/<group>`) on this endpoint.
+    fn client_config(&self, path: String, ca_bundle: Option<ByteString>) -> WebhookClientConfig {
+        match self {
+            Endpoint::Service {
+                namespace,
+                name,
+                port,
+            } => WebhookClientConfig {
+                ca_bundle,
+                service: Some(ServiceReference {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    path: Some(path),
+                    port: Some(*port),
+                }),
+                url: None,
+            },
+            Endpoint::Url { base } => WebhookClientConfig {
+                ca_bundle,
+                service: None,
+                url: Some(format!("{}{path}", base.trim_end_matches('/'))),
+            },
+        }
+    }
+}
+
+/// What the webhook configuration is made from, besides the registry and the CA.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebhookConfigOptions {
+    /// The configuration's name (e.g. the helm release name).
+    pub name: String,
+    /// Where the API server reaches the webhook.
+    pub endpoint: Endpoint,
+    /// The operator's own namespace, excluded from every entry.
+    pub operator_namespace: String,
+    /// Every entry's `timeoutSeconds`, 1 to 30 ([`DEFAULT_TIMEOUT_SECONDS`] by default). A value
+    /// out of range is clamped into it by [`desired_configuration`]; [`Self::validate`]
+    /// rejects it.
+    pub timeout_seconds: i32,
+    /// The configuration's owner, if any, so that deleting the owner deletes the configuration.
+    /// The configuration is cluster-scoped, so its owner must be cluster-scoped too (a
+    /// namespaced owner, such as a Deployment, is never resolved by the garbage collector).
+    pub owner: Option<OwnerReference>,
+    /// Labels put on the configuration, besides `app.kubernetes.io/managed-by:
+    /// sidecar-injector` (which wins over a label of the same key here).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl WebhookConfigOptions {
+    /// Options with the default timeout, no owner and no extra labels.
+    pub fn new(
+        name: impl Into<String>,
+        endpoint: Endpoint,
+        operator_namespace: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            endpoint,
+            operator_namespace: operator_namespace.into(),
+            timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+            owner: None,
+            labels: BTreeMap::new(),
+        }
+    }
+
+    /// Checks what the API server would reject in a configuration made from these options:
+    /// call it once at start, so a bad flag fails there with a clear message rather than on
+    /// every apply.
+    pub fn validate(&self) -> Result<(), WebhookConfigError> {
+        if !is_dns_subdomain(&self.name) {
+            return Err(WebhookConfigError::InvalidName(self.name.clone()));
+        }
+        if !is_dns_label(&self.operator_namespace) {
+            return Err(WebhookConfigError::InvalidNamespace(
+                self.operator_namespace.clone(),
+            ));
+        }
+        if !TIMEOUT_SECONDS_RANGE.contains(&self.timeout_seconds) {
+            return Err(WebhookConfigError::TimeoutOutOfRange(self.timeout_seconds));
+        }
+        for (key, value) in &self.labels {
+            if !is_qualified_name(key) || !is_label_value(value) {
+                return Err(WebhookConfigError::InvalidLabel {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+        match &self.endpoint {
+            Endpoint::Service {
+                namespace,
+                name,
+                port,
+            } => {
+                let reason = if !is_dns_label(namespace) {
+                    Some("the namespace is not a DNS-1123 label")
+                } else if !is_dns_label(name) {
+                    Some("the name is not a DNS-1123 label")
+                } else if !(1..=65535).contains(port) {
+                    Some("the port is not between 1 and 65535")
+                } else {
+                    None
+                };
+                match reason {
+                    Some(reason) => Err(WebhookConfigError::InvalidService {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        port: *port,
+                        reason,
+                    }),
+                    None => Ok(()),
+                }
+            }
+            Endpoint::Url { base } => match url_problem(base) {
+                Some(reason) => Err(WebhookConfigError::InvalidUrl {
+                    base: base.clone(),
+                    reason,
+                }),
+                None => Ok(()),
+            },
+        }
+    }
+}
+
+/// Why the API server would reject a webhook URL built on `base`, if it would.
+fn url_problem(base: &str) -> Option<&'static str> {
+    let Some(rest) = base.strip_prefix("https://") else {
+        return Some("the scheme must be https");
+    };
+    if base.contains(['?', '#']) {
+        return Some("query parameters and fragments are not allowed");
+    }
+    if base.chars().any(char::is_whitespace) {
+        return Some("whitespace is not allowed");
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Some("user information is not allowed");
+    }
+    if authority.is_empty() || authority.starts_with(':') {
+        return Some("the host is missing");
+    }
+    None
+}
+
+/// Options the API server would reject (see [`WebhookConfigOptions::validate`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookConfigError {
+    /// The configuration's name is not a DNS-1123 subdomain.
+    #[error("webhook configuration name {0:?} is not a DNS-1123 subdomain")]
+    InvalidName(String),
+    /// The operator's namespace is not a DNS-1123 label.
+    #[error("operator namespace {0:?} is not a DNS-1123 label")]
+    InvalidNamespace(String),
+    /// `timeoutSeconds` is outside 1 to 30.
+    #[error("webhook timeout of {0} s is out of range: use 1 to 30 seconds")]
+    TimeoutOutOfRange(i32),
+    /// A label of the configuration has an invalid key or value.
+    #[error("webhook configuration label {key:?}={value:?} is not a valid label")]
+    InvalidLabel {
+        /// The label's key.
+        key: String,
+        /// The label's value.
+        value: String,
+    },
+    /// The webhook Service reference is invalid.
+    #[error("webhook service {namespace}/{name}:{port}: {reason}")]
+    InvalidService {
+        /// The Service's namespace.
+        namespace: String,
+        /// The Service's name.
+        name: String,
+        /// The Service's port.
+        port: i32,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The webhook URL is invalid.
+    #[error("webhook url {base:?}: {reason}")]
+    InvalidUrl {
+        /// The URL given.
+        base: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+}
+
+/// The name of the entry that serves `group_id`: `<group-id>.webhook.sidecar.dev`.
+pub fn entry_name(group_id: &GroupId) -> String {
+    format!("{group_id}.{ENTRY_NAME_SUFFIX}")
+}
+
+/// The configuration the operator wants in the cluster: one entry per selector group of
+/// `snapshot`, in the snapshot's order, each trusting `ca_bundle_pem` (one or more PEM
+/// certificates; during a CA rotation, the old and the new CA). An empty bundle leaves
+/// `caBundle` out, so the API server falls back to its system trust roots.
+pub fn desired_configuration(
+    snapshot: &Snapshot,
+    options: &WebhookConfigOptions,
+    ca_bundle_pem: &[u8],
+) -> MutatingWebhookConfiguration {
+    let ca_bundle = (!ca_bundle_pem.is_empty()).then(|| ByteString(ca_bundle_pem.to_vec()));
+    let namespace_exclusions = namespace_exclusions(&options.operator_namespace);
+    let webhooks = snapshot
+        .groups()
+        .iter()
+        .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
+        .collect();
+    let mut labels = options.labels.clone();
+    labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(options.name.clone()),
+            labels: Some(labels),
+            owner_references: options.owner.clone().map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(webhooks),
+    }
+}
+
+/// The requirements appended to every entry's namespace selector.
+fn namespace_exclusions(operator_namespace: &str) -> [LabelSelectorRequirement; 2] {
+    let mut excluded: Vec<String> = ALWAYS_EXCLUDED_NAMESPACES
+        .iter()
+        .map(|ns| (*ns).to_owned())
+        .collect();
+    if !operator_namespace.is_empty() && !excluded.iter().any(|ns| ns == operator_namespace) {
+        excluded.push(operator_namespace.to_owned());
+    }
+    [
+        LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.to_owned(),
+            operator: "NotIn".to_owned(),
+            values: Some(excluded),
+        },
+        LabelSelectorRequirement {
+            key: INJECTION_LABEL.to_owned(),
+            operator: "NotIn".to_owned(),
+            values: Some(vec![INJECTION_DISABLED.to_owned()]),
+        },
+    ]
+}
+
+/// Pods, CREATE only.
+fn pod_create_rule() -> RuleWithOperations {
+    RuleWithOperations {
+        operations: Some(vec!["CREATE".to_owned()]),
+        api_groups: Some(vec![String::new()]),
+        api_versions: Some(vec!["v1".to_owned()]),
+        resources: Some(vec!["pods".to_owned()]),
+        scope: Some("Namespaced".to_owned()),
+    }
+}
+
+/// The entry that serves `group`.
+fn entry(
+    group: &Group,
+    options: &WebhookConfigOptions,
+    namespace_exclusions: &[LabelSelectorRequirement],
+    ca_bundle: Option<ByteString>,
+) -> MutatingWebhook {
+    let mut namespace_selector = group.key.namespace_selector.to_label_selector();
+    namespace_selector
+        .match_expressions
+        .get_or_insert_with(Vec::new)
+        .extend_from_slice(namespace_exclusions);
+    let object_selector =
+        (!group.key.pod_selector.is_empty()).then(|| group.key.pod_selector.to_label_selector());
+    MutatingWebhook {
+        name: entry_name(&group.id),
+        client_config: options.endpoint.client_config(group.id.path(), ca_bundle),
+        rules: Some(vec![pod_create_rule()]),
+        namespace_selector: Some(namespace_selector),
+        object_selector,
+        failure_policy: Some(group.key.failure_policy.as_str().to_owned()),
+        side_effects: "None".to_owned(),
+        admission_review_versions: vec!["v1".to_owned()],
+        reinvocation_policy: Some("IfNeeded".to_owned()),
+        match_policy: Some("Equivalent".to_owned()),
+        timeout_seconds: Some(
+            options
+                .timeout_seconds
+                .clamp(*TIMEOUT_SECONDS_RANGE.start(), *TIMEOUT_SECONDS_RANGE.end()),
+        ),
+        match_conditions: None,
+    }
+}
+
+/// The first difference [`drift`] found between the desired configuration and the cluster's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Drift {
+    /// The entries differ in their names or their order.
+    Entries {
+        /// The names of the desired entries, in order.
+        desired: Vec<String>,
+        /// The names of the cluster's entries, in order.
+        actual: Vec<String>,
+    },
+    /// A field the operator owns differs in one entry.
+    Entry {
+        /// The entry's name.
+        entry: String,
+        /// The field, as named in the API (`clientConfig`, `rules`, …).
+        field: &'static str,
+    },
+    /// A label the operator sets is missing or has another value.
+    Label {
+        /// The label's key.
+        key: String,
+    },
+    /// The owner reference the operator sets is missing.
+    OwnerReference {
+        /// The owner's uid.
+        uid: String,
+    },
+}
+
+impl fmt::Display for Drift {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Drift::Entries { desired, actual } => write!(
+                f,
+                "the entries are [{}], want [{}]",
+                actual.join(", "),
+                desired.join(", ")
+            ),
+            Drift::Entry { entry, field } => write!(f, "entry {entry}: {field} was changed"),
+            Drift::Label { key } => write!(f, "label {key} was removed or changed"),
+            Drift::OwnerReference { uid } => {
+                write!(f, "the owner reference to {uid} was removed")
+            }
+        }
+    }
+}
+
+/// Whether `actual` (the configuration in the cluster) differs from `desired` in a field the
+/// operator owns: see [`drift`].
+pub fn drifted(
+    desired: &MutatingWebhookConfiguration,
+    actual: &MutatingWebhookConfiguration,
+) -> bool {
+    drift(desired, actual).is_some()
+}
+
+/// The first difference between `desired` and `actual` (the configuration in the cluster) in a
+/// field the operator owns, or `None` when applying `desired` again would change nothing the
+/// operator cares about.
+///
+/// Compared: the entries' names and order, and in each entry `clientConfig` (with
+/// `caBundle`), `rules`, `namespaceSelector`, `objectSelector`, `failurePolicy`,
+/// `sideEffects`, `timeoutSeconds`, `reinvocationPolicy`, `admissionReviewVersions` and
+/// `matchPolicy`; the labels and owner reference the operator sets must be there. Values the
+/// API server defaults compare equal to their defaults (an absent `objectSelector` and `{}`,
+/// an absent service port and 443, an absent rule scope and `*`, …). Ignored: metadata other
+/// than those labels and owner reference (resource version, managed fields, other labels and
+/// owners, annotations) and fields the operator never sets (`matchConditions`), which other
+/// field managers may own and which applying again would not remove. (An entry added by another
+/// field manager is reported, as a change of the set of entries, although applying again does
+/// not remove it; server-side apply keeps the applied order of the entries since Kubernetes
+/// 1.23, so applying again does fix a reordering.)
+pub fn drift(
+    desired: &MutatingWebhookConfiguration,
+    actual: &MutatingWebhookConfiguration,
+) -> Option<Drift> {
+    let desired_entries = desired.webhooks.as_deref().unwrap_or_default();
+    let actual_entries = actual.webhooks.as_deref().unwrap_or_default();
+    let same_names = desired_entries.len() == actual_entries.len()
+        && desired_entries
+            .iter()
+            .zip(actual_entries)
+            .all(|(d, a)| d.name == a.name);
+    if !same_names {
+        let names = |entries: &[MutatingWebhook]| entries.iter().map(|e| e.name.clone()).collect();
+        return Some(Drift::Entries {
+            desired: names(desired_entries),
+            actual: names(actual_entries),
+        });
+    }
+    for (d, a) in desired_entries.iter().zip(actual_entries) {
+        if let Some(field) = entry_drift(d, a) {
+            return Some(Drift::Entry {
+                entry: d.name.clone(),
+                field,
+            });
+        }
+    }
+    let actual_labels = actual.metadata.labels.as_ref();
+    for (key, value) in desired.metadata.labels.iter().flatten() {
+        if actual_labels.and_then(|labels| labels.get(key)) != Some(value) {
+            return Some(Drift::Label { key: key.clone() });
+        }
+    }
+    let actual_owners = actual
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    for owner in desired.metadata.owner_references.iter().flatten() {
+        if !actual_owners.iter().any(|o| o.uid == owner.uid) {
+            return Some(Drift::OwnerReference {
+                uid: owner.uid.clone(),
+            });
+        }
+    }
+    None
+}
+
+/// The first owned field that differs between two entries of the same name.
+fn entry_drift(desired: &MutatingWebhook, actual: &MutatingWebhook) -> Option<&'static str> {
+    let or = |value: &Option<String>, default: &'static str| -> String {
+        value.clone().unwrap_or_else(|| default.to_owned())
+    };
+    let checks: [(&'static str, bool); 10] = [
+        (
+            "clientConfig",
+            canonical_client_config(&desired.client_config)
+                == canonical_client_config(&actual.client_config),
+        ),
+        (
+            "rules",
+            canonical_rules(desired.rules.as_deref()) == canonical_rules(actual.rules.as_deref()),
+        ),
+        (
+            "namespaceSelector",
+            canonical_selector(desired.namespace_selector.as_ref())
+                == canonical_selector(actual.namespace_selector.as_ref()),
+        ),
+        (
+            "objectSelector",
+            canonical_selector(desired.object_selector.as_ref())
+                == canonical_selector(actual.object_selector.as_ref()),
+        ),
+        (
+            "failurePolicy",
+            or(&desired.failure_policy, "Fail") == or(&actual.failure_policy, "Fail"),
+        ),
+        ("sideEffects", desired.side_effects == actual.side_effects),
+        (
+            "timeoutSeconds",
+            desired.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS)
+                == actual.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS),
+        ),
+        (
+            "reinvocationPolicy",
+            or(&desired.reinvocation_policy, "Never") == or(&actual.reinvocation_policy, "Never"),
+        ),
+        (
+            "admissionReviewVersions",
+            desired.admission_review_versions == actual.admission_review_versions,
+        ),
+        (
+            "matchPolicy",
+            or(&desired.match_policy, "Equivalent") == or(&actual.match_policy, "Equivalent"),
+        ),
+    ];
+    checks
+        .into_iter()
+        .find(|(_, same)| !same)
+        .map(|(field, _)| field)
+}
+
+/// A client configuration with the API server's defaults filled in.
+fn canonical_client_config(config: &WebhookClientConfig) -> WebhookClientConfig {
+    WebhookClientConfig {
+        ca_bundle: config
+            .ca_bundle
+            .clone()
+            .filter(|bundle| !bundle.0.is_empty()),
+        service: config.service.as_ref().map(|service| ServiceReference {
+            port: Some(service.port.unwrap_or(DEFAULT_SERVICE_PORT)),
+            ..service.clone()
+        }),
+        url: config.url.clone(),
+    }
+}
+
+/// Rules with the API server's defaults filled in.
+fn canonical_rules(rules: Option<&[RuleWithOperations]>) -> Vec<RuleWithOperations> {
+    rules
+        .unwrap_or_default()
+        .iter()
+        .map(|rule| RuleWithOperations {
+            scope: Some(rule.scope.clone().unwrap_or_else(|| "*".to_owned())),
+            ..rule.clone()
+        })
+        .collect()
+}
+
+/// A selector where absent and empty mean the same (the API server defaults a missing
+/// selector to `{}`).
+fn canonical_selector(selector: Option<&LabelSelector>) -> LabelSelector {
+    let selector = selector.cloned().unwrap_or_default();
+    LabelSelector {
+        match_labels: selector.match_labels.filter(|labels| !labels.is_empty()),
+        match_expressions: selector
+            .match_expressions
+            .filter(|expressions| !expressions.is_empty())
+            .map(|expressions| {
+                expressions
+                    .into_iter()
+                    .map(|requirement| LabelSelectorRequirement {
+                        values: requirement.values.filter(|values| !values.is_empty()),
+                        ..requirement
+                    })
+                    .collect()
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Arc;
+
+    use injector_api::SidecarTemplate;
+    use injector_core::{Registry, compile};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const CA: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n";
+
+    /// A SidecarTemplate from YAML (apiVersion and kind are filled in).
+    fn parse_template(yaml: &str) -> SidecarTemplate {
+        let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+        value["apiVersion"] = "sidecar.dev/v1alpha1".into();
+        value["kind"] = "SidecarTemplate".into();
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// A template called `name` with this priority, failure policy and selectors (YAML flow
+    /// mappings, `{}` for everything).
+    fn template(
+        name: &str,
+        priority: i32,
+        policy: &str,
+        namespace_selector: &str,
+        pod_selector: &str,
+    ) -> SidecarTemplate {
+        parse_template(&format!(
+            "metadata: {{name: {name}}}\nspec:\n  priority: {priority}\n  failurePolicy: {policy}\n  namespaceSelector: {namespace_selector}\n  podSelector: {pod_selector}\n  containers: [{{name: {name}, image: x}}]"
+        ))
+    }
+
+    fn snapshot_of(templates: &[SidecarTemplate]) -> Arc<Snapshot> {
+        let mut registry = Registry::new();
+        for t in templates {
+            registry.apply(compile(t).unwrap_or_else(|e| panic!("{e}")));
+        }
+        registry.snapshot()
+    }
+
+    fn service_options() -> WebhookConfigOptions {
+        WebhookConfigOptions::new(
+            "sidecar-injector",
+            Endpoint::Service {
+                namespace: "sidecar-system".into(),
+                name: "sidecar-injector-webhook".into(),
+                port: 8443,
+            },
+            "sidecar-system",
+        )
+    }
+
+    fn url_options(base: &str) -> WebhookConfigOptions {
+        WebhookConfigOptions::new(
+            "sidecar-injector",
+            Endpoint::Url { base: base.into() },
+            "sidecar-system",
+        )
+    }
+
+    /// Three groups: `web` (Fail, priority 10, two templates), `db` (Ignore, priority 5) and
+    /// `all` (Fail, priority 50, every pod of namespaces labelled team=a).
+    fn three_groups() -> Arc<Snapshot> {
+        snapshot_of(&[
+            template("web-a", 10, "Fail", "{}", "{matchLabels: {app: web}}"),
+            template("web-b", 20, "Fail", "{}", "{matchLabels: {app: web}}"),
+            template("db", 5, "Ignore", "{}", "{matchLabels: {app: db}}"),
+            template("all", 50, "Fail", "{matchLabels: {team: a}}", "{}"),
+        ])
+    }
+
+    fn webhooks(config: &MutatingWebhookConfiguration) -> &[MutatingWebhook] {
+        config.webhooks.as_deref().unwrap()
+    }
+
+    fn names(config: &MutatingWebhookConfiguration) -> Vec<&str> {
+        webhooks(config).iter().map(|w| w.name.as_str()).collect()
+    }
+
+    fn group_of<'a>(snapshot: &'a Snapshot, template: &str) -> &'a GroupId {
+        let t = snapshot.get(template).unwrap();
+        &snapshot
+            .groups()
+            .iter()
+            .find(|g| g.templates.iter().any(|x| x.name == t.name))
+            .unwrap()
+            .id
+    }
+
+    fn entry_for<'a>(
+        config: &'a MutatingWebhookConfiguration,
+        snapshot: &Snapshot,
+        template: &str,
+    ) -> &'a MutatingWebhook {
+        let name = entry_name(group_of(snapshot, template));
+        webhooks(config).iter().find(|w| w.name == name).unwrap()
+    }
+
+    #[test]
+    fn entry_names_are_fully_qualified() {
+        let id = GroupId::from("fail-0123456789abcdef");
+        assert_eq!(entry_name(&id), "fail-0123456789abcdef.webhook.sidecar.dev");
+    }
+
+    #[test]
+    fn one_entry_per_group_named_and_routed_by_group_id() {
+        let snapshot = three_groups();
+        assert_eq!(snapshot.groups().len(), 3);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(
+            webhooks(&config).len(),
+            3,
+            "web-a and web-b share one entry"
+        );
+        for (group, webhook) in snapshot.groups().iter().zip(webhooks(&config)) {
+            assert_eq!(webhook.name, format!("{}.webhook.sidecar.dev", group.id));
+            let service = webhook.client_config.service.as_ref().unwrap();
+            assert_eq!(service.path.as_deref(), Some(group.id.path().as_str()));
+            assert_eq!(
+                service.path.as_deref(),
+                Some(format!("/mutate/{}", group.id).as_str())
+            );
+        }
+    }
+
+    #[test]
+    fn entries_are_ordered_by_their_lowest_priority() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let expected: Vec<String> = ["db", "web-a", "all"]
+            .iter()
+            .map(|t| entry_name(group_of(&snapshot, t)))
+            .collect();
+        assert_eq!(names(&config), expected);
+        assert!(expected[0].starts_with("ignore-"));
+        assert!(expected[1].starts_with("fail-") && expected[2].starts_with("fail-"));
+
+        // Lowering web-b's priority below db's moves the web entry first.
+        let snapshot = snapshot_with_priorities(&[("web-a", 10), ("web-b", 1), ("db", 5)]);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(
+            names(&config),
+            [
+                entry_name(group_of(&snapshot, "web-b")),
+                entry_name(group_of(&snapshot, "db"))
+            ]
+        );
+    }
+
+    fn snapshot_with_priorities(priorities: &[(&str, i32)]) -> Arc<Snapshot> {
+        snapshot_of(
+            &priorities
+                .iter()
+                .map(|(name, priority)| {
+                    let (policy, app) = if name.starts_with("web") {
+                        ("Fail", "web")
+                    } else {
+                        ("Ignore", "db")
+                    };
+                    template(
+                        name,
+                        *priority,
+                        policy,
+                        "{}",
+                        &format!("{{matchLabels: {{app: {app}}}}}"),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    #[test]
+    fn namespace_selector_keeps_the_groups_and_appends_the_exclusions() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let exclusions = json!([
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["kube-system", "kube-public", "kube-node-lease", "sidecar-system"]},
+            {"key": "sidecar.dev/injection", "operator": "NotIn", "values": ["disabled"]},
+        ]);
+        let web = entry_for(&config, &snapshot, "web-a");
+        assert_eq!(
+            serde_json::to_value(web.namespace_selector.as_ref().unwrap()).unwrap(),
+            json!({"matchExpressions": exclusions})
+        );
+        let all = entry_for(&config, &snapshot, "all");
+        assert_eq!(
+            serde_json::to_value(all.namespace_selector.as_ref().unwrap()).unwrap(),
+            json!({"matchLabels": {"team": "a"}, "matchExpressions": exclusions})
+        );
+    }
+
+    #[test]
+    fn exclusions_follow_the_groups_own_expressions() {
+        let snapshot = snapshot_of(&[template(
+            "t",
+            1,
+            "Fail",
+            "{matchExpressions: [{key: env, operator: In, values: [prod, dev]}]}",
+            "{}",
+        )]);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(
+            serde_json::to_value(webhooks(&config)[0].namespace_selector.as_ref().unwrap())
+                .unwrap(),
+            json!({"matchExpressions": [
+                {"key": "env", "operator": "In", "values": ["dev", "prod"]},
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                 "values": ["kube-system", "kube-public", "kube-node-lease", "sidecar-system"]},
+                {"key": "sidecar.dev/injection", "operator": "NotIn", "values": ["disabled"]},
+            ]})
+        );
+    }
+
+    #[test]
+    fn an_operator_namespace_already_excluded_is_not_listed_twice() {
+        let snapshot = three_groups();
+        let mut options = service_options();
+        options.operator_namespace = "kube-system".into();
+        let config = desired_configuration(&snapshot, &options, CA);
+        let expressions = webhooks(&config)[0]
+            .namespace_selector
+            .as_ref()
+            .unwrap()
+            .match_expressions
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            expressions[0].values.as_deref().unwrap(),
+            ["kube-system", "kube-public", "kube-node-lease"]
+        );
+    }
+
+    #[test]
+    fn object_selector_is_the_pod_selector_and_absent_when_it_selects_everything() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let web = entry_for(&config, &snapshot, "web-a");
+        assert_eq!(
+            serde_json::to_value(web.object_selector.as_ref().unwrap()).unwrap(),
+            json!({"matchLabels": {"app": "web"}})
+        );
+        let all = entry_for(&config, &snapshot, "all");
+        assert_eq!(all.object_selector, None);
+    }
+
+    #[test]
+    fn failure_policy_is_the_groups() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let policy = |t| entry_for(&config, &snapshot, t).failure_policy.as_deref();
+        assert_eq!(policy("web-a"), Some("Fail"));
+        assert_eq!(policy("db"), Some("Ignore"));
+        assert_eq!(policy("all"), Some("Fail"));
+
+        // Same selectors, different policies: two entries.
+        let snapshot = snapshot_of_policies();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let policies: Vec<_> = webhooks(&config)
+            .iter()
+            .map(|w| w.failure_policy.as_deref().unwrap())
+            .collect();
+        assert_eq!(policies, ["Fail", "Ignore"]);
+    }
+
+    fn snapshot_of_policies() -> Arc<Snapshot> {
+        snapshot_of(&[
+            template("required", 1, "Fail", "{}", "{}"),
+            template("best-effort", 2, "Ignore", "{}", "{}"),
+        ])
+    }
+
+    #[test]
+    fn fixed_fields_of_every_entry() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        for webhook in webhooks(&config) {
+            assert_eq!(
+                serde_json::to_value(webhook.rules.as_ref().unwrap()).unwrap(),
+                json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                        "resources": ["pods"], "scope": "Namespaced"}])
+            );
+            assert_eq!(webhook.side_effects, "None");
+            assert_eq!(webhook.admission_review_versions, ["v1"]);
+            assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
+            assert_eq!(webhook.match_policy.as_deref(), Some("Equivalent"));
+            assert_eq!(webhook.timeout_seconds, Some(DEFAULT_TIMEOUT_SECONDS));
+            assert_eq!(webhook.match_conditions, None);
+        }
+    }
+
+    #[test]
+    fn service_mode_calls_the_service_at_the_groups_path() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let web = entry_for(&config, &snapshot, "web-a");
+        let id = group_of(&snapshot, "web-a");
+        assert_eq!(web.client_config.url, None);
+        assert_eq!(
+            web.client_config.service,
+            Some(ServiceReference {
+                namespace: "sidecar-system".into(),
+                name: "sidecar-injector-webhook".into(),
+                path: Some(format!("/mutate/{id}")),
+                port: Some(8443),
+            })
+        );
+    }
+
+    #[test]
+    fn url_mode_appends_the_groups_path_to_the_base() {
+        let snapshot = three_groups();
+        let id = group_of(&snapshot, "db");
+        for base in ["https://127.0.0.1:8443", "https://127.0.0.1:8443/"] {
+            let config = desired_configuration(&snapshot, &url_options(base), CA);
+            let db = entry_for(&config, &snapshot, "db");
+            assert_eq!(db.client_config.service, None);
+            assert_eq!(
+                db.client_config.url.as_deref(),
+                Some(format!("https://127.0.0.1:8443/mutate/{id}").as_str())
+            );
+        }
+        let config =
+            desired_configuration(&snapshot, &url_options("https://localhost:9443/prefix"), CA);
+        assert_eq!(
+            entry_for(&config, &snapshot, "db")
+                .client_config
+                .url
+                .as_deref(),
+            Some(format!("https://localhost:9443/prefix/mutate/{id}").as_str())
+        );
+    }
+
+    #[test]
+    fn ca_bundle_is_the_pem_bytes_base64_encoded_on_the_wire() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        for webhook in webhooks(&config) {
+            assert_eq!(webhook.client_config.ca_bundle.as_ref().unwrap().0, CA);
+        }
+        use base64::Engine as _;
+        let json = serde_json::to_value(&config).unwrap();
+        let encoded = json["webhooks"][0]["clientConfig"]["caBundle"]
+            .as_str()
+            .unwrap();
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(encoded)
+                .unwrap(),
+            CA
+        );
+
+        let without = desired_configuration(&snapshot, &service_options(), b"");
+        assert!(
+            webhooks(&without)
+                .iter()
+                .all(|w| w.client_config.ca_bundle.is_none())
+        );
+    }
+
+    #[test]
+    fn no_templates_give_an_empty_list_of_entries() {
+        let empty = snapshot_of(&[]);
+        let config = desired_configuration(&empty, &service_options(), CA);
+        assert_eq!(config.webhooks, Some(vec![]));
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(
+            json["webhooks"],
+            json!([]),
+            "serialized, so server-side apply removes old entries"
+        );
+    }
+
+    #[test]
+    fn metadata_has_the_name_labels_and_owner() {
+        let snapshot = three_groups();
+        let mut options = service_options();
+        options.labels = BTreeMap::from([
+            ("app.kubernetes.io/instance".to_owned(), "prod".to_owned()),
+            (MANAGED_BY_LABEL.to_owned(), "helm".to_owned()),
+        ]);
+        let owner = OwnerReference {
+            api_version: "apiextensions.k8s.io/v1".into(),
+            kind: "CustomResourceDefinition".into(),
+            name: "sidecartemplates.sidecar.dev".into(),
+            uid: "0b5c0c3e-1111-2222-3333-444455556666".into(),
+            controller: Some(false),
+            block_owner_deletion: None,
+        };
+        options.owner = Some(owner.clone());
+        let config = desired_configuration(&snapshot, &options, CA);
+        assert_eq!(config.metadata.name.as_deref(), Some("sidecar-injector"));
+        assert_eq!(
+            config.metadata.labels,
+            Some(BTreeMap::from([
+                ("app.kubernetes.io/instance".to_owned(), "prod".to_owned()),
+                (
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "sidecar-injector".to_owned()
+                ),
+            ]))
+        );
+        assert_eq!(config.metadata.owner_references, Some(vec![owner]));
+        assert_eq!(config.metadata.namespace, None, "cluster-scoped");
+
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(config.metadata.owner_references, None);
+        assert_eq!(
+            config.metadata.labels,
+            Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_owned(),
+                "sidecar-injector".to_owned()
+            )]))
+        );
+    }
+
+    #[test]
+    fn timeout_comes_from_the_options_and_is_kept_in_range() {
+        let snapshot = three_groups();
+        let timeouts = |timeout: i32| {
+            let mut options = service_options();
+            options.timeout_seconds = timeout;
+            let config = desired_configuration(&snapshot, &options, CA);
+            webhooks(&config)
+                .iter()
+                .map(|w| w.timeout_seconds.unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(timeouts(3), [3, 3, 3]);
+        assert_eq!(timeouts(30), [30, 30, 30]);
+        assert_eq!(timeouts(0), [1, 1, 1]);
+        assert_eq!(timeouts(300), [30, 30, 30]);
+    }
+
+    #[test]
+    fn serializes_to_what_the_api_server_accepts() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &url_options("https://127.0.0.1:8443"), CA);
+        let json = serde_json::to_value(&config).unwrap();
+        assert_eq!(json["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(json["kind"], "MutatingWebhookConfiguration");
+        assert_eq!(json["metadata"]["name"], "sidecar-injector");
+        let entries = json["webhooks"].as_array().unwrap();
+        assert_eq!(entries.len(), 3);
+        for entry in entries {
+            let name = entry["name"].as_str().unwrap();
+            assert!(is_dns_subdomain(name), "{name}");
+            assert!(name.split('.').count() >= 3, "{name}");
+            assert!(name.ends_with(".webhook.sidecar.dev"), "{name}");
+            let id = name.split('.').next().unwrap();
+            assert!(
+                (id.starts_with("fail-") || id.starts_with("ignore-")) && is_dns_label(id),
+                "{name}"
+            );
+            assert!(
+                entry["clientConfig"]["url"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("https://127.0.0.1:8443/mutate/")
+            );
+            assert!(entry["clientConfig"].get("service").is_none());
+            assert_eq!(entry["sideEffects"], "None");
+            assert_eq!(entry["admissionReviewVersions"], json!(["v1"]));
+            assert!(matches!(
+                entry["failurePolicy"].as_str(),
+                Some("Fail" | "Ignore")
+            ));
+            assert!(entry.get("matchConditions").is_none());
+        }
+        let first = &entries[0];
+        assert!(first["name"].as_str().unwrap().starts_with("ignore-"));
+        assert_eq!(
+            first["objectSelector"],
+            json!({"matchLabels": {"app": "db"}})
+        );
+        assert_eq!(first["timeoutSeconds"], 10);
+        assert_eq!(first["reinvocationPolicy"], "IfNeeded");
+        assert_eq!(first["matchPolicy"], "Equivalent");
+        assert!(entries[2].get("objectSelector").is_none());
+
+        let back: MutatingWebhookConfiguration = serde_json::from_value(json).unwrap();
+        assert_eq!(back, config, "the JSON reads back the same");
+    }
+
+    #[test]
+    fn options_are_validated() {
+        assert_eq!(service_options().validate(), Ok(()));
+        assert_eq!(url_options("https://127.0.0.1:8443").validate(), Ok(()));
+        assert_eq!(
+            url_options("https://localhost:8443/prefix/").validate(),
+            Ok(())
+        );
+
+        let mut options = service_options();
+        for timeout in [0, 31, -1] {
+            options.timeout_seconds = timeout;
+            assert_eq!(
+                options.validate(),
+                Err(WebhookConfigError::TimeoutOutOfRange(timeout))
+            );
+        }
+        for timeout in [1, 30] {
+            options.timeout_seconds = timeout;
+            assert_eq!(options.validate(), Ok(()));
+        }
+
+        let mut options = service_options();
+        options.name = "Not A Name".into();
+        assert!(matches!(
+            options.validate(),
+            Err(WebhookConfigError::InvalidName(_))
+        ));
+        let mut options = service_options();
+        options.operator_namespace = String::new();
+        assert!(matches!(
+            options.validate(),
+            Err(WebhookConfigError::InvalidNamespace(_))
+        ));
+        let mut options = service_options();
+        options.labels.insert("bad key!".into(), "x".into());
+        assert!(matches!(
+            options.validate(),
+            Err(WebhookConfigError::InvalidLabel { .. })
+        ));
+        for port in [0, 65536] {
+            let mut options = service_options();
+            options.endpoint = Endpoint::Service {
+                namespace: "ns".into(),
+                name: "svc".into(),
+                port,
+            };
+            assert!(matches!(
+                options.validate(),
+                Err(WebhookConfigError::InvalidService { .. })
+            ));
+        }
+        for (base, reason) in [
+            ("http://127.0.0.1:8443", "the scheme must be https"),
+            ("127.0.0.1:8443", "the scheme must be https"),
+            (
+                "https://127.0.0.1:8443/?a=b",
+                "query parameters and fragments are not allowed",
+            ),
+            (
+                "https://127.0.0.1:8443#x",
+                "query parameters and fragments are not allowed",
+            ),
+            (
+                "https://user@127.0.0.1:8443",
+                "user information is not allowed",
+            ),
+            ("https://", "the host is missing"),
+            ("https://:8443", "the host is missing"),
+        ] {
+            assert_eq!(
+                url_options(base).validate(),
+                Err(WebhookConfigError::InvalidUrl {
+                    base: base.into(),
+                    reason
+                }),
+                "{base}"
+            );
+        }
+        assert_eq!(
+            WebhookConfigError::TimeoutOutOfRange(31).to_string(),
+            "webhook timeout of 31 s is out of range: use 1 to 30 seconds"
+        );
+    }
+
+    /// The configuration as the API server returns it: defaults filled in, metadata added by
+    /// the server and by other field managers.
+    fn as_returned_by_the_api_server(
+        config: &MutatingWebhookConfiguration,
+    ) -> MutatingWebhookConfiguration {
+        let mut json = serde_json::to_value(config).unwrap();
+        json["metadata"]["uid"] = "d3b07384-0000-0000-0000-000000000000".into();
+        json["metadata"]["resourceVersion"] = "12345".into();
+        json["metadata"]["generation"] = 3.into();
+        json["metadata"]["creationTimestamp"] = "2025-01-01T00:00:00Z".into();
+        json["metadata"]["managedFields"] = json!([{
+            "manager": "sidecar-injector", "operation": "Apply",
+            "apiVersion": "admissionregistration.k8s.io/v1", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:webhooks": {}}
+        }]);
+        json["metadata"]["labels"]["added-by"] = "someone-else".into();
+        json["metadata"]["annotations"] = json!({"note": "hello"});
+        for entry in json["webhooks"].as_array_mut().unwrap() {
+            let entry = entry.as_object_mut().unwrap();
+            entry.entry("objectSelector").or_insert_with(|| json!({}));
+            entry
+                .entry("namespaceSelector")
+                .or_insert_with(|| json!({}));
+        }
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn not_drifted_when_only_defaults_and_other_managers_fields_differ() {
+        let snapshot = three_groups();
+        let desired = desired_configuration(&snapshot, &service_options(), CA);
+        assert!(!drifted(&desired, &desired));
+        let actual = as_returned_by_the_api_server(&desired);
+        assert_ne!(actual, desired);
+        assert_eq!(drift(&desired, &actual), None);
+
+        // Fields the operator leaves out, defaulted by the API server.
+        let mut sparse = desired.clone();
+        for webhook in sparse.webhooks.as_mut().unwrap() {
+            webhook.match_policy = None;
+            webhook.timeout_seconds = None;
+            webhook.rules.as_mut().unwrap()[0].scope = None;
+            if let Some(service) = webhook.client_config.service.as_mut() {
+                service.port = None;
+            }
+        }
+        let mut defaulted = as_returned_by_the_api_server(&sparse);
+        for webhook in defaulted.webhooks.as_mut().unwrap() {
+            webhook.match_policy = Some("Equivalent".into());
+            webhook.timeout_seconds = Some(10);
+            webhook.rules.as_mut().unwrap()[0].scope = Some("*".into());
+            webhook.client_config.service.as_mut().unwrap().port = Some(443);
+        }
+        assert!(!drifted(&sparse, &defaulted));
+
+        // A namespaceSelector defaulted on an entry that had none.
+        let mut bare = desired.clone();
+        bare.webhooks.as_mut().unwrap()[0].namespace_selector = None;
+        let mut filled = bare.clone();
+        filled.webhooks.as_mut().unwrap()[0].namespace_selector = Some(LabelSelector::default());
+        assert!(!drifted(&bare, &filled));
+
+        // No entries: absent and empty are the same.
+        let empty = desired_configuration(&snapshot_of(&[]), &service_options(), CA);
+        let mut none = empty.clone();
+        none.webhooks = None;
+        assert!(!drifted(&empty, &none));
+
+        // Other owners next to the operator's.
+        let mut options = service_options();
+        options.owner = Some(OwnerReference {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            name: "sidecar-system".into(),
+            uid: "owner-uid".into(),
+            ..OwnerReference::default()
+        });
+        let owned = desired_configuration(&snapshot, &options, CA);
+        let mut actual = as_returned_by_the_api_server(&owned);
+        actual.metadata.owner_references.as_mut().unwrap().insert(
+            0,
+            OwnerReference {
+                uid: "other".into(),
+                ..OwnerReference::default()
+            },
+        );
+        assert!(!drifted(&owned, &actual));
+    }
+
+    #[test]
+    fn drifted_when_the_operators_fields_change() {
+        let snapshot = three_groups();
+        let desired = desired_configuration(&snapshot, &service_options(), CA);
+        let actual = as_returned_by_the_api_server(&desired);
+        let edited = |edit: &dyn Fn(&mut MutatingWebhookConfiguration)| {
+            let mut changed = actual.clone();
+            edit(&mut changed);
+            drift(&desired, &changed)
+        };
+        let entry_names: Vec<String> = names(&desired).into_iter().map(String::from).collect();
+        let second = entry_names[1].clone();
+        let field = |field: &'static str| {
+            Some(Drift::Entry {
+                entry: second.clone(),
+                field,
+            })
+        };
+
+        // The set and order of entries.
+        let deleted = edited(&|c| {
+            c.webhooks.as_mut().unwrap().remove(1);
+        });
+        assert!(
+            matches!(deleted, Some(Drift::Entries { .. })),
+            "{deleted:?}"
+        );
+        let reordered = edited(&|c| c.webhooks.as_mut().unwrap().swap(0, 2));
+        assert!(matches!(reordered, Some(Drift::Entries { .. })));
+        let added = edited(&|c| {
+            let mut extra = c.webhooks.as_ref().unwrap()[0].clone();
+            extra.name = "extra.webhook.sidecar.dev".into();
+            c.webhooks.as_mut().unwrap().push(extra);
+        });
+        assert!(matches!(added, Some(Drift::Entries { .. })));
+        assert!(edited(&|c| c.webhooks = None).is_some());
+        assert!(edited(&|c| c.webhooks = Some(vec![])).is_some());
+
+        // Each owned field of one entry.
+        let edit_entry = |edit: &dyn Fn(&mut MutatingWebhook)| {
+            edited(&|c| edit(&mut c.webhooks.as_mut().unwrap()[1]))
+        };
+        assert_eq!(
+            edit_entry(&|w| w.client_config.ca_bundle = Some(ByteString(b"other".to_vec()))),
+            field("clientConfig")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.client_config.ca_bundle = None),
+            field("clientConfig")
+        );
+        assert_eq!(
+            edit_entry(&|w| {
+                w.client_config.service.as_mut().unwrap().path = Some("/mutate".into())
+            }),
+            field("clientConfig")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.client_config.service.as_mut().unwrap().port = None),
+            field("clientConfig"),
+            "8443 was asked for, the default is 443"
+        );
+        assert_eq!(
+            edit_entry(&|w| {
+                w.rules.as_mut().unwrap()[0].operations =
+                    Some(vec!["CREATE".into(), "UPDATE".into()])
+            }),
+            field("rules")
+        );
+        assert_eq!(edit_entry(&|w| w.rules = None), field("rules"));
+        assert_eq!(
+            edit_entry(&|w| {
+                w.namespace_selector
+                    .as_mut()
+                    .unwrap()
+                    .match_expressions
+                    .as_mut()
+                    .unwrap()
+                    .pop();
+            }),
+            field("namespaceSelector")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.object_selector = None),
+            field("objectSelector")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.failure_policy = Some("Ignore".into())),
+            field("failurePolicy")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.side_effects = "NoneOnDryRun".into()),
+            field("sideEffects")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.timeout_seconds = Some(30)),
+            field("timeoutSeconds")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.reinvocation_policy = None),
+            field("reinvocationPolicy"),
+            "the default is Never"
+        );
+        assert_eq!(
+            edit_entry(&|w| w.admission_review_versions = vec!["v1beta1".into()]),
+            field("admissionReviewVersions")
+        );
+        assert_eq!(
+            edit_entry(&|w| w.match_policy = Some("Exact".into())),
+            field("matchPolicy")
+        );
+
+        // The operator's label.
+        assert_eq!(
+            edited(&|c| {
+                c.metadata.labels.as_mut().unwrap().remove(MANAGED_BY_LABEL);
+            }),
+            Some(Drift::Label {
+                key: MANAGED_BY_LABEL.into()
+            })
+        );
+    }
+
+    #[test]
+    fn drifted_when_the_owner_reference_is_removed() {
+        let mut options = service_options();
+        options.owner = Some(OwnerReference {
+            uid: "owner-uid".into(),
+            ..OwnerReference::default()
+        });
+        let desired = desired_configuration(&three_groups(), &options, CA);
+        let mut actual = as_returned_by_the_api_server(&desired);
+        actual.metadata.owner_references = None;
+        let drift = drift(&desired, &actual);
+        assert_eq!(
+            drift,
+            Some(Drift::OwnerReference {
+                uid: "owner-uid".into()
+            })
+        );
+        assert_eq!(
+            drift.unwrap().to_string(),
+            "the owner reference to owner-uid was removed"
+        );
+    }
+
+    #[test]
+    fn a_new_ca_or_a_new_template_group_is_drift() {
+        let snapshot = three_groups();
+        let old = desired_configuration(&snapshot, &service_options(), CA);
+        let rotated = [
+            CA,
+            b"-----BEGIN CERTIFICATE-----\nMIIBnew\n-----END CERTIFICATE-----\n",
+        ]
+        .concat();
+        let new = desired_configuration(&snapshot, &service_options(), &rotated);
+        assert!(drifted(&new, &as_returned_by_the_api_server(&old)));
+        assert!(matches!(
+            drift(&new, &old),
+            Some(Drift::Entry {
+                field: "clientConfig",
+                ..
+            })
+        ));
+
+        let more = snapshot_of(&[
+            template("web-a", 10, "Fail", "{}", "{matchLabels: {app: web}}"),
+            template("web-b", 20, "Fail", "{}", "{matchLabels: {app: web}}"),
+            template("db", 5, "Ignore", "{}", "{matchLabels: {app: db}}"),
+            template("all", 50, "Fail", "{matchLabels: {team: a}}", "{}"),
+            template("late", 60, "Ignore", "{}", "{}"),
+        ]);
+        let grown = desired_configuration(&more, &service_options(), CA);
+        let drift = drift(&grown, &old).unwrap();
+        assert!(
+            drift.to_string().starts_with("the entries are ["),
+            "{drift}"
+        );
+    }
+}
