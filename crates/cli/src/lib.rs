@@ -3,5 +3,6 @@
 
 pub mod documents;
 pub mod render;
+pub mod run;
 pub mod serve;
 pub mod templates;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use injector_cli::render::{OutputFormat, RenderRequest, parse_labels, render};
+use injector_cli::run::RunOptions;
 use injector_cli::serve::{ServeOptions, serve};
+use injector_controller::certs::Lifetimes;
 use tokio_util::sync::CancellationToken;
 
 // The webhook's hot path parses and builds JSON: many small allocations, which mimalloc
@@ -93,8 +95,121 @@ enum Command {
         #[command(flatten)]
         log: LogOptions,
     },
+    /// Run the controller and the webhook against a cluster (in-cluster, or from a kubeconfig).
+    Run(Box<RunArgs>),
     /// Print the SidecarTemplate CustomResourceDefinition as YAML.
     Crd,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The operator's namespace (its Secret and Lease live there). Default: the service
+    /// account's namespace in a cluster, else `sidecar-injector`.
+    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE")]
+    namespace: Option<String>,
+    /// The Service in front of the webhook (in-cluster mode).
+    #[arg(
+        long,
+        default_value = "sidecar-injector",
+        env = "SIDECAR_INJECTOR_SERVICE"
+    )]
+    service_name: String,
+    /// The Service's port.
+    #[arg(long, default_value_t = 443, env = "SIDECAR_INJECTOR_SERVICE_PORT")]
+    service_port: i32,
+    /// Out-of-cluster mode: the URL the API server calls the webhook at, such as
+    /// https://127.0.0.1:8443 (the certificate then also covers 127.0.0.1).
+    #[arg(long, env = "SIDECAR_INJECTOR_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// The HTTPS admission address.
+    #[arg(long, default_value = "0.0.0.0:8443", env = "SIDECAR_INJECTOR_LISTEN")]
+    listen: SocketAddr,
+    /// The plain-HTTP admin address: /healthz, /readyz, /metrics.
+    #[arg(
+        long,
+        default_value = "0.0.0.0:8080",
+        env = "SIDECAR_INJECTOR_ADMIN_LISTEN"
+    )]
+    admin_listen: SocketAddr,
+    /// The MutatingWebhookConfiguration the operator owns.
+    #[arg(
+        long,
+        default_value = "sidecar-injector",
+        env = "SIDECAR_INJECTOR_WEBHOOK_CONFIG"
+    )]
+    webhook_config_name: String,
+    /// The Secret holding the CA and the serving certificate.
+    #[arg(
+        long,
+        default_value = "sidecar-injector-tls",
+        env = "SIDECAR_INJECTOR_SECRET"
+    )]
+    secret_name: String,
+    /// The CA's lifetime (rotated at two thirds), such as 365d or 30m.
+    #[arg(long, default_value = "365d", value_parser = humantime::parse_duration, env = "SIDECAR_INJECTOR_CA_LIFETIME")]
+    ca_lifetime: Duration,
+    /// The serving certificate's lifetime (rotated at two thirds), such as 90d or 9m.
+    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration, env = "SIDECAR_INJECTOR_SERVING_LIFETIME")]
+    serving_lifetime: Duration,
+    /// Elect a leader among replicas (only the leader writes).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "SIDECAR_INJECTOR_LEADER_ELECTION")]
+    leader_election: bool,
+    /// The Lease used for leader election.
+    #[arg(
+        long,
+        default_value = "sidecar-injector-leader",
+        env = "SIDECAR_INJECTOR_LEASE"
+    )]
+    lease_name: String,
+    /// This replica's identity in the Lease. Default: $POD_NAME, else the host name and pid.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// The webhook entries' timeoutSeconds (1 to 30).
+    #[arg(long, default_value_t = 10, env = "SIDECAR_INJECTOR_TIMEOUT_SECONDS")]
+    timeout_seconds: i32,
+    /// A ClusterRole that owns the webhook configuration: deleting it (uninstalling the chart)
+    /// garbage-collects the configuration.
+    #[arg(long, env = "SIDECAR_INJECTOR_OWNER_CLUSTER_ROLE")]
+    owner_cluster_role: Option<String>,
+    /// Development: apply the CRD at start.
+    #[arg(long)]
+    install_crd: bool,
+    #[command(flatten)]
+    log: LogOptions,
+}
+
+impl RunArgs {
+    fn into_options(self) -> RunOptions {
+        let namespace = self.namespace.unwrap_or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .map(|ns| ns.trim().to_owned())
+                .unwrap_or_else(|_| "sidecar-injector".to_owned())
+        });
+        let identity = self.identity.unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        });
+        RunOptions {
+            namespace,
+            service_name: self.service_name,
+            service_port: self.service_port,
+            webhook_url: self.webhook_url,
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            webhook_config_name: self.webhook_config_name,
+            secret_name: self.secret_name,
+            lifetimes: Lifetimes {
+                ca: self.ca_lifetime,
+                serving: self.serving_lifetime,
+            },
+            leader_election: self.leader_election,
+            lease_name: self.lease_name,
+            identity,
+            timeout_seconds: self.timeout_seconds,
+            owner_cluster_role: self.owner_cluster_role,
+            install_crd: self.install_crd,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -206,6 +321,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     cert_reload_interval: Duration::from_secs(cert_reload_seconds.max(1)),
                 };
                 serve(options, stop, |_| {}).await?;
+                anyhow::Ok(())
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run(args) => {
+            args.log.init()?;
+            let options = args.into_options();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            runtime.block_on(async {
+                let stop = CancellationToken::new();
+                cancel_on_signals(stop.clone())?;
+                injector_cli::run::run(options, stop).await?;
                 anyhow::Ok(())
             })?;
             Ok(ExitCode::SUCCESS)

@@ -6,5 +6,13 @@
 //! Pure decisions live in their own modules ([`certs`], [`webhook_config`]) and are tested
 //! without a cluster; the modules that talk to the API server are thin around them.
 
+/// The field manager of every write the operator makes (server-side apply and updates).
+pub const FIELD_MANAGER: &str = "sidecar-injector";
+
 pub mod certs;
+pub mod leader;
+pub mod metrics;
+pub mod operator;
+pub mod status;
+pub mod sync;
 pub mod webhook_config;

@@ -1,0 +1,211 @@
+//! `sidecar-injector run`: the controller and the webhook in one process, against a cluster
+//! (in-cluster service account, or a kubeconfig).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use injector_controller::certs::{Lifetimes, ServingNames};
+use injector_controller::leader::{self, LeaderElectionConfig};
+use injector_controller::metrics::ControllerMetrics;
+use injector_controller::operator::{FIELD_MANAGER, Operator, OperatorOptions};
+use injector_controller::webhook_config::{Endpoint, WebhookConfigOptions};
+use injector_webhook::metrics::WebhookMetrics;
+use injector_webhook::{
+    CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
+};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, PatchParams};
+use prometheus_client::registry::Registry as MetricsRegistry;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// What `run` needs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The operator's namespace.
+    pub namespace: String,
+    /// The Service in front of the webhook (in-cluster mode).
+    pub service_name: String,
+    /// The Service's port.
+    pub service_port: i32,
+    /// Out-of-cluster mode: the webhook's base URL (`https://127.0.0.1:8443`).
+    pub webhook_url: Option<String>,
+    /// The HTTPS admission address.
+    pub listen: SocketAddr,
+    /// The admin address.
+    pub admin_listen: SocketAddr,
+    /// The MutatingWebhookConfiguration's name.
+    pub webhook_config_name: String,
+    /// The Secret holding the certificates.
+    pub secret_name: String,
+    /// Certificate lifetimes.
+    pub lifetimes: Lifetimes,
+    /// Whether replicas elect a leader (off: this replica always writes).
+    pub leader_election: bool,
+    /// The Lease's name.
+    pub lease_name: String,
+    /// This replica's identity in the Lease.
+    pub identity: String,
+    /// The webhook's timeoutSeconds.
+    pub timeout_seconds: i32,
+    /// A ClusterRole to own the configuration, so deleting it (uninstalling the chart)
+    /// deletes the configuration.
+    pub owner_cluster_role: Option<String>,
+    /// Development: apply the CRD at start.
+    pub install_crd: bool,
+}
+
+/// Why `run` stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No usable cluster configuration.
+    #[error("cannot connect to Kubernetes: {0}")]
+    Connect(#[from] kube::Error),
+    /// The webhook configuration options are invalid.
+    #[error("invalid webhook configuration options: {0}")]
+    Options(#[from] injector_controller::webhook_config::WebhookConfigError),
+    /// A listener failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The owner ClusterRole does not exist.
+    #[error("ClusterRole {0:?} (--owner-cluster-role) not found")]
+    Owner(String),
+}
+
+/// Runs the operator until `stop` is cancelled.
+pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), RunError> {
+    let client = kube::Client::try_default().await?;
+    if options.install_crd {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let crd = injector_api::crd();
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &kube::api::Patch::Apply(&crd),
+        )
+        .await?;
+        tracing::info!(%name, "CRD applied (--install-crd)");
+    }
+    let owner = match &options.owner_cluster_role {
+        None => None,
+        Some(name) => {
+            let roles: Api<ClusterRole> = Api::all(client.clone());
+            let role = roles
+                .get_opt(name)
+                .await?
+                .ok_or_else(|| RunError::Owner(name.clone()))?;
+            Some(OwnerReference {
+                api_version: "rbac.authorization.k8s.io/v1".into(),
+                kind: "ClusterRole".into(),
+                name: name.clone(),
+                uid: role.metadata.uid.unwrap_or_default(),
+                block_owner_deletion: None,
+                controller: None,
+            })
+        }
+    };
+
+    let (endpoint, url_mode_ip) = match &options.webhook_url {
+        Some(base) => (
+            Endpoint::Url { base: base.clone() },
+            Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        ),
+        None => (
+            Endpoint::Service {
+                namespace: options.namespace.clone(),
+                name: options.service_name.clone(),
+                port: options.service_port,
+            },
+            None,
+        ),
+    };
+    let mut webhook_options =
+        WebhookConfigOptions::new(&options.webhook_config_name, endpoint, &options.namespace);
+    webhook_options.timeout_seconds = options.timeout_seconds;
+    webhook_options.owner = owner;
+    webhook_options.validate()?;
+    let operator_options = OperatorOptions {
+        namespace: options.namespace.clone(),
+        secret_name: options.secret_name.clone(),
+        serving_names: ServingNames::for_service(
+            &options.service_name,
+            &options.namespace,
+            url_mode_ip,
+        ),
+        lifetimes: options.lifetimes,
+        webhook: webhook_options,
+    };
+
+    let mut registry = MetricsRegistry::default();
+    let webhook_metrics = WebhookMetrics::register(&mut registry);
+    let controller_metrics = Arc::new(ControllerMetrics::register(&mut registry));
+    let webhook = Arc::new(Webhook {
+        templates: Templates::new(),
+        certificates: CertificateStore::new(),
+        metrics: webhook_metrics,
+        registry,
+        limits: Limits::default(),
+    });
+
+    let (leading_tx, leading) = watch::channel(!options.leader_election);
+    let mut tasks = Vec::new();
+    if options.leader_election {
+        let config =
+            LeaderElectionConfig::new(&options.lease_name, &options.namespace, &options.identity);
+        let client = client.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            if let Err(error) = leader::run(client, config, leading_tx, stop).await {
+                tracing::error!(%error, "leader election stopped");
+            }
+        }));
+    } else {
+        controller_metrics.set_leader(true);
+    }
+    {
+        let metrics = Arc::clone(&controller_metrics);
+        let mut leading = leading.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                metrics.set_leader(*leading.borrow());
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = leading.changed() => if changed.is_err() { return },
+                }
+            }
+        }));
+    }
+    let operator = Operator::new(
+        client,
+        operator_options,
+        Arc::clone(&webhook.templates),
+        Arc::clone(&webhook.certificates),
+        controller_metrics,
+        leading,
+    );
+    tasks.push(tokio::spawn(operator.run(stop.clone())));
+
+    let admission = injector_webhook::server::bind(options.listen).await?;
+    let admin = injector_webhook::server::bind(options.admin_listen).await?;
+    tracing::info!(
+        admission = %admission.local_addr()?,
+        admin = %admin.local_addr()?,
+        namespace = %options.namespace,
+        leader_election = options.leader_election,
+        "serving"
+    );
+    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
+    let result = serve_admission(admission, webhook, stop.clone()).await;
+    stop.cancel();
+    let _ = admin_task.await;
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+    tracing::info!("stopped");
+    Ok(result?)
+}

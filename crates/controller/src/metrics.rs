@@ -1,0 +1,110 @@
+//! The controller's Prometheus metrics, registered beside the webhook's.
+
+use std::sync::atomic::AtomicI64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::sync::TemplateCounts;
+
+/// Labels of a reconcile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// What was reconciled: templates, certificates, webhook_configuration, status.
+    pub kind: String,
+}
+
+/// Labels of the template gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplateStateLabels {
+    /// `valid` or `invalid`.
+    pub state: String,
+}
+
+/// Every controller metric.
+#[derive(Debug)]
+pub struct ControllerMetrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    errors: Family<ReconcileLabels, Counter>,
+    templates: Family<TemplateStateLabels, Gauge>,
+    certificate_expiry: Gauge<i64, AtomicI64>,
+    leader: Gauge,
+}
+
+impl ControllerMetrics {
+    /// Creates the metrics and registers them (prefix `sidecar_injector_`).
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            reconciles: Family::default(),
+            errors: Family::default(),
+            templates: Family::default(),
+            certificate_expiry: Gauge::default(),
+            leader: Gauge::default(),
+        };
+        let registry = registry.sub_registry_with_prefix("sidecar_injector");
+        registry.register(
+            "reconciles",
+            "Reconciles, by kind",
+            metrics.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles, by kind",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "templates",
+            "SidecarTemplates known to this replica, valid (in use) or invalid",
+            metrics.templates.clone(),
+        );
+        registry.register(
+            "serving_certificate_expiry_timestamp_seconds",
+            "When the serving certificate this replica serves expires (Unix time)",
+            metrics.certificate_expiry.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 when this replica is the leader (writes configuration, Secret and status)",
+            metrics.leader.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one reconcile of `kind`, and whether it failed.
+    pub fn record_reconcile(&self, kind: &str, ok: bool) {
+        let labels = ReconcileLabels {
+            kind: kind.to_owned(),
+        };
+        self.reconciles.get_or_create(&labels).inc();
+        if !ok {
+            self.errors.get_or_create(&labels).inc();
+        }
+    }
+
+    /// Sets the template counts.
+    pub fn set_templates(&self, counts: TemplateCounts) {
+        for (state, count) in [("valid", counts.valid), ("invalid", counts.invalid)] {
+            self.templates
+                .get_or_create(&TemplateStateLabels {
+                    state: state.to_owned(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the serving certificate's expiry.
+    pub fn set_certificate_expiry(&self, expiry: SystemTime) {
+        let seconds = expiry.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        self.certificate_expiry
+            .set(i64::try_from(seconds).unwrap_or(i64::MAX));
+    }
+
+    /// Sets whether this replica leads.
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+}

@@ -1,0 +1,492 @@
+//! The operator's loops, wired together: template sync (every replica), serving-certificate
+//! reload (every replica), and — on the leader only — certificate rotation, the webhook
+//! configuration (with drift repair) and template status.
+//!
+//! Each loop is a thin shell around a pure decision ([`crate::sync`], [`crate::certs`],
+//! [`crate::webhook_config`], [`crate::status`]); the API calls live in small functions here
+//! that the mocked-API-server tests drive directly.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use futures::{StreamExt, TryStreamExt};
+use injector_api::SidecarTemplate;
+use injector_webhook::{CertificateStore, Templates};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::{Api, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
+use crate::metrics::ControllerMetrics;
+use crate::sync::{ObservedTemplates, TemplateSync};
+use crate::webhook_config::{self, WebhookConfigOptions};
+
+pub use crate::FIELD_MANAGER;
+
+/// How often the leader re-checks what it owns even when nothing happened.
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Why an API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    /// The API server refused or could not be reached.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Certificates could not be generated or parsed.
+    #[error("certificates: {0}")]
+    Certificates(#[from] certs::CertError),
+    /// A blocking task panicked or was cancelled.
+    #[error("background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Everything the operator needs to know about where it runs.
+#[derive(Clone, Debug)]
+pub struct OperatorOptions {
+    /// The operator's namespace (its Secret and Lease live there).
+    pub namespace: String,
+    /// The Secret holding the CA and the serving certificate.
+    pub secret_name: String,
+    /// The names the serving certificate must cover.
+    pub serving_names: ServingNames,
+    /// Certificate lifetimes.
+    pub lifetimes: Lifetimes,
+    /// The webhook configuration to write.
+    pub webhook: WebhookConfigOptions,
+}
+
+/// Loads the serving certificate from `secret` into the store; returns the bundle, or `None`
+/// when the Secret holds no usable bundle yet (the current certificate stays in service).
+pub fn load_secret(secret: &Secret, store: &CertificateStore) -> Option<CertificateBundle> {
+    let data = secret.data.clone().unwrap_or_default();
+    let bundle = match CertificateBundle::from_secret_data(&data) {
+        Ok(Some(bundle)) => bundle,
+        Ok(None) => return None,
+        Err(error) => {
+            tracing::warn!(%error, "the certificate Secret is unusable; keeping the current certificate");
+            return None;
+        }
+    };
+    match store.set_pem(
+        bundle.serving.chain_pem.as_bytes(),
+        bundle.serving.key_pem.as_bytes(),
+    ) {
+        Ok(()) => Some(bundle),
+        Err(error) => {
+            tracing::warn!(%error, "the serving certificate in the Secret is unusable; keeping the current one");
+            None
+        }
+    }
+}
+
+/// Reads the certificate Secret, decides with [`certs::reconcile`] (off the async runtime:
+/// key generation is CPU work) and, when something must change, publishes the new caBundle
+/// through `publish_ca` *before* writing the Secret, so the API server trusts the new CA
+/// before any replica serves a certificate signed by it.
+pub async fn rotate_certificates<F, Fut>(
+    secrets: &Api<Secret>,
+    options: &OperatorOptions,
+    publish_ca: F,
+) -> Result<CertificateBundle, OperatorError>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<(), OperatorError>>,
+{
+    let current = secrets.get_opt(&options.secret_name).await?;
+    let existing = current
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|data| match CertificateBundle::from_secret_data(data) {
+            Ok(bundle) => bundle,
+            Err(error) => {
+                tracing::warn!(%error, "the certificate Secret is unusable; replacing it");
+                None
+            }
+        });
+    let names = options.serving_names.clone();
+    let lifetimes = options.lifetimes;
+    let reconciled = tokio::task::spawn_blocking(move || {
+        certs::reconcile(existing.as_ref(), &names, &lifetimes, SystemTime::now())
+    })
+    .await??;
+    if !reconciled.changed {
+        return Ok(reconciled.bundle);
+    }
+    tracing::info!(reasons = %reconciled.reasons.join("; "), "rotating certificates");
+    publish_ca(reconciled.bundle.ca_bundle_pem(SystemTime::now())).await?;
+    let data = reconciled.bundle.to_secret_data();
+    match current {
+        Some(mut secret) => {
+            secret.data = Some(data);
+            secrets
+                .replace(&options.secret_name, &PostParams::default(), &secret)
+                .await?;
+        }
+        None => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(options.secret_name.clone()),
+                    namespace: Some(options.namespace.clone()),
+                    labels: Some(BTreeMap::from([(
+                        webhook_config::MANAGED_BY_LABEL.to_owned(),
+                        webhook_config::MANAGED_BY.to_owned(),
+                    )])),
+                    ..ObjectMeta::default()
+                },
+                type_: Some("kubernetes.io/tls".to_owned()),
+                data: Some(data),
+                ..Secret::default()
+            };
+            secrets.create(&PostParams::default(), &secret).await?;
+        }
+    }
+    Ok(reconciled.bundle)
+}
+
+/// Applies the desired webhook configuration with server-side apply (forcing ownership of
+/// the fields it sets, so a hand edit is undone).
+pub async fn apply_configuration(
+    configurations: &Api<MutatingWebhookConfiguration>,
+    desired: &MutatingWebhookConfiguration,
+) -> Result<(), OperatorError> {
+    let name = desired.metadata.name.clone().unwrap_or_default();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    configurations
+        .patch(&name, &params, &kube::api::Patch::Apply(desired))
+        .await?;
+    Ok(())
+}
+
+/// Why the webhook configuration must be applied now, or `None` when it is as it should be.
+///
+/// `observed` is what a watch event showed (`Some(None)`: it was deleted), `None` when the
+/// trigger was not a watch event (templates or the caBundle changed, leadership, resync);
+/// `last_applied` is what this replica last applied (`None` after a resync, to apply again).
+pub fn configuration_change(
+    desired: &MutatingWebhookConfiguration,
+    observed: Option<Option<&MutatingWebhookConfiguration>>,
+    last_applied: Option<&MutatingWebhookConfiguration>,
+) -> Option<String> {
+    match observed {
+        Some(None) => Some("it was deleted; restoring it".to_owned()),
+        Some(Some(actual)) => webhook_config::drift(desired, actual)
+            .map(|what| format!("someone else changed it ({what}); restoring it")),
+        None if last_applied == Some(desired) => None,
+        None => Some("the templates or the caBundle changed".to_owned()),
+    }
+}
+
+/// The shared state of the operator's loops.
+pub struct Operator {
+    client: Client,
+    options: OperatorOptions,
+    templates: Arc<Templates>,
+    certificates: Arc<CertificateStore>,
+    metrics: Arc<ControllerMetrics>,
+    observed: ObservedTemplates,
+    templates_changed: Notify,
+    ca_bundle: watch::Sender<Option<String>>,
+    leading: watch::Receiver<bool>,
+}
+
+impl Operator {
+    /// The operator; `leading` says whether this replica leads (always true without
+    /// leader election).
+    pub fn new(
+        client: Client,
+        options: OperatorOptions,
+        templates: Arc<Templates>,
+        certificates: Arc<CertificateStore>,
+        metrics: Arc<ControllerMetrics>,
+        leading: watch::Receiver<bool>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client,
+            options,
+            templates,
+            certificates,
+            metrics,
+            observed: ObservedTemplates::default(),
+            templates_changed: Notify::new(),
+            ca_bundle: watch::channel(None).0,
+            leading,
+        })
+    }
+
+    /// Runs every loop until `stop` is cancelled.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let loops = [
+            tokio::spawn(Arc::clone(&self).sync_templates(stop.clone())),
+            tokio::spawn(Arc::clone(&self).watch_certificate(stop.clone())),
+            tokio::spawn(Arc::clone(&self).rotate_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).configuration_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).status_loop(stop.clone())),
+        ];
+        for task in loops {
+            if let Err(error) = task.await {
+                tracing::error!(%error, "an operator loop failed");
+            }
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// Every replica: SidecarTemplates into the registry the webhook serves from.
+    async fn sync_templates(self: Arc<Self>, stop: CancellationToken) {
+        let api: Api<SidecarTemplate> = Api::all(self.client.clone());
+        let mut sync = TemplateSync::new(Arc::clone(&self.templates), Arc::clone(&self.observed));
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(event)) => {
+                    let changed = sync.handle(event);
+                    self.metrics.set_templates(sync.counts());
+                    if changed {
+                        self.templates_changed.notify_one();
+                    }
+                    // Status may need writing even when the registry did not change (an
+                    // invalid template, a new generation of one).
+                    self.metrics.record_reconcile("templates", true);
+                }
+                Some(Err(error)) => {
+                    self.metrics.record_reconcile("templates", false);
+                    tracing::warn!(%error, "watching SidecarTemplates failed; retrying");
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Every replica: the serving certificate from the Secret, reloaded on every change.
+    async fn watch_certificate(self: Arc<Self>, stop: CancellationToken) {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.options.namespace);
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.options.secret_name));
+        let mut events = watcher::watcher(api, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        loop {
+            let secret = tokio::select! {
+                _ = stop.cancelled() => return,
+                secret = events.try_next() => secret,
+            };
+            match secret {
+                Ok(Some(secret)) => {
+                    if let Some(bundle) = load_secret(&secret, &self.certificates) {
+                        tracing::info!("serving certificate loaded from the Secret");
+                        self.ca_bundle
+                            .send_replace(Some(bundle.ca_bundle_pem(SystemTime::now())));
+                        if let Ok(expiry) = bundle.serving_expiry() {
+                            self.metrics.set_certificate_expiry(expiry);
+                        }
+                    }
+                }
+                Ok(None) => return,
+                Err(error) => {
+                    tracing::warn!(%error, "watching the certificate Secret failed; retrying")
+                }
+            }
+        }
+    }
+
+    /// Leader: keeps the CA and serving certificate current.
+    async fn rotate_loop(self: Arc<Self>, stop: CancellationToken) {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.options.namespace);
+        let mut leading = self.leading.clone();
+        loop {
+            let mut wait = Duration::from_secs(5);
+            if self.is_leader() {
+                let this = Arc::clone(&self);
+                let result = rotate_certificates(&secrets, &self.options, |ca| async move {
+                    this.ca_bundle.send_replace(Some(ca));
+                    this.apply_current_configuration().await
+                })
+                .await;
+                match result {
+                    Ok(bundle) => {
+                        self.metrics.record_reconcile("certificates", true);
+                        let next = certs::next_check(&bundle, &self.options.lifetimes);
+                        let until = next.duration_since(SystemTime::now()).unwrap_or_default();
+                        wait = until.clamp(Duration::from_secs(1), RESYNC);
+                    }
+                    Err(error) => {
+                        self.metrics.record_reconcile("certificates", false);
+                        tracing::warn!(%error, "certificate reconcile failed; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = leading.changed() => {}
+            }
+        }
+    }
+
+    async fn apply_current_configuration(&self) -> Result<(), OperatorError> {
+        let Some(ca) = self.ca_bundle.borrow().clone() else {
+            return Ok(());
+        };
+        if !self.templates.is_synced() {
+            // An entry list built from a partial registry would drop entries: wait.
+            return Ok(());
+        }
+        let desired = webhook_config::desired_configuration(
+            &self.templates.snapshot(),
+            &self.options.webhook,
+            ca.as_bytes(),
+        );
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        apply_configuration(&api, &desired).await
+    }
+
+    /// Leader: the webhook configuration follows the templates and the caBundle, and is
+    /// restored within seconds when someone edits or deletes it.
+    async fn configuration_loop(self: Arc<Self>, stop: CancellationToken) {
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", self.options.webhook.name));
+        let mut drift = watcher::watcher(api, config).default_backoff().boxed();
+        let mut ca = self.ca_bundle.subscribe();
+        let mut leading = self.leading.clone();
+        let mut last_applied: Option<MutatingWebhookConfiguration> = None;
+        loop {
+            let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.templates_changed.notified() => {}
+                _ = ca.changed() => {}
+                _ = leading.changed() => { last_applied = None; }
+                _ = tokio::time::sleep(RESYNC) => { last_applied = None; }
+                event = drift.next() => match event {
+                    Some(Ok(Event::Apply(actual) | Event::InitApply(actual))) => observed = Some(Some(actual)),
+                    Some(Ok(Event::Delete(_))) => observed = Some(None),
+                    Some(Ok(_)) => continue,
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "watching the webhook configuration failed; retrying");
+                        continue;
+                    }
+                    None => return,
+                },
+            }
+            if !self.is_leader() || !self.templates.is_synced() {
+                continue;
+            }
+            let Some(ca_pem) = self.ca_bundle.borrow().clone() else {
+                continue;
+            };
+            let desired = webhook_config::desired_configuration(
+                &self.templates.snapshot(),
+                &self.options.webhook,
+                ca_pem.as_bytes(),
+            );
+            let Some(reason) = configuration_change(
+                &desired,
+                observed.as_ref().map(Option::as_ref),
+                last_applied.as_ref(),
+            ) else {
+                continue;
+            };
+            tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
+            match apply_configuration(&Api::all(self.client.clone()), &desired).await {
+                Ok(()) => {
+                    self.metrics.record_reconcile("webhook_configuration", true);
+                    let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
+                    tracing::info!(name = %self.options.webhook.name, entries, "webhook configuration applied");
+                    last_applied = Some(desired);
+                }
+                Err(error) => {
+                    self.metrics
+                        .record_reconcile("webhook_configuration", false);
+                    tracing::warn!(%error, "applying the webhook configuration failed; retrying");
+                    last_applied = None;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    self.templates_changed.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Leader: each template's status, and an Event when one is invalid.
+    async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
+        let api: Api<SidecarTemplate> = Api::all(self.client.clone());
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        );
+        let mut evented: BTreeSet<(String, i64)> = BTreeSet::new();
+        let mut leading = self.leading.clone();
+        loop {
+            if self.is_leader() {
+                let work: Vec<_> = self
+                    .observed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values()
+                    .cloned()
+                    .collect();
+                for observed in work {
+                    let template = &observed.template;
+                    let name = template.metadata.name.clone().unwrap_or_default();
+                    let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
+                    let desired = crate::status::desired_status(template, &observed.outcome, now());
+                    if crate::status::needs_update(template.status.as_ref(), &desired) {
+                        match crate::status::write_status(&api, &name, &desired).await {
+                            Ok(()) => self.metrics.record_reconcile("status", true),
+                            Err(error) => {
+                                self.metrics.record_reconcile("status", false);
+                                tracing::warn!(template = %name, %error, "writing template status failed");
+                            }
+                        }
+                    }
+                    if let Err(errors) = outcome {
+                        let key = (
+                            name.clone(),
+                            template.metadata.generation.unwrap_or_default(),
+                        );
+                        if !evented.contains(&key) {
+                            match crate::status::record_invalid(&recorder, template, &errors).await
+                            {
+                                Ok(()) => {
+                                    evented.insert(key);
+                                }
+                                Err(error) => {
+                                    tracing::warn!(template = %name, %error, "recording the Invalid event failed")
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = leading.changed() => {}
+            }
+        }
+    }
+}
+
+fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
+}

@@ -1,0 +1,704 @@
+//! A template's `status` and the events that explain it.
+//!
+//! [`desired_status`] turns the outcome of compiling a template into the status the controller
+//! wants: one `Ready` condition, `True`/`Valid` naming the webhook entry that serves the
+//! template, or `False`/`Invalid` with every validation message, both stamped with the
+//! generation they describe. [`needs_update`] tells whether that status differs from the one in
+//! the cluster on anything but `lastTransitionTime`, so that a resync of an unchanged template
+//! writes nothing. Both are pure.
+//!
+//! [`write_status`] applies a status to the `status` subresource, and [`record_invalid`]
+//! publishes a `Warning` event on an invalid template (`kubectl describe` shows it). They are
+//! the only functions here that talk to the API server.
+
+use std::fmt;
+
+use injector_api::{SidecarTemplate, SidecarTemplateStatus};
+use injector_core::{GroupId, ValidationErrors};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Api, Resource};
+use serde::Serialize;
+
+use crate::webhook_config::entry_name;
+
+/// The type of the condition the controller owns.
+pub const READY: &str = "Ready";
+
+/// The reason of a `Ready=True` condition.
+pub const REASON_VALID: &str = "Valid";
+
+/// The reason of a `Ready=False` condition, and of the event on an invalid template.
+pub const REASON_INVALID: &str = "Invalid";
+
+/// The action of the event on an invalid template.
+pub const ACTION_VALIDATE: &str = "Validate";
+
+/// The longest event note the events API accepts, in bytes.
+pub const NOTE_MAX_BYTES: usize = 1024;
+
+/// The longest condition message written, in bytes: the `maxLength` of `metav1.Condition`'s
+/// message, which this CRD's schema does not declare but which keeps a template with hundreds
+/// of problems from bloating its status.
+pub const CONDITION_MESSAGE_MAX_BYTES: usize = 32 * 1024;
+
+/// What is appended to a message cut short.
+const ELLIPSIS: char = '…';
+
+/// The status `template` should have, given the outcome of compiling it (at time `now`): the
+/// id of the selector group that serves it (a [`GroupId`], or that id as a string), or every
+/// validation error.
+///
+/// The `Ready` condition's `lastTransitionTime` is `now` only when its status changes (or it
+/// had none): while the status stays the same, the existing time is kept, as the condition
+/// convention requires.
+pub fn desired_status<G: fmt::Display>(
+    template: &SidecarTemplate,
+    outcome: &Result<G, ValidationErrors>,
+    now: Time,
+) -> SidecarTemplateStatus {
+    let generation = template.metadata.generation;
+    let (status, reason, message) = match outcome {
+        Ok(group) => (
+            "True",
+            REASON_VALID,
+            format!(
+                "in use; served by webhook entry {}",
+                entry_name(&GroupId::from(group.to_string().as_str()))
+            ),
+        ),
+        Err(errors) => (
+            "False",
+            REASON_INVALID,
+            truncate(invalid_message(errors), CONDITION_MESSAGE_MAX_BYTES),
+        ),
+    };
+    let last_transition_time = template
+        .status
+        .as_ref()
+        .and_then(ready_condition)
+        .filter(|existing| existing.status == status)
+        .map_or(now, |existing| existing.last_transition_time.clone());
+    SidecarTemplateStatus {
+        conditions: vec![Condition {
+            type_: READY.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            last_transition_time,
+            observed_generation: generation,
+        }],
+        observed_generation: generation,
+    }
+}
+
+/// Whether `desired` should be written over `existing` (the status in the cluster).
+///
+/// Only what the controller owns is compared: `observedGeneration` and the conditions of
+/// `desired`, each with the existing condition of the same type, `lastTransitionTime` left out.
+/// Conditions of other types, which other writers may own, do not count.
+pub fn needs_update(
+    existing: Option<&SidecarTemplateStatus>,
+    desired: &SidecarTemplateStatus,
+) -> bool {
+    let Some(existing) = existing else {
+        return true;
+    };
+    existing.observed_generation != desired.observed_generation
+        || desired.conditions.iter().any(|want| {
+            existing
+                .conditions
+                .iter()
+                .find(|have| have.type_ == want.type_)
+                .is_none_or(|have| !same_but_time(have, want))
+        })
+}
+
+/// Writes `status` to the `status` subresource of the template `name`.
+///
+/// Server-side apply, not a JSON merge patch: `conditions` is a list map keyed by `type`, so an
+/// apply merges the `Ready` entry and leaves conditions other writers own, where a merge patch
+/// replaces the whole list. The apply needs no resourceVersion, so it never conflicts with a
+/// concurrent spec edit, and it is forced because the controller is the only rightful owner of
+/// these fields: an edit by hand (`kubectl edit --subresource=status`) is overwritten rather
+/// than failing every write.
+pub async fn write_status(
+    api: &Api<SidecarTemplate>,
+    name: &str,
+    status: &SidecarTemplateStatus,
+) -> Result<(), kube::Error> {
+    // Only apiVersion, kind and status: any other field in the body would be claimed by the
+    // field manager.
+    #[derive(Debug, Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct StatusApply<'a> {
+        api_version: &'a str,
+        kind: &'a str,
+        status: &'a SidecarTemplateStatus,
+    }
+    let body = StatusApply {
+        api_version: &SidecarTemplate::api_version(&()),
+        kind: &SidecarTemplate::kind(&()),
+        status,
+    };
+    api.patch_status(
+        name,
+        &PatchParams::apply(crate::FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Publishes a `Warning` event, reason `Invalid`, action `Validate`, on `template`, its note
+/// every validation message (cut to [`NOTE_MAX_BYTES`]).
+///
+/// The template is cluster-scoped, so the event lands in the `default` namespace. `recorder`
+/// should live as long as the controller: it folds a repeat of the same event about the same
+/// version of the template, within six minutes, into the first one (a series count) instead of
+/// creating another.
+pub async fn record_invalid(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    errors: &ValidationErrors,
+) -> Result<(), kube::Error> {
+    let mut regarding = template.object_ref(&());
+    // The recorder folds repeats by reference, reason and action, not by note, and a folded
+    // repeat keeps the first note: naming the resourceVersion makes an edited template (with
+    // different problems) a new event, while a resync of the same version is still folded.
+    regarding.resource_version = template.metadata.resource_version.clone();
+    let event = Event {
+        type_: EventType::Warning,
+        reason: REASON_INVALID.to_owned(),
+        note: Some(truncate(invalid_message(errors), NOTE_MAX_BYTES)),
+        action: ACTION_VALIDATE.to_owned(),
+        secondary: None,
+    };
+    recorder.publish(&event, &regarding).await
+}
+
+/// Every validation message (`path: message`), joined with `; `.
+fn invalid_message(errors: &ValidationErrors) -> String {
+    errors.messages().join("; ")
+}
+
+/// The `Ready` condition of `status`, if it has one.
+fn ready_condition(status: &SidecarTemplateStatus) -> Option<&Condition> {
+    status.conditions.iter().find(|c| c.type_ == READY)
+}
+
+/// Whether two conditions say the same thing, whenever they last changed.
+fn same_but_time(a: &Condition, b: &Condition) -> bool {
+    a.type_ == b.type_
+        && a.status == b.status
+        && a.reason == b.reason
+        && a.message == b.message
+        && a.observed_generation == b.observed_generation
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, ending in an ellipsis when cut.
+fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub(ELLIPSIS.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push(ELLIPSIS);
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::time::Duration;
+
+    use http::{Method, Request, Response, StatusCode};
+    use injector_core::compile;
+    use k8s_openapi::jiff::Timestamp;
+    use kube::Client;
+    use kube::client::Body;
+    use kube::runtime::events::Reporter;
+    use serde_json::{Value, json};
+    use tower_test::mock::{self, Handle};
+
+    use super::*;
+
+    type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+    /// A SidecarTemplate from YAML (apiVersion and kind are filled in).
+    fn parse_template(yaml: &str) -> SidecarTemplate {
+        let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+        value["apiVersion"] = "sidecar.dev/v1alpha1".into();
+        value["kind"] = "SidecarTemplate".into();
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// A valid template at generation 3.
+    fn valid() -> SidecarTemplate {
+        parse_template(
+            "metadata: {name: log-shipper, generation: 3, uid: 7f2c, resourceVersion: '41'}\n\
+             spec:\n  containers: [{name: shipper, image: fluent-bit:3}]",
+        )
+    }
+
+    /// The same template made invalid at generation 4, with two problems.
+    fn invalid() -> SidecarTemplate {
+        parse_template(
+            "metadata: {name: log-shipper, generation: 4, uid: 7f2c, resourceVersion: '42'}\n\
+             spec:\n  containers: [{name: shipper, restartPolicy: Always}]",
+        )
+    }
+
+    /// What the caller passes: the serving group's id, or every validation error.
+    fn outcome(template: &SidecarTemplate) -> Result<GroupId, ValidationErrors> {
+        compile(template).map(|compiled| compiled.group.id())
+    }
+
+    fn at(second: i64) -> Time {
+        Time(Timestamp::from_second(second).unwrap())
+    }
+
+    fn ready(status: &SidecarTemplateStatus) -> &Condition {
+        assert_eq!(status.conditions.len(), 1, "{status:?}");
+        ready_condition(status).expect("a Ready condition")
+    }
+
+    /// `template` carrying `status`, as the next reconcile reads it back.
+    fn with_status(
+        mut template: SidecarTemplate,
+        status: SidecarTemplateStatus,
+    ) -> SidecarTemplate {
+        template.status = Some(status);
+        template
+    }
+
+    #[test]
+    fn valid_template_is_ready_and_names_its_webhook_entry() {
+        let template = valid();
+        let id = outcome(&template).unwrap();
+        let entry = entry_name(&id);
+        let status = desired_status(&template, &Ok::<_, ValidationErrors>(id.clone()), at(100));
+        let condition = ready(&status);
+        assert_eq!(condition.type_, "Ready");
+        assert_eq!(condition.status, "True");
+        assert_eq!(condition.reason, "Valid");
+        assert_eq!(
+            condition.message,
+            format!("in use; served by webhook entry {entry}")
+        );
+        assert!(entry.starts_with("fail-") && entry.ends_with(".webhook.sidecar.dev"));
+        assert_eq!(condition.last_transition_time, at(100));
+        // The id as a string says the same.
+        let by_string = desired_status(
+            &template,
+            &Ok::<_, ValidationErrors>(id.to_string()),
+            at(100),
+        );
+        assert_eq!(by_string, status);
+    }
+
+    #[test]
+    fn invalid_template_is_not_ready_with_every_message() {
+        let template = invalid();
+        let outcome = outcome(&template);
+        let errors = outcome.as_ref().unwrap_err();
+        assert_eq!(errors.errors.len(), 2, "{errors}");
+        let status = desired_status(&template, &outcome, at(100));
+        let condition = ready(&status);
+        assert_eq!(condition.status, "False");
+        assert_eq!(condition.reason, "Invalid");
+        assert_eq!(
+            condition.message,
+            "spec.containers[0].image: is required; spec.containers[0].restartPolicy: is only \
+             allowed on initContainers (use it there for a native sidecar)"
+        );
+    }
+
+    #[test]
+    fn observed_generation_is_on_the_status_and_the_condition() {
+        for template in [valid(), invalid()] {
+            let status = desired_status(&template, &outcome(&template), at(100));
+            assert_eq!(status.observed_generation, template.metadata.generation);
+            assert_eq!(
+                ready(&status).observed_generation,
+                template.metadata.generation
+            );
+        }
+        let mut template = valid();
+        template.metadata.generation = None;
+        let status = desired_status(&template, &outcome(&template), at(100));
+        assert_eq!(status.observed_generation, None);
+        assert_eq!(ready(&status).observed_generation, None);
+    }
+
+    #[test]
+    fn last_transition_time_is_kept_while_the_status_stays_the_same() {
+        let first = desired_status(&valid(), &outcome(&valid()), at(100));
+        // A new generation, still valid: a new message is possible, the time is not.
+        let mut template = with_status(valid(), first);
+        template.metadata.generation = Some(5);
+        let second = desired_status(&template, &outcome(&template), at(200));
+        assert_eq!(ready(&second).last_transition_time, at(100));
+        assert_eq!(ready(&second).observed_generation, Some(5));
+
+        let broken = desired_status(&invalid(), &outcome(&invalid()), at(300));
+        let template = with_status(invalid(), broken);
+        let still_broken = desired_status(&template, &outcome(&template), at(400));
+        assert_eq!(ready(&still_broken).last_transition_time, at(300));
+    }
+
+    #[test]
+    fn last_transition_time_changes_when_the_status_flips() {
+        let good = desired_status(&valid(), &outcome(&valid()), at(100));
+        let template = with_status(invalid(), good);
+        let bad = desired_status(&template, &outcome(&template), at(200));
+        assert_eq!(ready(&bad).status, "False");
+        assert_eq!(ready(&bad).last_transition_time, at(200));
+
+        let template = with_status(valid(), bad);
+        let good_again = desired_status(&template, &outcome(&template), at(300));
+        assert_eq!(ready(&good_again).status, "True");
+        assert_eq!(ready(&good_again).last_transition_time, at(300));
+    }
+
+    #[test]
+    fn a_condition_of_another_type_does_not_lend_its_time() {
+        let mut other = desired_status(&valid(), &outcome(&valid()), at(100));
+        other.conditions[0].type_ = "Other".into();
+        let template = with_status(valid(), other);
+        let status = desired_status(&template, &outcome(&template), at(200));
+        assert_eq!(ready(&status).last_transition_time, at(200));
+    }
+
+    #[test]
+    fn needs_update_when_there_is_no_status_or_no_ready_condition() {
+        let desired = desired_status(&valid(), &outcome(&valid()), at(100));
+        assert!(needs_update(None, &desired));
+        assert!(needs_update(
+            Some(&SidecarTemplateStatus::default()),
+            &desired
+        ));
+        let mut other = desired.clone();
+        other.conditions[0].type_ = "Other".into();
+        assert!(needs_update(Some(&other), &desired));
+    }
+
+    #[test]
+    fn a_resync_of_an_unchanged_template_writes_nothing() {
+        let written = desired_status(&valid(), &outcome(&valid()), at(100));
+        let template = with_status(valid(), written.clone());
+        let again = desired_status(&template, &outcome(&template), at(200));
+        assert!(!needs_update(Some(&written), &again));
+        // Even a desired status freshly stamped with another time.
+        let fresh = desired_status(&valid(), &outcome(&valid()), at(300));
+        assert!(!needs_update(Some(&written), &fresh));
+    }
+
+    #[test]
+    fn conditions_of_other_writers_do_not_count() {
+        let desired = desired_status(&valid(), &outcome(&valid()), at(100));
+        let mut existing = desired.clone();
+        let mut other = existing.conditions[0].clone();
+        other.type_ = "example.com/Audited".into();
+        existing.conditions.insert(0, other);
+        assert!(!needs_update(Some(&existing), &desired));
+    }
+
+    #[test]
+    fn needs_update_when_anything_but_the_time_differs() {
+        let desired = desired_status(&valid(), &outcome(&valid()), at(100));
+        let changes: [fn(&mut SidecarTemplateStatus); 5] = [
+            |s| s.observed_generation = Some(2),
+            |s| s.conditions[0].observed_generation = Some(2),
+            |s| s.conditions[0].status = "False".into(),
+            |s| s.conditions[0].reason = "Invalid".into(),
+            |s| s.conditions[0].message = "in use; served by webhook entry x".into(),
+        ];
+        for change in changes {
+            let mut existing = desired.clone();
+            change(&mut existing);
+            assert!(needs_update(Some(&existing), &desired), "{existing:?}");
+        }
+        let flipped = desired_status(&invalid(), &outcome(&invalid()), at(100));
+        assert!(needs_update(Some(&desired), &flipped));
+    }
+
+    #[test]
+    fn truncate_cuts_on_a_char_boundary_and_marks_the_cut() {
+        assert_eq!(truncate("short".into(), 1024), "short");
+        let exact = "a".repeat(1024);
+        assert_eq!(truncate(exact.clone(), 1024), exact);
+        // 'é' is two bytes: cutting at 1021 bytes would split one.
+        let long = "é".repeat(600);
+        let cut = truncate(long, 1024);
+        assert!(cut.len() <= 1024, "{}", cut.len());
+        assert!(cut.ends_with('…'));
+        assert_eq!(cut.trim_end_matches('…').chars().count(), 510);
+    }
+
+    #[test]
+    fn a_huge_invalid_message_is_cut_in_the_condition() {
+        let errors = ValidationErrors {
+            template: "t".into(),
+            errors: (0..2000)
+                .map(|i| injector_core::FieldError::new(format!("spec.x[{i}]"), "is bad"))
+                .collect(),
+        };
+        let status = desired_status(&invalid(), &Err::<GroupId, _>(errors), at(100));
+        let message = &ready(&status).message;
+        assert!(message.len() <= CONDITION_MESSAGE_MAX_BYTES);
+        assert!(message.starts_with("spec.x[0]: is bad; spec.x[1]: is bad"));
+        assert!(message.ends_with('…'));
+    }
+
+    /// A client whose API server is `handle`.
+    fn mock_client() -> (Client, ApiServer) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        (Client::new(service, "default"), handle)
+    }
+
+    /// Waits for the next request, failing the test rather than hanging when none comes.
+    async fn next_request(
+        server: &mut ApiServer,
+    ) -> (Request<Body>, mock::SendResponse<Response<Body>>) {
+        tokio::time::timeout(Duration::from_secs(5), server.next_request())
+            .await
+            .expect("a request within 5 s")
+            .expect("the client is still there")
+    }
+
+    async fn json_body(request: Request<Body>) -> Value {
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    fn respond(send: mock::SendResponse<Response<Body>>, status: StatusCode, body: &Value) {
+        let response = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Body::from(serde_json::to_vec(body).unwrap()))
+            .unwrap();
+        send.send_response(response);
+    }
+
+    fn content_type(request: &Request<Body>) -> &str {
+        request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn write_status_applies_only_the_status_to_the_subresource() {
+        let (client, mut server) = mock_client();
+        let template = invalid();
+        let status = desired_status(&template, &outcome(&template), at(1_700_000_000));
+        let answer = with_status(template, status.clone());
+        let api_server = tokio::spawn(async move {
+            let (request, send) = next_request(&mut server).await;
+            assert_eq!(request.method(), Method::PATCH);
+            assert_eq!(
+                request.uri().path(),
+                "/apis/sidecar.dev/v1alpha1/sidecartemplates/log-shipper/status"
+            );
+            let query = request.uri().query().unwrap_or_default();
+            assert!(query.contains("fieldManager=sidecar-injector"), "{query}");
+            assert!(query.contains("force=true"), "{query}");
+            assert_eq!(content_type(&request), "application/apply-patch+yaml");
+            let body = json_body(request).await;
+            assert_eq!(
+                body,
+                json!({
+                    "apiVersion": "sidecar.dev/v1alpha1",
+                    "kind": "SidecarTemplate",
+                    "status": {
+                        "conditions": [{
+                            "type": "Ready",
+                            "status": "False",
+                            "reason": "Invalid",
+                            "message": "spec.containers[0].image: is required; \
+                                spec.containers[0].restartPolicy: is only allowed on \
+                                initContainers (use it there for a native sidecar)",
+                            "lastTransitionTime": "2023-11-14T22:13:20Z",
+                            "observedGeneration": 4,
+                        }],
+                        "observedGeneration": 4,
+                    },
+                })
+            );
+            respond(
+                send,
+                StatusCode::OK,
+                &serde_json::to_value(&answer).unwrap(),
+            );
+        });
+        let api = Api::<SidecarTemplate>::all(client);
+        let result = write_status(&api, "log-shipper", &status).await;
+        api_server.await.unwrap();
+        result.unwrap();
+    }
+
+    #[tokio::test]
+    async fn write_status_reports_a_rejection() {
+        let (client, mut server) = mock_client();
+        let api_server = tokio::spawn(async move {
+            let (_, send) = next_request(&mut server).await;
+            respond(
+                send,
+                StatusCode::FORBIDDEN,
+                &json!({
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "message": "sidecartemplates.sidecar.dev \"log-shipper\" is forbidden",
+                    "reason": "Forbidden",
+                    "code": 403,
+                }),
+            );
+        });
+        let status = desired_status(&valid(), &outcome(&valid()), at(100));
+        let api = Api::<SidecarTemplate>::all(client);
+        let result = write_status(&api, "log-shipper", &status).await;
+        api_server.await.unwrap();
+        match result {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 403),
+            other => panic!("expected a 403, got {other:?}"),
+        }
+    }
+
+    /// Answers an event create (or patch) by echoing the event, as the API server does.
+    async fn expect_event(server: &mut ApiServer, method: Method) -> Value {
+        let (request, send) = next_request(server).await;
+        assert_eq!(request.method(), method);
+        let path = request.uri().path().to_owned();
+        assert!(
+            path.starts_with("/apis/events.k8s.io/v1/namespaces/default/events"),
+            "{path}"
+        );
+        let expected_type = if method == Method::POST {
+            "application/json"
+        } else {
+            "application/merge-patch+json"
+        };
+        assert_eq!(content_type(&request), expected_type);
+        let body = json_body(request).await;
+        let status = if method == Method::POST {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        let mut echo = body.clone();
+        echo["apiVersion"] = "events.k8s.io/v1".into();
+        echo["kind"] = "Event".into();
+        echo["metadata"]["namespace"] = "default".into();
+        respond(send, status, &echo);
+        body
+    }
+
+    fn recorder(client: Client) -> Recorder {
+        Recorder::new(
+            client,
+            Reporter {
+                controller: "sidecar-injector".into(),
+                instance: Some("sidecar-injector-0".into()),
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn record_invalid_posts_a_warning_event_in_the_default_namespace() {
+        let (client, mut server) = mock_client();
+        let template = invalid();
+        let errors = compile(&template).unwrap_err();
+        let api_server = tokio::spawn(async move {
+            let event = expect_event(&mut server, Method::POST).await;
+            assert_eq!(event["type"], "Warning");
+            assert_eq!(event["reason"], "Invalid");
+            assert_eq!(event["action"], "Validate");
+            assert_eq!(
+                event["note"],
+                "spec.containers[0].image: is required; spec.containers[0].restartPolicy: is \
+                 only allowed on initContainers (use it there for a native sidecar)"
+            );
+            assert_eq!(
+                event["regarding"],
+                json!({
+                    "apiVersion": "sidecar.dev/v1alpha1",
+                    "kind": "SidecarTemplate",
+                    "name": "log-shipper",
+                    "uid": "7f2c",
+                    "resourceVersion": "42",
+                })
+            );
+            assert_eq!(event["reportingController"], "sidecar-injector");
+            assert_eq!(event["reportingInstance"], "sidecar-injector-0");
+        });
+        let result = record_invalid(&recorder(client), &template, &errors).await;
+        api_server.await.unwrap();
+        result.unwrap();
+    }
+
+    #[tokio::test]
+    async fn record_invalid_cuts_a_long_note() {
+        let (client, mut server) = mock_client();
+        let template = invalid();
+        let errors = ValidationErrors {
+            template: "log-shipper".into(),
+            errors: (0..100)
+                .map(|i| injector_core::FieldError::new(format!("spec.volumes[{i}].name"), "é"))
+                .collect(),
+        };
+        let api_server = tokio::spawn(async move {
+            let event = expect_event(&mut server, Method::POST).await;
+            let note = event["note"].as_str().unwrap();
+            assert!(note.len() <= NOTE_MAX_BYTES, "{}", note.len());
+            assert!(note.starts_with("spec.volumes[0].name: é; spec.volumes[1].name: é"));
+            assert!(note.ends_with('…'));
+        });
+        let result = record_invalid(&recorder(client), &template, &errors).await;
+        api_server.await.unwrap();
+        result.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_repeat_is_folded_but_an_edited_template_gets_a_new_event() {
+        let (client, mut server) = mock_client();
+        let recorder = recorder(client);
+        let template = invalid();
+        let errors = compile(&template).unwrap_err();
+        let mut edited = invalid();
+        edited.metadata.resource_version = Some("57".into());
+        edited.spec.containers[0].image = Some("fluent-bit:3".into());
+        let edited_errors = compile(&edited).unwrap_err();
+
+        let api_server = tokio::spawn(async move {
+            let first = expect_event(&mut server, Method::POST).await;
+            let repeat = expect_event(&mut server, Method::PATCH).await;
+            assert_eq!(repeat["metadata"]["name"], first["metadata"]["name"]);
+            assert_eq!(repeat["series"]["count"], 2);
+            let after_edit = expect_event(&mut server, Method::POST).await;
+            assert_ne!(after_edit["metadata"]["name"], first["metadata"]["name"]);
+            assert_eq!(after_edit["regarding"]["resourceVersion"], "57");
+            assert_eq!(
+                after_edit["note"],
+                "spec.containers[0].restartPolicy: is only allowed on initContainers (use it \
+                 there for a native sidecar)"
+            );
+        });
+        let results = [
+            record_invalid(&recorder, &template, &errors).await,
+            record_invalid(&recorder, &template, &errors).await,
+            record_invalid(&recorder, &edited, &edited_errors).await,
+        ];
+        api_server.await.unwrap();
+        for result in results {
+            result.unwrap();
+        }
+    }
+}
