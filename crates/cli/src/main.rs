@@ -75,16 +75,8 @@ enum Command {
         /// The serving certificate's private key (PEM); reloaded when the file changes.
         #[arg(long, value_name = "FILE", env = "SIDECAR_INJECTOR_TLS_KEY")]
         tls_key: PathBuf,
-        /// The HTTPS admission address.
-        #[arg(long, default_value = "0.0.0.0:8443", env = "SIDECAR_INJECTOR_LISTEN")]
-        listen: SocketAddr,
-        /// The plain-HTTP admin address: /healthz, /readyz, /metrics.
-        #[arg(
-            long,
-            default_value = "0.0.0.0:8080",
-            env = "SIDECAR_INJECTOR_ADMIN_LISTEN"
-        )]
-        admin_listen: SocketAddr,
+        #[command(flatten)]
+        addresses: Addresses,
         /// Seconds between checks of the certificate files.
         #[arg(
             long,
@@ -121,16 +113,8 @@ struct RunArgs {
     /// https://127.0.0.1:8443 (the certificate then also covers 127.0.0.1).
     #[arg(long, env = "SIDECAR_INJECTOR_WEBHOOK_URL")]
     webhook_url: Option<String>,
-    /// The HTTPS admission address.
-    #[arg(long, default_value = "0.0.0.0:8443", env = "SIDECAR_INJECTOR_LISTEN")]
-    listen: SocketAddr,
-    /// The plain-HTTP admin address: /healthz, /readyz, /metrics.
-    #[arg(
-        long,
-        default_value = "0.0.0.0:8080",
-        env = "SIDECAR_INJECTOR_ADMIN_LISTEN"
-    )]
-    admin_listen: SocketAddr,
+    #[command(flatten)]
+    addresses: Addresses,
     /// The MutatingWebhookConfiguration the operator owns.
     #[arg(
         long,
@@ -194,8 +178,8 @@ impl RunArgs {
             service_name: self.service_name,
             service_port: self.service_port,
             webhook_url: self.webhook_url,
-            listen: self.listen,
-            admin_listen: self.admin_listen,
+            listen: self.addresses.listen,
+            admin_listen: self.addresses.admin_listen,
             webhook_config_name: self.webhook_config_name,
             secret_name: self.secret_name,
             lifetimes: Lifetimes {
@@ -210,6 +194,21 @@ impl RunArgs {
             install_crd: self.install_crd,
         }
     }
+}
+
+/// Where the two servers listen (`serve` and `run`).
+#[derive(clap::Args)]
+struct Addresses {
+    /// The HTTPS admission address.
+    #[arg(long, default_value = "0.0.0.0:8443", env = "SIDECAR_INJECTOR_LISTEN")]
+    listen: SocketAddr,
+    /// The plain-HTTP admin address: /healthz, /readyz, /metrics.
+    #[arg(
+        long,
+        default_value = "0.0.0.0:8080",
+        env = "SIDECAR_INJECTOR_ADMIN_LISTEN"
+    )]
+    admin_listen: SocketAddr,
 }
 
 #[derive(clap::Args)]
@@ -242,6 +241,23 @@ impl LogOptions {
         };
         result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
     }
+}
+
+/// Runs `work` on a multi-threaded runtime; SIGTERM or SIGINT cancels the token it gets.
+fn until_signalled<F, Fut>(work: F) -> anyhow::Result<()>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let stop = CancellationToken::new();
+        cancel_on_signals(stop.clone())?;
+        work(stop).await
+    })
 }
 
 /// Cancels `stop` on SIGTERM or SIGINT.
@@ -299,45 +315,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             templates,
             tls_cert,
             tls_key,
-            listen,
-            admin_listen,
+            addresses,
             cert_reload_seconds,
             log,
         } => {
             log.init()?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            runtime.block_on(async {
-                let stop = CancellationToken::new();
-                cancel_on_signals(stop.clone())?;
-                let options = ServeOptions {
-                    template_paths: templates,
-                    tls_cert,
-                    tls_key,
-                    listen,
-                    admin_listen,
-                    cert_reload_interval: Duration::from_secs(cert_reload_seconds.max(1)),
-                };
-                serve(options, stop, |_| {}).await?;
-                anyhow::Ok(())
-            })?;
+            let options = ServeOptions {
+                template_paths: templates,
+                tls_cert,
+                tls_key,
+                listen: addresses.listen,
+                admin_listen: addresses.admin_listen,
+                cert_reload_interval: Duration::from_secs(cert_reload_seconds.max(1)),
+            };
+            until_signalled(|stop| async move { Ok(serve(options, stop, |_| {}).await?) })?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run(args) => {
             args.log.init()?;
             let options = args.into_options();
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("cannot start the async runtime")?;
-            runtime.block_on(async {
-                let stop = CancellationToken::new();
-                cancel_on_signals(stop.clone())?;
-                injector_cli::run::run(options, stop).await?;
-                anyhow::Ok(())
-            })?;
+            until_signalled(
+                |stop| async move { Ok(injector_cli::run::run(options, stop).await?) },
+            )?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Crd => {

@@ -204,7 +204,13 @@ fn run_without_a_cluster_fails_with_a_clear_error() {
     let dir = scratch().join("no-cluster");
     std::fs::create_dir_all(&dir).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
-        .args(["run", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
         .env("KUBECONFIG", dir.join("missing-kubeconfig"))
         .env("HOME", &dir)
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -213,6 +219,9 @@ fn run_without_a_cluster_fails_with_a_clear_error() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("error: cannot connect to Kubernetes"), "{stderr}");
+    assert!(
+        stderr.contains("error: cannot connect to Kubernetes"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
