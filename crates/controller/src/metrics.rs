@@ -108,3 +108,34 @@ impl ControllerMetrics {
         self.leader.set(i64::from(leading));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exposed() {
+        let mut registry = Registry::default();
+        let metrics = ControllerMetrics::register(&mut registry);
+        metrics.record_reconcile("webhook_configuration", true);
+        metrics.record_reconcile("webhook_configuration", false);
+        metrics.set_templates(TemplateCounts {
+            valid: 3,
+            invalid: 1,
+        });
+        metrics.set_certificate_expiry(UNIX_EPOCH + std::time::Duration::from_secs(1_900_000_000));
+        metrics.set_leader(true);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "sidecar_injector_reconciles_total{kind=\"webhook_configuration\"} 2",
+            "sidecar_injector_reconcile_errors_total{kind=\"webhook_configuration\"} 1",
+            "sidecar_injector_templates{state=\"valid\"} 3",
+            "sidecar_injector_templates{state=\"invalid\"} 1",
+            "sidecar_injector_serving_certificate_expiry_timestamp_seconds 1900000000",
+            "sidecar_injector_leader 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+}
