@@ -491,10 +491,12 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
         let (current, describe) = match self.owners.get(key) {
             None => return Presence::Absent,
             Some(Owner::Pod(current)) => (value.is_subset_of(current), "in the pod".to_owned()),
+            // The same test as against the Pod's own items, so that planning the mutated Pod
+            // again decides as this plan did.
             Some(Owner::Template(name, index)) => (
                 self.added
                     .get(*index)
-                    .is_some_and(|(_, added)| added.to_value() == value.to_value()),
+                    .is_some_and(|(_, added)| value.is_subset_of(&added.to_value())),
                 format!("added by SidecarTemplate {name:?}"),
             ),
         };
