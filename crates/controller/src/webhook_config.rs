@@ -21,14 +21,15 @@ use std::fmt;
 use std::ops::RangeInclusive;
 
 use injector_api::names::{
-    ALWAYS_EXCLUDED_NAMESPACES, INJECTION_DISABLED, INJECTION_LABEL, NAMESPACE_NAME_LABEL,
+    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTION_DISABLED, INJECTION_LABEL,
+    NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
 };
 use injector_core::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
-    WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
+    ServiceReference, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
@@ -359,8 +360,42 @@ fn entry(
                 .timeout_seconds
                 .clamp(*TIMEOUT_SECONDS_RANGE.start(), *TIMEOUT_SECONDS_RANGE.end()),
         ),
-        match_conditions: None,
+        match_conditions: Some(match_conditions(group)),
     }
+}
+
+/// CEL conditions the API server checks before calling the webhook. They matter most while
+/// the operator is down: a Pod that opted out, or one that did not ask for an `OnRequest`
+/// template, is then admitted instead of failing a required entry it would never have been
+/// injected by.
+fn match_conditions(group: &Group) -> Vec<MatchCondition> {
+    let annotations = "object.metadata.annotations";
+    let mut conditions = vec![MatchCondition {
+        name: "not-opted-out".to_owned(),
+        expression: format!(
+            "!(has(object.metadata.annotations) && '{INJECT_ANNOTATION}' in {annotations} && {annotations}['{INJECT_ANNOTATION}'].trim().lowerAscii() == 'false')"
+        ),
+    }];
+    let on_request_only = group
+        .templates
+        .iter()
+        .all(|t| t.injection == injector_api::Injection::OnRequest);
+    if on_request_only {
+        // Template names are DNS subdomains: no quote can break out of the CEL string.
+        let names: Vec<String> = group
+            .templates
+            .iter()
+            .map(|t| format!("'{}'", t.name))
+            .collect();
+        conditions.push(MatchCondition {
+            name: "requested".to_owned(),
+            expression: format!(
+                "has(object.metadata.annotations) && '{TEMPLATES_ANNOTATION}' in {annotations} && {annotations}['{TEMPLATES_ANNOTATION}'].split(',').exists(n, n.trim() in [{}])",
+                names.join(", ")
+            ),
+        });
+    }
+    conditions
 }
 
 /// The first difference [`drift`] found between the desired configuration and the cluster's.
@@ -430,8 +465,7 @@ pub fn drifted(
 /// API server defaults compare equal to their defaults (an absent `objectSelector` and `{}`,
 /// an absent service port and 443, an absent rule scope and `*`, …). Ignored: metadata other
 /// than those labels and owner reference (resource version, managed fields, other labels and
-/// owners, annotations) and fields the operator never sets (`matchConditions`), which other
-/// field managers may own and which applying again would not remove. (An entry added by another
+/// owners, annotations). `matchConditions` are compared by name and expression. (An entry added by another
 /// field manager is reported, as a change of the set of entries, although applying again does
 /// not remove it; server-side apply keeps the applied order of the entries since Kubernetes
 /// 1.23, so applying again does fix a reordering.)
@@ -487,7 +521,12 @@ fn entry_drift(desired: &MutatingWebhook, actual: &MutatingWebhook) -> Option<&'
     let or = |value: &Option<String>, default: &'static str| -> String {
         value.clone().unwrap_or_else(|| default.to_owned())
     };
-    let checks: [(&'static str, bool); 10] = [
+    let checks: [(&'static str, bool); 11] = [
+        (
+            "matchConditions",
+            desired.match_conditions.as_deref().unwrap_or_default()
+                == actual.match_conditions.as_deref().unwrap_or_default(),
+        ),
         (
             "clientConfig",
             canonical_client_config(&desired.client_config)
@@ -875,8 +914,57 @@ mod tests {
             assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
             assert_eq!(webhook.match_policy.as_deref(), Some("Equivalent"));
             assert_eq!(webhook.timeout_seconds, Some(DEFAULT_TIMEOUT_SECONDS));
-            assert_eq!(webhook.match_conditions, None);
+            let conditions = webhook.match_conditions.as_ref().unwrap();
+            assert_eq!(conditions[0].name, "not-opted-out");
+            assert!(conditions[0].expression.contains("'sidecar.dev/inject'"));
+            assert_eq!(conditions.len(), 1, "no OnRequest-only group here");
         }
+    }
+
+    #[test]
+    fn an_on_request_only_group_is_called_only_for_pods_that_ask() {
+        let snapshot = snapshot_of(&[
+            parse_template(
+                "metadata: {name: proxy}\nspec:\n  injection: OnRequest\n  containers: [{name: p, image: p}]",
+            ),
+            parse_template(
+                "metadata: {name: mesh}\nspec:\n  injection: OnRequest\n  containers: [{name: m, image: m}]",
+            ),
+            parse_template(
+                "metadata: {name: agent}\nspec:\n  failurePolicy: Ignore\n  injection: OnRequest\n  containers: [{name: a, image: a}]",
+            ),
+            parse_template(
+                "metadata: {name: logs}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: l, image: l}]",
+            ),
+        ]);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        let conditions = |entry: &MutatingWebhook| -> Vec<String> {
+            entry
+                .match_conditions
+                .iter()
+                .flatten()
+                .map(|c| c.expression.clone())
+                .collect()
+        };
+        let fail = webhooks(&config)
+            .iter()
+            .find(|w| w.failure_policy.as_deref() == Some("Fail"))
+            .unwrap();
+        let requested = conditions(fail);
+        assert_eq!(requested.len(), 2);
+        assert!(
+            requested[1].ends_with(
+                "['sidecar.dev/templates'].split(',').exists(n, n.trim() in ['mesh', 'proxy'])"
+            ),
+            "{}",
+            requested[1]
+        );
+        // A group with an Automatic template is called for every selected Pod.
+        let ignore = webhooks(&config)
+            .iter()
+            .find(|w| w.failure_policy.as_deref() == Some("Ignore"))
+            .unwrap();
+        assert_eq!(conditions(ignore).len(), 1);
     }
 
     #[test]
@@ -1055,7 +1143,7 @@ mod tests {
                 entry["failurePolicy"].as_str(),
                 Some("Fail" | "Ignore")
             ));
-            assert!(entry.get("matchConditions").is_none());
+            assert_eq!(entry["matchConditions"][0]["name"], "not-opted-out");
         }
         let first = &entries[0];
         assert!(first["name"].as_str().unwrap().starts_with("ignore-"));
