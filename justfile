@@ -81,3 +81,11 @@ demo:
 # Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation (figures go in BENCHMARKS.md)
 bench-webhook:
     bench/webhook-load.sh
+
+# End-to-end scenarios against a local control plane (etcd, kube-apiserver, kube-controller-manager; the first build of their binaries takes ~15 minutes)
+e2e:
+    SIDECAR_INJECTOR_E2E=1 cargo test -p injector-e2e -- --nocapture
+
+# Build (or find in the cache) the local control plane's binaries and print their paths
+control-plane:
+    bash e2e/control-plane/build.sh

@@ -1,0 +1,89 @@
+//! The end-to-end harness of sidecar-injector: a real local control plane (etcd,
+//! kube-apiserver and kube-controller-manager, built by `e2e/control-plane/build.sh`) started
+//! on 127.0.0.1 with generated certificates, driven with the real `kubectl`, and the operator
+//! (`sidecar-injector run`) started against it in url mode.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use injector_e2e::{ControlPlane, Operator, OperatorOptions};
+//! let cp = ControlPlane::start()?;
+//! cp.apply_file(&injector_e2e::workspace_root().join("crds"))?;
+//! let operator = Operator::start(&cp, OperatorOptions::default())?;
+//! let ns = cp.namespace("demo", &[("sidecar.dev/example", "nginx-sidecar")])?;
+//! cp.kubectl_ok(&["run", "web", "--image=httpd:2.4", "--labels=app=web", "-n", &ns])?;
+//! let pod = cp.get_json("pod", Some(&ns), "web")?;
+//! # drop((operator, pod)); Ok(()) }
+//! ```
+//!
+//! Everything a [`ControlPlane`] or an [`Operator`] starts is killed, and the control plane's
+//! temporary directory removed, when they are dropped, also while a test panics.
+
+mod binaries;
+mod certs;
+mod control_plane;
+mod operator;
+mod process;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use binaries::{ControlPlaneBinaries, operator_binary};
+pub use control_plane::ControlPlane;
+pub use operator::{Operator, OperatorOptions};
+
+/// The environment variable that turns the end-to-end scenarios on (`1`).
+pub const ENABLE_VAR: &str = "SIDECAR_INJECTOR_E2E";
+
+/// The environment variable that keeps the control plane's temporary directory (`1`), with
+/// its logs, certificates and etcd data, instead of removing it at the end.
+pub const KEEP_VAR: &str = "SIDECAR_INJECTOR_E2E_KEEP";
+
+/// Whether the end-to-end scenarios were asked for: [`ENABLE_VAR`] is `1`.
+pub fn enabled() -> bool {
+    std::env::var(ENABLE_VAR).is_ok_and(|v| v == "1")
+}
+
+/// The root of the workspace (the directory holding `crds/`, `examples/` and `e2e/`).
+pub fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.clone(), PathBuf::from)
+}
+
+/// Calls `check` every `interval` until it returns `Ok(Some(value))`, for at most `timeout`.
+///
+/// `Ok(None)` and `Err` both mean "not yet"; on timeout the error names `what` and carries the
+/// last error `check` returned, if any.
+pub fn poll_every<T>(
+    timeout: Duration,
+    interval: Duration,
+    what: &str,
+    mut check: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    let mut last_error = None;
+    loop {
+        match check() {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if start.elapsed() >= timeout {
+            return Err(match last_error {
+                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
+                None => anyhow::anyhow!("timed out after {timeout:?} waiting for {what}"),
+            });
+        }
+        std::thread::sleep(interval);
+    }
+}
+
+/// [`poll_every`] with a 200 ms interval.
+pub fn poll<T>(
+    timeout: Duration,
+    what: &str,
+    check: impl FnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    poll_every(timeout, Duration::from_millis(200), what, check)
+}

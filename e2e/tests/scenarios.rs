@@ -1,0 +1,672 @@
+//! End-to-end scenarios against a real local control plane (etcd, kube-apiserver,
+//! kube-controller-manager) and the real `kubectl`, with the operator running out of cluster.
+//!
+//! One control plane serves every scenario: the single test `scenarios` starts it, runs each
+//! scenario in turn (each in fresh namespaces), reports which failed, and tears everything
+//! down at the end, also when a scenario panics.
+//!
+//! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), so `cargo test --workspace` stays fast.
+//! `SIDECAR_INJECTOR_E2E_SCENARIOS=tutorial,restore` runs only the scenarios whose names
+//! contain one of the given words.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use serde_json::Value;
+
+const INJECTED: &str = "sidecar.dev/injected";
+const CONFIGURATION: &str = "sidecar-injector";
+const NGINX_LABEL: (&str, &str) = ("sidecar.dev/example", "nginx-sidecar");
+const ENFORCED_LABEL: (&str, &str) = ("security", "enforced");
+
+/// What every scenario gets.
+struct Env<'a> {
+    cp: &'a ControlPlane,
+    operator: &'a mut Operator,
+}
+
+type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
+
+const SCENARIOS: [(&str, Scenario); 7] = [
+    ("a-tutorial-nginx-sidecar", tutorial_nginx_sidecar),
+    (
+        "b-namespace-selector-non-match",
+        namespace_selector_non_match,
+    ),
+    ("c-opt-out-annotation-and-namespace-label", opt_out),
+    ("d-invalid-template-status-and-event", invalid_template),
+    (
+        "e-configuration-restored-after-delete",
+        configuration_restored,
+    ),
+    ("f-kube-system-never-touched", kube_system_never_touched),
+    ("g-operator-down-then-back", operator_down_then_back),
+];
+
+#[test]
+fn scenarios() {
+    if !injector_e2e::enabled() {
+        eprintln!(
+            "[e2e] skipped: set {}=1 (or run `just e2e`) to start a local control plane and run \
+             the end-to-end scenarios",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let started = Instant::now();
+    let filter: Option<Vec<String>> = std::env::var("SIDECAR_INJECTOR_E2E_SCENARIOS")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
+
+    let cp = ControlPlane::start().expect("the control plane starts");
+    // Like a user: install the CRD, then start the operator.
+    cp.apply_file(&workspace_root().join("crds"))
+        .expect("kubectl apply -f crds/");
+    poll(Duration::from_secs(30), "the CRD to be established", || {
+        let crd = cp.get_json("crd", None, "sidecartemplates.sidecar.dev")?;
+        let established = crd["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Established" && c["status"] == "True");
+        Ok(established.then_some(()))
+    })
+    .expect("the CRD is established");
+    let mut operator =
+        Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
+
+    let mut results = Vec::new();
+    for (name, scenario) in SCENARIOS {
+        if let Some(words) = &filter
+            && !words.iter().any(|w| name.contains(w.as_str()))
+        {
+            continue;
+        }
+        eprintln!("\n[e2e] ===== {name}");
+        let t = Instant::now();
+        let mut env = Env {
+            cp: &cp,
+            operator: &mut operator,
+        };
+        let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&mut env))) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("{e:#}")),
+            Err(panic) => Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "panicked".to_owned())),
+        };
+        let elapsed = t.elapsed();
+        match &outcome {
+            Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
+            Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
+        }
+        results.push((name, elapsed, outcome));
+        // A scenario that failed half-way must not leave the operator stopped for the next.
+        if operator.check_running().is_err() {
+            eprintln!("[e2e] restarting the operator after {name}");
+            let _ = operator.stop();
+            operator.restart().expect("the operator restarts");
+        }
+    }
+
+    eprintln!("\n[e2e] ===== summary ({:.1?} in all)", started.elapsed());
+    for (name, elapsed, outcome) in &results {
+        let verdict = if outcome.is_ok() { "PASS" } else { "FAIL" };
+        eprintln!("[e2e] {verdict} {name} ({elapsed:.1?})");
+    }
+    let failed: Vec<_> = results
+        .iter()
+        .filter(|(_, _, outcome)| outcome.is_err())
+        .map(|(name, _, _)| *name)
+        .collect();
+    if !failed.is_empty() {
+        // Dropping the operator and the control plane while panicking prints their logs' tails.
+        panic!("{} scenario(s) failed: {}", failed.len(), failed.join(", "));
+    }
+    assert!(!results.is_empty(), "no scenario matched the filter");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenarios
+// ---------------------------------------------------------------------------------------------
+
+/// a. The classic tutorial: the nginx-sidecar example's template, then its workload; the
+/// Deployment's Pod (created by the controller manager, Pending forever) has the sidecar.
+fn tutorial_nginx_sidecar(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let entry = apply_template(cp, "nginx-sidecar")?;
+    eprintln!("[e2e] nginx-sidecar is served by {entry}");
+    // The API server picks webhook configuration changes up asynchronously: probe (with a
+    // server-side dry run) until it injects, so the Deployment's Pod cannot race it.
+    let probe_ns = cp.namespace("probe-nginx", &[NGINX_LABEL])?;
+    wait_injected(cp, &probe_ns, &["app=web"], "nginx-sidecar")?;
+
+    cp.apply_file(&example("nginx-sidecar/workload.yaml"))?;
+    let pod = poll(
+        Duration::from_secs(60),
+        "the Pod of Deployment nginx-demo/web",
+        || {
+            Ok(cp
+                .list_json("pods", Some("nginx-demo"), Some("app=web"))?
+                .into_iter()
+                .next())
+        },
+    )?;
+    eprintln!("[e2e] pod {}", pod["metadata"]["name"]);
+    ensure!(
+        containers(&pod) == ["web", "nginx-sidecar"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    let injected = annotation(&pod, INJECTED).context("no sidecar.dev/injected annotation")?;
+    ensure!(
+        injected.starts_with("nginx-sidecar@"),
+        "{INJECTED}: {injected}"
+    );
+    ensure!(
+        volumes(&pod).contains(&"nginx-sidecar-conf".to_owned()),
+        "volumes: {:?}",
+        volumes(&pod)
+    );
+    ensure!(
+        pod["status"]["phase"] == "Pending",
+        "phase: {}",
+        pod["status"]["phase"]
+    );
+    Ok(())
+}
+
+/// b. A Pod in a namespace the template's namespaceSelector does not match gets nothing,
+/// while the same Pod in a matching namespace does.
+fn namespace_selector_non_match(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "nginx-sidecar")?;
+    let matching = cp.namespace("selected", &[NGINX_LABEL])?;
+    wait_injected(cp, &matching, &["app=web"], "nginx-sidecar")?;
+
+    let unlabelled = cp.namespace("unlabelled", &[])?;
+    let pod = run_pod(cp, &unlabelled, "web", &["app=web"], &[])?;
+    assert_untouched(&pod, "web")?;
+
+    let other = cp.namespace("other-label", &[("sidecar.dev/example", "something-else")])?;
+    let pod = run_pod(cp, &other, "web", &["app=web"], &[])?;
+    assert_untouched(&pod, "web")
+}
+
+/// c. The opt-out annotation on a Pod and the opt-out label on a namespace.
+fn opt_out(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "nginx-sidecar")?;
+    let ns = cp.namespace("opt-out-pod", &[NGINX_LABEL])?;
+    wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
+
+    // The control: the same Pod without the annotation gets the sidecar.
+    let pod = run_pod(cp, &ns, "web", &["app=web"], &[])?;
+    ensure!(
+        containers(&pod) == ["web", "nginx-sidecar"],
+        "control pod: {:?}",
+        containers(&pod)
+    );
+    let pod = run_pod(
+        cp,
+        &ns,
+        "opted-out",
+        &["app=web"],
+        &["sidecar.dev/inject=false"],
+    )?;
+    assert_untouched(&pod, "opted-out")?;
+
+    let disabled = cp.namespace(
+        "opt-out-namespace",
+        &[NGINX_LABEL, ("sidecar.dev/injection", "disabled")],
+    )?;
+    let pod = run_pod(cp, &disabled, "web", &["app=web"], &[])?;
+    assert_untouched(&pod, "web")
+}
+
+/// d. A template the CRD's schema accepts but the injector finds invalid: `Ready=False` with
+/// every message in its status, a Warning Event `Invalid` in namespace default, and it is never
+/// used.
+fn invalid_template(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-invalid";
+    cp.apply_yaml(&format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: invalid}}
+  containers:
+    - name: broken
+      image: busybox:1.36
+      args: ["{{{{ pod.nope }}}}"]
+  metadata:
+    annotations:
+      sidecar.dev/injected: forged
+"#
+    ))?;
+    let condition = poll(
+        Duration::from_secs(30),
+        "Ready=False on e2e-invalid",
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            Ok(ready_condition(&template)
+                .filter(|c| c["status"] == "False")
+                .filter(|_| {
+                    template["status"]["observedGeneration"] == template["metadata"]["generation"]
+                }))
+        },
+    )?;
+    eprintln!("[e2e] condition: {condition}");
+    ensure!(
+        condition["reason"] == "Invalid",
+        "reason: {}",
+        condition["reason"]
+    );
+    let message = condition["message"].as_str().unwrap_or_default();
+    for expected in [
+        "spec.containers[0].args[0]",
+        "unknown placeholder {{ pod.nope }}",
+        r#"spec.metadata.annotations["sidecar.dev/injected"]"#,
+        "reserved",
+    ] {
+        ensure!(
+            message.contains(expected),
+            "message {message:?} lacks {expected:?}"
+        );
+    }
+
+    let event = poll(
+        Duration::from_secs(30),
+        "a Warning event Invalid on e2e-invalid",
+        || {
+            Ok(cp
+                .list_json("events.events.k8s.io", Some("default"), None)?
+                .into_iter()
+                .find(|e| {
+                    e["regarding"]["name"] == name
+                        && e["regarding"]["kind"] == "SidecarTemplate"
+                        && e["reason"] == "Invalid"
+                }))
+        },
+    )?;
+    eprintln!("[e2e] event note: {}", event["note"]);
+    ensure!(event["type"] == "Warning", "type: {}", event["type"]);
+    let note = event["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains("spec.containers[0].args[0]"),
+        "note: {note:?}"
+    );
+
+    // Never used: a Pod it would select is admitted unchanged (it has no webhook entry, so
+    // even its default failurePolicy Fail blocks nothing).
+    let ns = cp.namespace(
+        "invalid-selected",
+        &[("e2e.sidecar.dev/scenario", "invalid")],
+    )?;
+    let pod = run_pod(cp, &ns, "app", &[], &[])?;
+    assert_untouched(&pod, "app")?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// e. Deleting the MutatingWebhookConfiguration: the operator puts it back within 20 s, with
+/// the same entries, and injection works again.
+fn configuration_restored(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let entry = apply_template(cp, "nginx-sidecar")?;
+    let ns = cp.namespace("restore", &[NGINX_LABEL])?;
+    wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
+    let before =
+        webhook_names(&cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?);
+    ensure!(before.contains(&entry), "{entry} not in {before:?}");
+    let uid_before = cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?["metadata"]
+        ["uid"]
+        .clone();
+
+    cp.kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])?;
+    let deleted = Instant::now();
+    let restored = poll(
+        Duration::from_secs(20),
+        "the restored webhook configuration",
+        || {
+            Ok(cp
+                .try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?
+                .filter(|c| c["metadata"]["uid"] != uid_before))
+        },
+    )?;
+    eprintln!("[e2e] restored after {:.1?}", deleted.elapsed());
+    let after = webhook_names(&restored);
+    ensure!(
+        after == before,
+        "entries before {before:?}, after {after:?}"
+    );
+    for webhook in restored["webhooks"].as_array().into_iter().flatten() {
+        ensure!(
+            webhook["clientConfig"]["caBundle"]
+                .as_str()
+                .is_some_and(|b| !b.is_empty()),
+            "no caBundle in {}",
+            webhook["name"]
+        );
+    }
+    wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
+    let pod = run_pod(cp, &ns, "web", &["app=web"], &[])?;
+    ensure!(
+        containers(&pod) == ["web", "nginx-sidecar"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    Ok(())
+}
+
+/// f. Pods in kube-system (and in the operator's own namespace) are never touched, even when
+/// the namespace carries the labels a best-effort and a required template select.
+fn kube_system_never_touched(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "nginx-sidecar")?;
+    apply_template(cp, "security-agent")?;
+
+    let protected = ["kube-system", "sidecar-injector"];
+    let labels = [
+        format!("{}={}", NGINX_LABEL.0, NGINX_LABEL.1),
+        format!("{}={}", ENFORCED_LABEL.0, ENFORCED_LABEL.1),
+    ];
+    let result = (|| {
+        for ns in protected {
+            let mut args = vec!["label", "namespace", ns, "--overwrite"];
+            args.extend(labels.iter().map(String::as_str));
+            cp.kubectl_ok(&args)?;
+        }
+        // The control, created after the labels were set: once the API server injects there,
+        // its namespace cache (updated in order) has the protected namespaces' labels too.
+        let control = cp.namespace("both-labels", &[NGINX_LABEL, ENFORCED_LABEL])?;
+        let probe = wait_injected(cp, &control, &["app=web"], "nginx-sidecar")?;
+        ensure!(
+            init_containers(&probe) == ["security-agent"],
+            "control: init containers {:?}",
+            init_containers(&probe)
+        );
+        for ns in protected {
+            let pod = run_pod(cp, ns, "e2e-web", &["app=web"], &[])?;
+            assert_untouched(&pod, "e2e-web")?;
+            cp.kubectl_ok(&["delete", "pod", "e2e-web", "-n", ns, "--wait=false"])?;
+        }
+        Ok(())
+    })();
+    for ns in protected {
+        cp.kubectl_ok(&[
+            "label",
+            "namespace",
+            ns,
+            "sidecar.dev/example-",
+            "security-",
+        ])?;
+    }
+    result
+}
+
+/// g. The operator stopped (SIGTERM): a Pod a required template selects is rejected with the
+/// API server's webhook error, a Pod only a best-effort template selects is admitted without
+/// the sidecar; the operator restarted: injection resumes.
+fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "nginx-sidecar")?;
+    apply_template(cp, "security-agent")?;
+    let enforced = cp.namespace("enforced", &[ENFORCED_LABEL])?;
+    let best_effort = cp.namespace("best-effort", &[NGINX_LABEL])?;
+    wait_injected(cp, &enforced, &[], "security-agent")?;
+    wait_injected(cp, &best_effort, &["app=web"], "nginx-sidecar")?;
+
+    let status = env.operator.stop()?;
+    eprintln!("[e2e] operator stopped: {status}");
+    ensure!(
+        status.success(),
+        "the operator exited with {status} after SIGTERM"
+    );
+
+    let out = cp.kubectl(&[
+        "run",
+        "agent-down",
+        "--image=busybox:1.36",
+        "--restart=Never",
+        "-n",
+        &enforced,
+    ])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("[e2e] required, operator down: {}", stderr.trim());
+    ensure!(
+        !out.status.success(),
+        "a Pod was admitted without its required template"
+    );
+    ensure!(
+        stderr.contains("webhook"),
+        "the error does not mention the webhook: {stderr}"
+    );
+    ensure!(
+        cp.try_get_json("pod", Some(&enforced), "agent-down")?
+            .is_none(),
+        "the rejected Pod exists"
+    );
+
+    let pod = run_pod(cp, &best_effort, "web-down", &["app=web"], &[])?;
+    assert_untouched(&pod, "web-down")?;
+
+    env.operator.restart()?;
+    let probe = wait_injected(cp, &enforced, &[], "security-agent")?;
+    eprintln!(
+        "[e2e] injection resumed: init containers {:?}",
+        init_containers(&probe)
+    );
+    let pod = run_pod(cp, &enforced, "agent-up", &[], &[])?;
+    ensure!(
+        init_containers(&pod) == ["security-agent"] && containers(&pod) == ["agent-up"],
+        "init containers {:?}, containers {:?}",
+        init_containers(&pod),
+        containers(&pod)
+    );
+    ensure!(
+        annotation(&pod, INJECTED).is_some_and(|a| a.starts_with("security-agent@")),
+        "{INJECTED}: {:?}",
+        annotation(&pod, INJECTED)
+    );
+    wait_injected(cp, &best_effort, &["app=web"], "nginx-sidecar")?;
+    let pod = run_pod(cp, &best_effort, "web-up", &["app=web"], &[])?;
+    ensure!(
+        containers(&pod) == ["web-up", "nginx-sidecar"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    // The Pod admitted while the operator was down is not changed after the fact.
+    let pod = cp.get_json("pod", Some(&best_effort), "web-down")?;
+    assert_untouched(&pod, "web-down")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn example(path: &str) -> PathBuf {
+    workspace_root().join("examples").join(path)
+}
+
+/// `kubectl apply -f examples/NAME/sidecartemplate.yaml`, then waits until the template is
+/// `Ready=True` for its generation and its webhook entry is in the configuration; returns the
+/// entry's name.
+fn apply_template(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
+    cp.apply_file(&example(&format!("{name}/sidecartemplate.yaml")))?;
+    let entry = poll(
+        Duration::from_secs(30),
+        &format!("{name} Ready=True"),
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            if template["status"]["observedGeneration"] != template["metadata"]["generation"] {
+                return Ok(None);
+            }
+            Ok(ready_condition(&template)
+                .filter(|c| c["status"] == "True")
+                .and_then(|c| {
+                    c["message"]
+                        .as_str()?
+                        .strip_prefix("in use; served by webhook entry ")
+                        .map(str::to_owned)
+                }))
+        },
+    )?;
+    poll(
+        Duration::from_secs(30),
+        &format!("entry {entry} in the webhook configuration"),
+        || {
+            Ok(cp
+                .try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?
+                .filter(|c| webhook_names(c).contains(&entry))
+                .map(|_| ()))
+        },
+    )?;
+    Ok(entry)
+}
+
+/// Creates Pods with a server-side dry run (admission runs, nothing is stored) until one gets
+/// the container or init container `container`; returns that Pod. Up to 30 s.
+fn wait_injected(
+    cp: &ControlPlane,
+    namespace: &str,
+    labels: &[&str],
+    container: &str,
+) -> anyhow::Result<Value> {
+    static PROBES: AtomicU32 = AtomicU32::new(0);
+    poll(
+        Duration::from_secs(30),
+        &format!("{container} to be injected in namespace {namespace}"),
+        || {
+            let name = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
+            let mut args = vec![
+                "run".to_owned(),
+                name,
+                "--image=busybox:1.36".to_owned(),
+                "--restart=Never".to_owned(),
+                "--dry-run=server".to_owned(),
+                "-o".to_owned(),
+                "json".to_owned(),
+                "-n".to_owned(),
+                namespace.to_owned(),
+            ];
+            if !labels.is_empty() {
+                args.push(format!("--labels={}", labels.join(",")));
+            }
+            let pod: Value = serde_json::from_str(&cp.kubectl_ok(&args)?)?;
+            let has = containers(&pod).iter().any(|c| c == container)
+                || init_containers(&pod).iter().any(|c| c == container);
+            Ok(has.then_some(pod))
+        },
+    )
+}
+
+/// `kubectl run NAME --image=busybox:1.36 -n NS [--labels] [--annotations]`, then the Pod as
+/// stored.
+fn run_pod(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    labels: &[&str],
+    annotations: &[&str],
+) -> anyhow::Result<Value> {
+    let mut args = vec![
+        "run".to_owned(),
+        name.to_owned(),
+        "--image=busybox:1.36".to_owned(),
+        "--restart=Never".to_owned(),
+        "-n".to_owned(),
+        namespace.to_owned(),
+    ];
+    if !labels.is_empty() {
+        args.push(format!("--labels={}", labels.join(",")));
+    }
+    for annotation in annotations {
+        args.push(format!("--annotations={annotation}"));
+    }
+    let out = cp.kubectl(&args)?;
+    if !out.status.success() {
+        bail!(
+            "kubectl run {name} -n {namespace} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    if !warnings.trim().is_empty() {
+        eprintln!("[e2e] kubectl run {name}: {}", warnings.trim());
+    }
+    cp.get_json("pod", Some(namespace), name)
+}
+
+/// The Pod has only its own container `own`, no init containers and no injection record.
+fn assert_untouched(pod: &Value, own: &str) -> anyhow::Result<()> {
+    let where_ = format!(
+        "pod {}/{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or("?"),
+        pod["metadata"]["name"].as_str().unwrap_or("?")
+    );
+    ensure!(
+        containers(pod) == [own],
+        "{where_}: containers {:?}",
+        containers(pod)
+    );
+    ensure!(
+        init_containers(pod).is_empty(),
+        "{where_}: init containers {:?}",
+        init_containers(pod)
+    );
+    ensure!(
+        annotation(pod, INJECTED).is_none(),
+        "{where_}: {INJECTED} = {:?}",
+        annotation(pod, INJECTED)
+    );
+    Ok(())
+}
+
+fn names(list: &Value) -> Vec<String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn containers(pod: &Value) -> Vec<String> {
+    names(&pod["spec"]["containers"])
+}
+
+fn init_containers(pod: &Value) -> Vec<String> {
+    names(&pod["spec"]["initContainers"])
+}
+
+fn volumes(pod: &Value) -> Vec<String> {
+    names(&pod["spec"]["volumes"])
+}
+
+fn webhook_names(configuration: &Value) -> Vec<String> {
+    names(&configuration["webhooks"])
+}
+
+fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    object["metadata"]["annotations"][key].as_str()
+}
+
+fn ready_condition(template: &Value) -> Option<Value> {
+    template["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+}
