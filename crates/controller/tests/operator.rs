@@ -62,6 +62,20 @@ fn not_found(name: &str) -> Value {
         "message": format!("secrets \"{name}\" not found")})
 }
 
+/// The certificate Secret as the API server returns it, holding `bundle`.
+fn stored_secret(bundle: &CertificateBundle, resource_version: &str) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("sidecar-injector-tls".into()),
+            namespace: Some("sidecar-injector".into()),
+            resource_version: Some(resource_version.into()),
+            ..Default::default()
+        },
+        data: Some(bundle.to_secret_data()),
+        ..Default::default()
+    }
+}
+
 fn options() -> OperatorOptions {
     OperatorOptions {
         namespace: "sidecar-injector".into(),
@@ -149,16 +163,7 @@ async fn a_current_secret_is_left_alone() {
     )
     .unwrap()
     .bundle;
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("sidecar-injector-tls".into()),
-            namespace: Some("sidecar-injector".into()),
-            resource_version: Some("7".into()),
-            ..Default::default()
-        },
-        data: Some(fresh.to_secret_data()),
-        ..Default::default()
-    };
+    let secret = stored_secret(&fresh, "7");
     let server = tokio::spawn(async move {
         let (parts, _, send) = next(&mut handle).await;
         assert_eq!(parts.method, Method::GET);
@@ -192,16 +197,7 @@ async fn an_expiring_serving_certificate_is_replaced_keeping_its_resource_versio
     let old = certs::reconcile(None, &options.serving_names, &options.lifetimes, long_ago)
         .unwrap()
         .bundle;
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some("sidecar-injector-tls".into()),
-            namespace: Some("sidecar-injector".into()),
-            resource_version: Some("42".into()),
-            ..Default::default()
-        },
-        data: Some(old.to_secret_data()),
-        ..Default::default()
-    };
+    let secret = stored_secret(&old, "42");
     let old_serving = old.serving.chain_pem.clone();
     let server = tokio::spawn(async move {
         let (_, _, send) = next(&mut handle).await;
@@ -314,7 +310,6 @@ async fn an_unusable_secret_keeps_the_current_certificate() {
     assert!(!store.is_loaded());
     let empty = Secret::default();
     assert!(load_secret(&empty, &store).is_none());
-    let _: Option<CertificateBundle> = None;
 }
 
 #[test]
