@@ -66,17 +66,9 @@ fuzz seconds="60":
 render template pod *args:
     cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
 
-# Offline demo: render every example workload with its template and show the containers each pod gets
+# Cluster demo: a local control plane and the operator, examples/nginx-sidecar, a Pod in a selected and one in an unselected namespace; left running (stop it with `just down`)
 demo:
-    #!/usr/bin/env bash
-    set -euo pipefail
-    cargo build --quiet -p injector-cli
-    for dir in examples/*/; do
-        name=$(basename "$dir")
-        echo "== $name: $(head -n 1 "$dir/sidecartemplate.yaml" | sed 's/^# //')"
-        ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
-        echo
-    done
+    cargo run --quiet -p injector-e2e --bin demo
 
 # Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation (figures go in BENCHMARKS.md)
 bench-webhook:
@@ -89,3 +81,37 @@ e2e:
 # Build (or find in the cache) the local control plane's binaries and print their paths
 control-plane:
     bash e2e/control-plane/build.sh
+
+# Offline demo: render every example workload with its template and show the containers each pod gets
+demo-offline:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cargo build --quiet -p injector-cli
+    for dir in examples/*/; do
+        name=$(basename "$dir")
+        echo "== $name: $(head -n 1 "$dir/sidecartemplate.yaml" | sed 's/^# //')"
+        ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
+        echo
+    done
+
+# Stop what `just demo` left running (the processes in its state file) and remove its directory
+down:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    state=target/sidecar-injector-demo.state
+    if [[ ! -f "$state" ]]; then echo "no demo running ($state not found)"; exit 0; fi
+    dir=$(awk -F'\t' '$1 == "dir" {print $2}' "$state")
+    # Newest first: the operator, then the controller manager, the API server, etcd.
+    grep -v '^dir' "$state" | tac | while IFS=$'\t' read -r pid name; do
+        # Only a process still running the recorded program (a pid may have been reused).
+        argv0=$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/cmdline" | head -n 1 || true)
+        if [[ "$(basename "${argv0:-none}")" != "$name"* ]]; then
+            echo "$name (pid $pid): not running"
+            continue
+        fi
+        kill -TERM "$pid"
+        for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; echo "$name (pid $pid): killed"; else echo "$name (pid $pid): stopped"; fi
+    done
+    if [[ "$dir" == */sidecar-injector-e2e-* && -d "$dir" ]]; then rm -rf "$dir"; echo "removed $dir"; fi
+    rm -f "$state"

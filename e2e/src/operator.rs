@@ -119,7 +119,13 @@ impl Operator {
             "--leader-election".to_owned(),
             self.options.leader_election.to_string(),
             "--identity".to_owned(),
-            format!("e2e-{}-{}", std::process::id(), self.starts),
+            // Unique per Operator (its port) and per start, so replicas never share one.
+            format!(
+                "e2e-{}-{}-{}",
+                std::process::id(),
+                self.listen_port,
+                self.starts
+            ),
             "--log-format".to_owned(),
             "text".to_owned(),
         ];

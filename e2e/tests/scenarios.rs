@@ -7,7 +7,8 @@
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), so `cargo test --workspace` stays fast.
 //! `SIDECAR_INJECTOR_E2E_SCENARIOS=tutorial,restore` runs only the scenarios whose names
-//! contain one of the given words.
+//! contain one of the given words. `SIDECAR_INJECTOR_E2E_SLOW=1` also runs the slow ones
+//! (certificate rotation under load, about 3 minutes).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -33,7 +34,11 @@ struct Env<'a> {
 
 type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 
-const SCENARIOS: [(&str, Scenario); 7] = [
+/// Scenarios that take minutes: run only with `SIDECAR_INJECTOR_E2E_SLOW=1`.
+const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
+const SLOW: [&str; 1] = ["m-certificate-rotation-under-load"];
+
+const SCENARIOS: [(&str, Scenario); 13] = [
     ("a-tutorial-nginx-sidecar", tutorial_nginx_sidecar),
     (
         "b-namespace-selector-non-match",
@@ -47,6 +52,18 @@ const SCENARIOS: [(&str, Scenario); 7] = [
     ),
     ("f-kube-system-never-touched", kube_system_never_touched),
     ("g-operator-down-then-back", operator_down_then_back),
+    ("h-on-request-native-proxy", on_request_native_proxy),
+    ("i-app-env-named-containers", app_env_named_containers),
+    ("j-priority-and-conflict-warning", priority_and_conflict),
+    (
+        "k-template-updated-then-deleted",
+        template_updated_then_deleted,
+    ),
+    ("l-leader-election-failover", leader_election_failover),
+    (
+        "m-certificate-rotation-under-load",
+        certificate_rotation_under_load,
+    ),
 ];
 
 #[test]
@@ -86,6 +103,10 @@ fn scenarios() {
         if let Some(words) = &filter
             && !words.iter().any(|w| name.contains(w.as_str()))
         {
+            continue;
+        }
+        if SLOW.contains(&name) && !std::env::var(SLOW_VAR).is_ok_and(|v| v == "1") {
+            eprintln!("\n[e2e] ===== {name}: skipped (slow; set {SLOW_VAR}=1 to run it)");
             continue;
         }
         eprintln!("\n[e2e] ===== {name}");
@@ -493,6 +514,539 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     assert_untouched(&pod, "web-down")
 }
 
+/// h. `injection: OnRequest` (examples/native-proxy): a Pod annotated
+/// `sidecar.dev/templates: native-proxy` gets the `proxy` init container as a native sidecar
+/// (`restartPolicy: Always`) with its placeholders rendered; a Pod without the annotation, in
+/// the same namespace, gets nothing.
+fn on_request_native_proxy(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "native-proxy")?;
+    let ns = cp.namespace("native-proxy", &[])?;
+    let requested = [("sidecar.dev/templates", "native-proxy")];
+    let labels = [("app", "checkout")];
+    poll(
+        Duration::from_secs(30),
+        "native-proxy to be injected (dry run)",
+        || {
+            let (pod, _) = create_pod(cp, &ns, "probe", &labels, &requested, true)?;
+            Ok(init_containers(&pod)
+                .contains(&"proxy".to_owned())
+                .then_some(()))
+        },
+    )?;
+
+    let (pod, _) = create_pod(cp, &ns, "checkout", &labels, &requested, false)?;
+    ensure!(
+        init_containers(&pod) == ["proxy"] && containers(&pod) == ["checkout"],
+        "init containers {:?}, containers {:?}",
+        init_containers(&pod),
+        containers(&pod)
+    );
+    let proxy = &pod["spec"]["initContainers"][0];
+    ensure!(
+        proxy["restartPolicy"] == "Always",
+        "restartPolicy: {}",
+        proxy["restartPolicy"]
+    );
+    let args: Vec<&str> = proxy["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(
+        args == [
+            "--service-node",
+            "checkout",
+            "--service-cluster",
+            "checkout"
+        ],
+        "args: {args:?}"
+    );
+    ensure!(
+        env_value(&pod["spec"]["containers"][0], "HTTP_PROXY") == Some("http://127.0.0.1:15001"),
+        "HTTP_PROXY: {:?}",
+        env_value(&pod["spec"]["containers"][0], "HTTP_PROXY")
+    );
+    ensure!(
+        pod["metadata"]["labels"]["proxy.sidecar.dev/injected"] == "true",
+        "labels: {}",
+        pod["metadata"]["labels"]
+    );
+    ensure!(
+        annotation(&pod, INJECTED).is_some_and(|a| a.starts_with("native-proxy@")),
+        "{INJECTED}: {:?}",
+        annotation(&pod, INJECTED)
+    );
+
+    let (pod, _) = create_pod(cp, &ns, "batch", &[("app", "batch")], &[], false)?;
+    assert_untouched(&pod, "batch")?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", "native-proxy", "--wait=true"])?;
+    Ok(())
+}
+
+/// i. examples/app-env with its StatefulSet: the Pod the controller manager creates has the
+/// env vars (placeholders rendered from its labels, annotations, name and namespace), envFrom
+/// and mount in container `app`, nothing in `metrics`, and `app`'s own LOG_LEVEL kept.
+fn app_env_named_containers(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "app-env")?;
+    let ns = cp.namespace("app-env", &[("sidecar.dev/example", "app-env")])?;
+    poll(
+        Duration::from_secs(30),
+        "app-env to be injected (dry run)",
+        || {
+            let (pod, _) = create_pod(cp, &ns, "app", &[], &[], true)?;
+            Ok(annotation(&pod, INJECTED)
+                .is_some_and(|a| a.starts_with("app-env@"))
+                .then_some(()))
+        },
+    )?;
+
+    // The example's StatefulSet, moved to the fresh namespace.
+    let workload = std::fs::read_to_string(example("app-env/workload.yaml"))?;
+    let statefulset = workload
+        .split("\n---\n")
+        .find(|doc| doc.contains("kind: StatefulSet"))
+        .context("no StatefulSet in examples/app-env/workload.yaml")?
+        .replace("namespace: env-demo", &format!("namespace: {ns}"));
+    cp.apply_yaml(&statefulset)?;
+    let pod = poll(
+        Duration::from_secs(60),
+        "the Pod orders-0 of StatefulSet orders",
+        || cp.try_get_json("pod", Some(&ns), "orders-0"),
+    )?;
+    ensure!(
+        containers(&pod) == ["app", "metrics"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    let app = &pod["spec"]["containers"][0];
+    let metrics = &pod["spec"]["containers"][1];
+    let env_names = names(&app["env"]);
+    eprintln!("[e2e] app env: {env_names:?}");
+    ensure!(
+        env_names.first().map(String::as_str) == Some("LOG_LEVEL")
+            && env_value(app, "LOG_LEVEL") == Some("info"),
+        "LOG_LEVEL not kept: {}",
+        app["env"]
+    );
+    let expected = [
+        ("OTEL_SERVICE_NAME", "orders".to_owned()),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            format!("k8s.namespace.name={ns},k8s.pod.name=orders-0,team=payments"),
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://otel-collector.observability.svc:4317".to_owned(),
+        ),
+    ];
+    for (name, value) in &expected {
+        ensure!(
+            env_value(app, name) == Some(value.as_str()),
+            "{name}: {:?}, expected {value:?}",
+            env_value(app, name)
+        );
+    }
+    let node_ip = app["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "NODE_IP")
+        .context("no NODE_IP")?;
+    ensure!(
+        node_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP",
+        "NODE_IP: {node_ip}"
+    );
+    ensure!(
+        app["envFrom"][0]["configMapRef"]["name"] == "otel-defaults",
+        "envFrom: {}",
+        app["envFrom"]
+    );
+    let mount = app["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["name"] == "otel-certs")
+        .context("no otel-certs mount in app")?;
+    ensure!(
+        mount["mountPath"] == "/etc/otel/certs" && mount["readOnly"] == true,
+        "mount: {mount}"
+    );
+    ensure!(
+        volumes(&pod).contains(&"otel-certs".to_owned()),
+        "volumes: {:?}",
+        volumes(&pod)
+    );
+    // metrics: nothing added (the API server's own service-account token mount aside).
+    ensure!(
+        names(&metrics["env"]).is_empty() && metrics["envFrom"].is_null(),
+        "metrics got env {} / envFrom {}",
+        metrics["env"],
+        metrics["envFrom"]
+    );
+    ensure!(
+        !names(&metrics["volumeMounts"]).contains(&"otel-certs".to_owned()),
+        "metrics mounts: {:?}",
+        names(&metrics["volumeMounts"])
+    );
+    ensure!(
+        annotation(&pod, INJECTED).is_some_and(|a| a.starts_with("app-env@")),
+        "{INJECTED}: {:?}",
+        annotation(&pod, INJECTED)
+    );
+    cp.kubectl_ok(&["delete", "statefulset", "orders", "-n", &ns, "--wait=false"])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", "app-env", "--wait=true"])?;
+    Ok(())
+}
+
+/// j. Two best-effort templates add a container with the same name: the one of lower
+/// priority applies first and wins (even though its name sorts last), the other is skipped,
+/// and `kubectl run` prints the webhook's warning naming it.
+fn priority_and_conflict(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let winner = "e2e-conflict-b";
+    let loser = "e2e-conflict-a";
+    let template = |name: &str, priority: u32, image: &str| {
+        format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: conflict}}
+  priority: {priority}
+  failurePolicy: Ignore
+  containers:
+    - name: helper
+      image: {image}
+"#
+        )
+    };
+    cp.apply_yaml(&format!(
+        "{}---{}",
+        template(winner, 10, "busybox:1.36"),
+        template(loser, 20, "alpine:3.20")
+    ))?;
+    let result = (|| {
+        wait_served(cp, winner)?;
+        wait_served(cp, loser)?;
+        let ns = cp.namespace("conflict", &[("e2e.sidecar.dev/scenario", "conflict")])?;
+        // Until the API server has both entries, a Pod could get the loser's container alone.
+        poll(
+            Duration::from_secs(30),
+            "both conflicting templates in use (dry run)",
+            || {
+                let (pod, warnings) = create_pod(cp, &ns, "probe", &[], &[], true)?;
+                Ok(
+                    (helper_image(&pod) == Some("busybox:1.36") && warnings.contains(loser))
+                        .then_some(()),
+                )
+            },
+        )?;
+        let out = cp.kubectl(&[
+            "run",
+            "app",
+            "--image=busybox:1.36",
+            "--restart=Never",
+            "-n",
+            &ns,
+        ])?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("[e2e] kubectl run stderr: {}", stderr.trim());
+        ensure!(out.status.success(), "kubectl run failed: {stderr}");
+        ensure!(
+            stderr.contains("Warning:") && stderr.contains(loser),
+            "no warning naming {loser}: {stderr}"
+        );
+        let pod = cp.get_json("pod", Some(&ns), "app")?;
+        ensure!(
+            containers(&pod) == ["app", "helper"],
+            "containers: {:?}",
+            containers(&pod)
+        );
+        ensure!(
+            helper_image(&pod) == Some("busybox:1.36"),
+            "helper image: {:?} (the winner's is busybox:1.36)",
+            helper_image(&pod)
+        );
+        let injected = annotation(&pod, INJECTED).unwrap_or_default();
+        ensure!(
+            injected.contains(&format!("{winner}@")) && !injected.contains(loser),
+            "{INJECTED}: {injected:?}"
+        );
+        Ok(())
+    })();
+    cp.kubectl_ok(&["delete", "sidecartemplate", winner, loser, "--wait=true"])?;
+    result
+}
+
+/// k. Updating a template: new Pods get the new version (`name@<new generation>`, the new
+/// image); deleting it: its entry leaves the configuration and new Pods are not injected.
+fn template_updated_then_deleted(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-update";
+    let template = |image: &str| {
+        format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: update}}
+  failurePolicy: Ignore
+  containers:
+    - name: updater
+      image: {image}
+"#
+        )
+    };
+    cp.apply_yaml(&template("busybox:1.36"))?;
+    let entry = wait_served(cp, name)?;
+    let first = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
+    let ns = cp.namespace("update", &[("e2e.sidecar.dev/scenario", "update")])?;
+    let pod = wait_injected(cp, &ns, &[], "updater")?;
+    ensure!(
+        annotation(&pod, INJECTED) == Some(format!("{name}@{first}").as_str()),
+        "{INJECTED}: {:?}, generation {first}",
+        annotation(&pod, INJECTED)
+    );
+
+    cp.apply_yaml(&template("busybox:1.37"))?;
+    wait_served(cp, name)?;
+    let second = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
+    ensure!(second != first, "generation still {first}");
+    let expected = format!("{name}@{second}");
+    poll(
+        Duration::from_secs(30),
+        &format!("{expected} to be injected (dry run)"),
+        || {
+            let (pod, _) = create_pod(cp, &ns, "probe", &[], &[], true)?;
+            Ok((annotation(&pod, INJECTED) == Some(expected.as_str())).then_some(()))
+        },
+    )?;
+    let (pod, _) = create_pod(cp, &ns, "after-update", &[], &[], false)?;
+    ensure!(
+        annotation(&pod, INJECTED) == Some(expected.as_str()),
+        "{INJECTED}: {:?}",
+        annotation(&pod, INJECTED)
+    );
+    let image = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "updater")
+        .map(|c| c["image"].clone());
+    ensure!(
+        image == Some(Value::from("busybox:1.37")),
+        "updater image {image:?}"
+    );
+
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    poll(
+        Duration::from_secs(30),
+        &format!("entry {entry} to leave the webhook configuration"),
+        || {
+            let gone = cp
+                .try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?
+                .is_none_or(|c| !webhook_names(&c).contains(&entry));
+            Ok(gone.then_some(()))
+        },
+    )?;
+    poll(
+        Duration::from_secs(30),
+        "no injection after the delete (dry run)",
+        || {
+            let (pod, _) = create_pod(cp, &ns, "probe", &[], &[], true)?;
+            Ok(annotation(&pod, INJECTED).is_none().then_some(()))
+        },
+    )?;
+    let (pod, _) = create_pod(cp, &ns, "after-delete", &[], &[], false)?;
+    assert_untouched(&pod, "after-delete")
+}
+
+/// l. Two replicas with leader election (in their own namespace, so their own Lease and
+/// Secret; the main operator is stopped meanwhile): the leader writes the configuration with
+/// its URL; stopped (SIGTERM), the other becomes leader within the lease duration, and a Pod a
+/// required template selects, created right after, is injected and never admitted without it.
+fn leader_election_failover(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    apply_template(cp, "security-agent")?;
+    let status = env.operator.stop()?;
+    ensure!(status.success(), "the main operator exited with {status}");
+    let options = OperatorOptions {
+        namespace: "sidecar-injector-ha".to_owned(),
+        ..OperatorOptions::default()
+    };
+    let result = (|| {
+        let mut first = Operator::start(cp, options.clone())?;
+        wait_leader(&first, Duration::from_secs(30))?;
+        let second = Operator::start(cp, options.clone())?;
+        std::thread::sleep(Duration::from_secs(2));
+        ensure!(
+            !is_leader(&second),
+            "both replicas claim leadership:\n{}",
+            second.metrics().unwrap_or_default()
+        );
+        wait_configuration_url(cp, &first.webhook_url())?;
+        let enforced = cp.namespace("ha-enforced", &[ENFORCED_LABEL])?;
+        wait_injected(cp, &enforced, &[], "security-agent")?;
+
+        let status = first.stop()?;
+        let stopped = Instant::now();
+        ensure!(status.success(), "the leader exited with {status}");
+        wait_leader(&second, Duration::from_secs(15))?;
+        eprintln!(
+            "[e2e] the second replica leads {:.1?} after the leader stopped",
+            stopped.elapsed()
+        );
+        // Right after: until the API server calls the new leader's URL, a Pod may be
+        // rejected (required template, nobody answering) but never admitted without it.
+        let mut rejected = 0;
+        let mut n = 0;
+        let pod = poll(
+            Duration::from_secs(30),
+            "a Pod injected by the new leader",
+            || {
+                n += 1;
+                let name = format!("after-failover-{n}");
+                match create_pod(cp, &enforced, &name, &[], &[], false) {
+                    Ok((pod, _)) => Ok(Some(pod)),
+                    Err(e) => {
+                        rejected += 1;
+                        eprintln!("[e2e] rejected meanwhile: {e:#}");
+                        Ok(None)
+                    }
+                }
+            },
+        )?;
+        eprintln!(
+            "[e2e] first Pod admitted {:.1?} after the leader stopped ({rejected} rejected before)",
+            stopped.elapsed()
+        );
+        ensure!(
+            init_containers(&pod) == ["security-agent"],
+            "admitted without its required sidecar: init containers {:?}",
+            init_containers(&pod)
+        );
+        wait_configuration_url(cp, &second.webhook_url())?;
+        Ok(())
+    })();
+    let restarted = env.operator.restart();
+    result.and(restarted)
+}
+
+/// m (slow, `SIDECAR_INJECTOR_E2E_SLOW=1`). Certificate rotation under load: an operator with
+/// `--serving-lifetime 90s --ca-lifetime 4m` (own namespace, so a fresh Secret; the main
+/// operator is stopped meanwhile) while a Pod a required template selects is created (server
+/// dry run) every 0.3 s, until a serving and a CA rotation have happened: every Pod is
+/// admitted and injected.
+fn certificate_rotation_under_load(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-rotation";
+    cp.apply_yaml(&format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: rotation}}
+  failurePolicy: Fail
+  containers:
+    - name: rotation-agent
+      image: busybox:1.36
+"#
+    ))?;
+    let status = env.operator.stop()?;
+    ensure!(status.success(), "the main operator exited with {status}");
+    let result = (|| {
+        let operator = Operator::start(
+            cp,
+            OperatorOptions {
+                namespace: "sidecar-injector-rotation".to_owned(),
+                serving_lifetime: Some("90s".to_owned()),
+                ca_lifetime: Some("4m".to_owned()),
+                ..OperatorOptions::default()
+            },
+        )?;
+        wait_leader(&operator, Duration::from_secs(30))?;
+        wait_served(cp, name)?;
+        wait_configuration_url(cp, &operator.webhook_url())?;
+        let ns = cp.namespace("rotation", &[("e2e.sidecar.dev/scenario", "rotation")])?;
+        wait_injected(cp, &ns, &[], "rotation-agent")?;
+        let log = operator.log_path().context("no log")?.to_path_buf();
+        let rotations = |text: &str| {
+            let lines: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("rotating certificates"))
+                .collect();
+            let ca = lines
+                .iter()
+                .filter(|l| l.contains("from the new CA"))
+                .count();
+            (lines.len(), ca)
+        };
+        let (initial, _) = rotations(&std::fs::read_to_string(&log)?);
+        let started = Instant::now();
+        let (mut ok, mut failures) = (0u32, Vec::new());
+        let mut ca_seen: Option<Instant> = None;
+        loop {
+            match create_pod(cp, &ns, "load", &[], &[], true) {
+                Ok((pod, _)) if containers(&pod).contains(&"rotation-agent".to_owned()) => {
+                    ok += 1;
+                }
+                Ok((pod, _)) => failures.push(format!("not injected: {:?}", containers(&pod))),
+                Err(e) => failures.push(format!("{e:#}")),
+            }
+            let (all, ca) = rotations(&std::fs::read_to_string(&log)?);
+            if ca > 0 && ca_seen.is_none() {
+                eprintln!(
+                    "[e2e] CA rotated after {:.1?} ({} rotations since the load began)",
+                    started.elapsed(),
+                    all - initial
+                );
+                ca_seen = Some(Instant::now());
+            }
+            let serving_only = all - initial - ca;
+            if serving_only >= 1 && ca_seen.is_some_and(|t| t.elapsed() > Duration::from_secs(15)) {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(240) {
+                bail!(
+                    "no CA and serving rotation within 240 s ({all} rotations logged, {ca} of \
+                     the CA)"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let (all, ca) = rotations(&std::fs::read_to_string(&log)?);
+        eprintln!(
+            "[e2e] {ok} Pods injected in {:.1?}, {} failures; {} rotations ({ca} of the CA)",
+            started.elapsed(),
+            failures.len(),
+            all - initial
+        );
+        ensure!(
+            failures.is_empty(),
+            "{} of {} Pods failed: {:?}",
+            failures.len(),
+            ok as usize + failures.len(),
+            failures.iter().take(5).collect::<Vec<_>>()
+        );
+        Ok(())
+    })();
+    let restarted = env.operator.restart();
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    result.and(restarted)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
@@ -506,6 +1060,12 @@ fn example(path: &str) -> PathBuf {
 /// entry's name.
 fn apply_template(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
     cp.apply_file(&example(&format!("{name}/sidecartemplate.yaml")))?;
+    wait_served(cp, name)
+}
+
+/// Waits until template `name` is `Ready=True` for its generation and its webhook entry is in
+/// the configuration; returns the entry's name.
+fn wait_served(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
     let entry = poll(
         Duration::from_secs(30),
         &format!("{name} Ready=True"),
@@ -633,6 +1193,108 @@ fn assert_untouched(pod: &Value, own: &str) -> anyhow::Result<()> {
         annotation(pod, INJECTED)
     );
     Ok(())
+}
+
+/// Creates a Pod (one busybox container named `name`) from a manifest with `kubectl create -f -
+/// -o json`, with a server-side dry run when `dry_run` (admission runs, nothing is stored);
+/// returns the Pod as admitted and kubectl's standard error (the webhook's warnings).
+fn create_pod(
+    cp: &ControlPlane,
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+    dry_run: bool,
+) -> anyhow::Result<(Value, String)> {
+    let map = |pairs: &[(&str, &str)]| -> serde_json::Map<String, Value> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+            .collect()
+    };
+    let manifest = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": map(labels),
+            "annotations": map(annotations),
+        },
+        "spec": {"containers": [{"name": name, "image": "busybox:1.36"}]},
+    });
+    let mut args = vec!["create", "-f", "-", "-o", "json"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = cp.kubectl_with_stdin(&args, &manifest.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        bail!(
+            "kubectl create pod {namespace}/{name} failed: {}",
+            stderr.trim()
+        );
+    }
+    Ok((serde_json::from_slice(&out.stdout)?, stderr))
+}
+
+/// The value of env var `name` of `container`.
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
+}
+
+/// The image of the container named `helper`.
+fn helper_image(pod: &Value) -> Option<&str> {
+    pod["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "helper")?["image"]
+        .as_str()
+}
+
+/// Whether the operator's /metrics says it leads.
+fn is_leader(operator: &Operator) -> bool {
+    operator
+        .metrics()
+        .is_ok_and(|m| m.lines().any(|l| l.trim() == "sidecar_injector_leader 1"))
+}
+
+fn wait_leader(operator: &Operator, timeout: Duration) -> anyhow::Result<()> {
+    poll(
+        timeout,
+        &format!("{} to lead", operator.webhook_url()),
+        || Ok(is_leader(operator).then_some(())),
+    )
+}
+
+/// Waits until every entry of the webhook configuration calls `url`.
+fn wait_configuration_url(cp: &ControlPlane, url: &str) -> anyhow::Result<()> {
+    poll(
+        Duration::from_secs(30),
+        &format!("the webhook configuration to call {url}"),
+        || {
+            let Some(configuration) =
+                cp.try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?
+            else {
+                return Ok(None);
+            };
+            let webhooks = configuration["webhooks"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let all = !webhooks.is_empty()
+                && webhooks.iter().all(|w| {
+                    w["clientConfig"]["url"]
+                        .as_str()
+                        .is_some_and(|u| u.starts_with(&format!("{url}/")))
+                });
+            Ok(all.then_some(()))
+        },
+    )
 }
 
 fn names(list: &Value) -> Vec<String> {
