@@ -115,3 +115,20 @@ down:
     done
     if [[ "$dir" == */sidecar-injector-e2e-* && -d "$dir" ]]; then rm -rf "$dir"; echo "removed $dir"; fi
     rm -f "$state"
+
+# Lint the helm chart and render it (defaults, then every optional object) with the cached helm
+chart-lint:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    helm=$(bash e2e/control-plane/build.sh helm)
+    "$helm" lint --strict charts/sidecar-injector
+    "$helm" lint --strict charts/sidecar-injector --set serviceMonitor.enabled=true --set networkPolicy.enabled=true
+    "$helm" template t charts/sidecar-injector --namespace sidecar-injector >/dev/null
+    "$helm" template t charts/sidecar-injector --namespace sidecar-injector \
+        --set serviceMonitor.enabled=true --set networkPolicy.enabled=true >/dev/null
+    cmp crds/sidecartemplates.sidecar.dev.yaml charts/sidecar-injector/crds/sidecartemplates.sidecar.dev.yaml
+    echo "chart OK"
+
+# Build the container image (needs a container engine with BuildKit; none exists on the build machines)
+image tag="sidecar-injector:dev":
+    docker build -t {{tag}} .
