@@ -22,6 +22,7 @@ mod binaries;
 mod certs;
 mod control_plane;
 mod operator;
+pub mod pod;
 mod process;
 
 use std::path::PathBuf;

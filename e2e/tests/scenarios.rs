@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
 use serde_json::Value;
 
@@ -1295,22 +1296,6 @@ fn wait_configuration_url(cp: &ControlPlane, url: &str) -> anyhow::Result<()> {
             Ok(all.then_some(()))
         },
     )
-}
-
-fn names(list: &Value) -> Vec<String> {
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|item| item["name"].as_str().map(str::to_owned))
-        .collect()
-}
-
-fn containers(pod: &Value) -> Vec<String> {
-    names(&pod["spec"]["containers"])
-}
-
-fn init_containers(pod: &Value) -> Vec<String> {
-    names(&pod["spec"]["initContainers"])
 }
 
 fn volumes(pod: &Value) -> Vec<String> {

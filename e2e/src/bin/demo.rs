@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use injector_e2e::pod::containers;
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
 use serde_json::Value;
 
@@ -152,18 +153,6 @@ fn main() -> anyhow::Result<()> {
     std::mem::forget(operator);
     std::mem::forget(cp);
     Ok(())
-}
-
-fn names(list: &Value) -> Vec<String> {
-    list.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|item| item["name"].as_str().map(str::to_owned))
-        .collect()
-}
-
-fn containers(pod: &Value) -> Vec<String> {
-    names(&pod["spec"]["containers"])
 }
 
 /// `namespace/name`, then its init containers, containers (with images) and injection record.
