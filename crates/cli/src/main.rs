@@ -151,8 +151,8 @@ struct RunArgs {
     /// The webhook entries' timeoutSeconds (1 to 30).
     #[arg(long, default_value_t = 10, env = "SIDECAR_INJECTOR_TIMEOUT_SECONDS")]
     timeout_seconds: i32,
-    /// A ClusterRole that owns the webhook configuration: deleting it (uninstalling the chart)
-    /// garbage-collects the configuration.
+    /// A ClusterRole that owns the webhook configuration, the certificate Secret and the
+    /// Lease: deleting it (uninstalling the chart) garbage-collects all three.
     #[arg(long, env = "SIDECAR_INJECTOR_OWNER_CLUSTER_ROLE")]
     owner_cluster_role: Option<String>,
     /// Development: apply the CRD at start.

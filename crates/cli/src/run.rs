@@ -51,8 +51,8 @@ pub struct RunOptions {
     pub identity: String,
     /// The webhook's timeoutSeconds.
     pub timeout_seconds: i32,
-    /// A ClusterRole to own the configuration, so deleting it (uninstalling the chart)
-    /// deletes the configuration.
+    /// A ClusterRole to own the configuration, the Secret and the Lease, so deleting it
+    /// (uninstalling the chart) deletes all three.
     pub owner_cluster_role: Option<String>,
     /// Development: apply the CRD at start.
     pub install_crd: bool,
@@ -154,8 +154,10 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
     let (leading_tx, leading) = watch::channel(!options.leader_election);
     let mut tasks = Vec::new();
     if options.leader_election {
-        let config =
-            LeaderElectionConfig::new(&options.lease_name, &options.namespace, &options.identity);
+        let config = LeaderElectionConfig {
+            owner: operator_options.webhook.owner.clone(),
+            ..LeaderElectionConfig::new(&options.lease_name, &options.namespace, &options.identity)
+        };
         let client = client.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {

@@ -21,7 +21,7 @@ use std::fmt;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::PostParams;
@@ -43,7 +43,7 @@ pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 const RELEASED_LEASE_DURATION_SECONDS: i32 = 1;
 
 /// How to elect the leader.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LeaderElectionConfig {
     /// The Lease's name.
     pub lease_name: String,
@@ -61,6 +61,8 @@ pub struct LeaderElectionConfig {
     /// How long the leader keeps leading while its renewals fail; shorter than
     /// [`Self::lease_duration`], so it stops before another replica can take over.
     pub renew_deadline: Duration,
+    /// The Lease's owner, so that deleting the owner deletes the Lease (see [`crate::ownership`]).
+    pub owner: Option<OwnerReference>,
 }
 
 impl LeaderElectionConfig {
@@ -77,6 +79,7 @@ impl LeaderElectionConfig {
             lease_duration: DEFAULT_LEASE_DURATION,
             renew_interval: DEFAULT_RENEW_INTERVAL,
             renew_deadline: DEFAULT_RENEW_DEADLINE,
+            owner: None,
         }
     }
 
@@ -259,6 +262,9 @@ pub fn next_lease(
         },
         spec: None,
     });
+    if let Some(owner) = &config.owner {
+        crate::ownership::add_owner(&mut lease.metadata, owner);
+    }
     let previous = lease.spec.take().unwrap_or_default();
     let held = LeaseSpec {
         holder_identity: Some(config.identity.clone()),
@@ -877,6 +883,27 @@ mod tests {
         let taken = next_lease(Some(&free), &decision, &config(), &at(6)).unwrap();
         assert_eq!(spec(&taken).lease_transitions, Some(1));
         assert_eq!(spec(&taken).holder_identity.as_deref(), Some(ME));
+    }
+
+    #[test]
+    fn the_owner_is_set_on_creation_and_restored_on_renewal() {
+        let owner = OwnerReference {
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: "ClusterRole".into(),
+            name: "sidecar-injector".into(),
+            uid: "role-uid".into(),
+            ..OwnerReference::default()
+        };
+        let config = LeaderElectionConfig {
+            owner: Some(owner.clone()),
+            ..config()
+        };
+        let created = next_lease(None, &Decision::Create, &config, &at(0)).unwrap();
+        assert_eq!(created.metadata.owner_references, Some(vec![owner.clone()]));
+        // A Lease written before the owner was configured gets it on its next renewal.
+        let current = held_by(ME, at(0), 1);
+        let renewed = next_lease(Some(&current), &Decision::Renew, &config, &at(1)).unwrap();
+        assert_eq!(renewed.metadata.owner_references, Some(vec![owner]));
     }
 
     #[test]

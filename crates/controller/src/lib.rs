@@ -13,6 +13,7 @@ pub mod certs;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
+pub mod ownership;
 pub mod status;
 pub mod sync;
 pub mod webhook_config;

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::metrics::ControllerMetrics;
+use crate::ownership;
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
 
@@ -117,7 +118,17 @@ where
         certs::reconcile(existing.as_ref(), &names, &lifetimes, SystemTime::now())
     })
     .await??;
+    let owner = options.webhook.owner.as_ref();
     if !reconciled.changed {
+        // A Secret written before the owner was configured (an upgrade) gets it now, so that
+        // uninstalling removes it.
+        if let (Some(mut secret), Some(owner)) = (current, owner)
+            && ownership::add_owner(&mut secret.metadata, owner)
+        {
+            secrets
+                .replace(&options.secret_name, &PostParams::default(), &secret)
+                .await?;
+        }
         return Ok(reconciled.bundle);
     }
     tracing::info!(reasons = %reconciled.reasons.join("; "), "rotating certificates");
@@ -126,6 +137,9 @@ where
     match current {
         Some(mut secret) => {
             secret.data = Some(data);
+            if let Some(owner) = owner {
+                ownership::add_owner(&mut secret.metadata, owner);
+            }
             secrets
                 .replace(&options.secret_name, &PostParams::default(), &secret)
                 .await?;
@@ -139,6 +153,7 @@ where
                         webhook_config::MANAGED_BY_LABEL.to_owned(),
                         webhook_config::MANAGED_BY.to_owned(),
                     )])),
+                    owner_references: owner.map(|owner| vec![owner.clone()]),
                     ..ObjectMeta::default()
                 },
                 type_: Some("kubernetes.io/tls".to_owned()),

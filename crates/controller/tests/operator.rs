@@ -15,6 +15,7 @@ use injector_core::{Registry, compile};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::client::Body;
 use serde_json::{Value, json};
@@ -94,6 +95,44 @@ fn options() -> OperatorOptions {
     }
 }
 
+/// A bundle issued now for `options`.
+fn fresh_bundle(options: &OperatorOptions) -> CertificateBundle {
+    certs::reconcile(
+        None,
+        &options.serving_names,
+        &options.lifetimes,
+        SystemTime::now(),
+    )
+    .unwrap()
+    .bundle
+}
+
+/// [`rotate_certificates`] where publishing a CA would be a bug (the certificates are current).
+async fn rotate_without_publishing(
+    client: kube::Client,
+    options: &OperatorOptions,
+) -> CertificateBundle {
+    let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
+    rotate_certificates(&secrets, options, |_| async {
+        panic!("nothing to publish")
+    })
+    .await
+    .unwrap()
+}
+
+/// [`options`] with the chart's ClusterRole as the owner of what the operator creates.
+fn owned_options() -> OperatorOptions {
+    let mut options = options();
+    options.webhook.owner = Some(OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: "ClusterRole".into(),
+        name: "sidecar-injector".into(),
+        uid: "role-uid".into(),
+        ..OwnerReference::default()
+    });
+    options
+}
+
 #[tokio::test]
 async fn a_missing_secret_is_created_after_the_ca_is_published() {
     let (client, mut handle) = mock();
@@ -121,6 +160,10 @@ async fn a_missing_secret_is_created_after_the_ca_is_published() {
         );
         assert_eq!(body["metadata"]["name"], "sidecar-injector-tls");
         assert_eq!(body["type"], "kubernetes.io/tls");
+        assert_eq!(
+            body["metadata"]["ownerReferences"][0]["uid"], "role-uid",
+            "owned by the installation's ClusterRole"
+        );
         for key in ["ca.crt", "ca.key", "tls.crt", "tls.key"] {
             assert!(body["data"][key].is_string(), "{key} missing: {body}");
         }
@@ -129,7 +172,7 @@ async fn a_missing_secret_is_created_after_the_ca_is_published() {
     });
     let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
     let published = Arc::clone(&events);
-    let bundle = rotate_certificates(&secrets, &options(), |ca| async move {
+    let bundle = rotate_certificates(&secrets, &owned_options(), |ca| async move {
         assert!(ca.contains("BEGIN CERTIFICATE"));
         published.lock().unwrap().push("ca published".into());
         Ok(())
@@ -155,33 +198,43 @@ async fn a_missing_secret_is_created_after_the_ca_is_published() {
 async fn a_current_secret_is_left_alone() {
     let (client, mut handle) = mock();
     let options = options();
-    let fresh = certs::reconcile(
-        None,
-        &options.serving_names,
-        &options.lifetimes,
-        SystemTime::now(),
-    )
-    .unwrap()
-    .bundle;
+    let fresh = fresh_bundle(&options);
     let secret = stored_secret(&fresh, "7");
     let server = tokio::spawn(async move {
         let (parts, _, send) = next(&mut handle).await;
         assert_eq!(parts.method, Method::GET);
         respond(send, StatusCode::OK, serde_json::to_value(&secret).unwrap());
-        // No further request may come.
+        // No further request may come (before the timeout or the client is dropped).
         assert!(
-            tokio::time::timeout(Duration::from_millis(300), handle.next_request())
-                .await
-                .is_err()
+            !matches!(
+                tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await,
+                Ok(Some(_))
+            ),
+            "an unexpected request"
         );
     });
-    let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
-    let bundle = rotate_certificates(&secrets, &options, |_| async {
-        panic!("nothing to publish")
-    })
-    .await
-    .unwrap();
-    assert_eq!(bundle, fresh);
+    assert_eq!(rotate_without_publishing(client, &options).await, fresh);
+    server.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_current_secret_without_the_owner_gets_it_and_keeps_its_certificates() {
+    let (client, mut handle) = mock();
+    let options = owned_options();
+    let fresh = fresh_bundle(&options);
+    let secret = stored_secret(&fresh, "7");
+    let stored_data = serde_json::to_value(&secret).unwrap()["data"].clone();
+    let server = tokio::spawn(async move {
+        let (_, _, send) = next(&mut handle).await;
+        respond(send, StatusCode::OK, serde_json::to_value(&secret).unwrap());
+        let (parts, body, send) = next(&mut handle).await;
+        assert_eq!(parts.method, Method::PUT);
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "role-uid");
+        assert_eq!(body["data"], stored_data, "the certificates are unchanged");
+        respond(send, StatusCode::OK, body);
+    });
+    assert_eq!(rotate_without_publishing(client, &options).await, fresh);
     server.await.unwrap();
 }
 
