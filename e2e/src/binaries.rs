@@ -35,43 +35,12 @@ impl ControlPlaneBinaries {
     /// kubectl`, which builds what is missing from the cache (the first build takes about 15
     /// minutes; later runs are instant) and prints one path per line.
     pub fn locate() -> anyhow::Result<Self> {
-        let root = workspace_root();
-        let script = root.join("e2e/control-plane/build.sh");
-        eprintln!(
-            "[e2e] locating the control plane's binaries with {} \
-             (the first build takes about 15 minutes; cached builds are instant)",
-            script.display()
-        );
-        let output = Command::new("bash")
-            .arg(&script)
-            .args(NAMES)
-            .current_dir(&root)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .with_context(|| format!("cannot run bash {}", script.display()))?;
-        if !output.status.success() {
-            bail!("{} failed: {}", script.display(), output.status);
-        }
-        Self::parse(&String::from_utf8_lossy(&output.stdout))
+        Self::parse(&build_sh(&NAMES)?)
     }
 
     /// Reads `build.sh`'s output: one path per line, `<dir>/<name>-<version>`.
     fn parse(stdout: &str) -> anyhow::Result<Self> {
-        let find = |name: &str| -> anyhow::Result<PathBuf> {
-            stdout
-                .lines()
-                .map(Path::new)
-                .find(|path| {
-                    path.file_name()
-                        .and_then(|f| f.to_str())
-                        .and_then(|f| f.strip_prefix(name))
-                        .and_then(|rest| rest.strip_prefix("-v"))
-                        .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
-                })
-                .map(Path::to_path_buf)
-                .with_context(|| format!("build.sh printed no path for {name}: {stdout:?}"))
-        };
+        let find = |name: &str| find_in_output(stdout, name);
         Ok(Self {
             etcd: find("etcd")?,
             kube_apiserver: find("kube-apiserver")?,
@@ -79,6 +48,52 @@ impl ControlPlaneBinaries {
             kubectl: find("kubectl")?,
         })
     }
+}
+
+/// Runs `bash e2e/control-plane/build.sh NAMES...`, which builds what is missing from the cache
+/// (the first build of the control plane takes about 15 minutes; later runs are instant), and
+/// returns what it prints: one path per line.
+fn build_sh(names: &[&str]) -> anyhow::Result<String> {
+    let root = workspace_root();
+    let script = root.join("e2e/control-plane/build.sh");
+    eprintln!(
+        "[e2e] locating {} with {} (built once, then cached)",
+        names.join(", "),
+        script.display()
+    );
+    let output = Command::new("bash")
+        .arg(&script)
+        .args(names)
+        .current_dir(&root)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot run bash {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed: {}", script.display(), output.status);
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The line of `build.sh`'s output that is `<dir>/<name>-v<version>`.
+fn find_in_output(stdout: &str, name: &str) -> anyhow::Result<PathBuf> {
+    stdout
+        .lines()
+        .map(Path::new)
+        .find(|path| {
+            path.file_name()
+                .and_then(|f| f.to_str())
+                .and_then(|f| f.strip_prefix(name))
+                .and_then(|rest| rest.strip_prefix("-v"))
+                .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .map(Path::to_path_buf)
+        .with_context(|| format!("build.sh printed no path for {name}: {stdout:?}"))
+}
+
+/// Another tool `build.sh` builds and caches at its pinned version: `helm` or `kubeconform`.
+pub fn tool(name: &str) -> anyhow::Result<PathBuf> {
+    find_in_output(&build_sh(&[name])?, name)
 }
 
 /// The `sidecar-injector` binary, built once per process with `cargo build -p injector-cli`

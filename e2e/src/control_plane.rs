@@ -231,6 +231,26 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
+    /// Writes, at `path`, a kubeconfig for this API server that authenticates with `token`
+    /// (such as a ServiceAccount token from `kubectl create token`) instead of the admin's
+    /// client certificate.
+    pub fn write_token_kubeconfig(&self, token: &str, path: &Path) -> anyhow::Result<()> {
+        let admin: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&self.kubeconfig)
+                .with_context(|| format!("cannot read {}", self.kubeconfig.display()))?,
+        )?;
+        let kubeconfig = json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": admin["clusters"],
+            "users": [{"name": "token", "user": {"token": token}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "token"}}],
+            "current-context": "e2e",
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&kubeconfig)?)
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
     /// The kubectl binary (of the API server's version).
     pub fn kubectl_path(&self) -> &Path {
         &self.binaries.kubectl

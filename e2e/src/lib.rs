@@ -24,13 +24,15 @@ mod control_plane;
 mod operator;
 pub mod pod;
 mod process;
+pub mod schemas;
+pub mod steps;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use binaries::{ControlPlaneBinaries, operator_binary};
+pub use binaries::{ControlPlaneBinaries, operator_binary, tool};
 pub use control_plane::ControlPlane;
-pub use operator::{Operator, OperatorOptions};
+pub use operator::{Operator, OperatorOptions, READY_POLL};
 
 /// The environment variable that turns the end-to-end scenarios on (`1`).
 pub const ENABLE_VAR: &str = "SIDECAR_INJECTOR_E2E";

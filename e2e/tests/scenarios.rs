@@ -13,17 +13,17 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use injector_e2e::pod::{containers, init_containers, names};
+use injector_e2e::steps::{
+    CONFIGURATION, example, ready_condition, wait_crd_established, wait_injected, webhook_names,
+};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
 use serde_json::Value;
 
 const INJECTED: &str = "sidecar.dev/injected";
-const CONFIGURATION: &str = "sidecar-injector";
 const NGINX_LABEL: (&str, &str) = ("sidecar.dev/example", "nginx-sidecar");
 const ENFORCED_LABEL: (&str, &str) = ("security", "enforced");
 
@@ -37,9 +37,9 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 
 /// Scenarios that take minutes: run only with `SIDECAR_INJECTOR_E2E_SLOW=1`.
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
-const SLOW: [&str; 1] = ["m-certificate-rotation-under-load"];
+const SLOW: [&str; 1] = ["n-certificate-rotation-under-load"];
 
-const SCENARIOS: [(&str, Scenario); 13] = [
+const SCENARIOS: [(&str, Scenario); 14] = [
     ("a-tutorial-nginx-sidecar", tutorial_nginx_sidecar),
     (
         "b-namespace-selector-non-match",
@@ -61,8 +61,9 @@ const SCENARIOS: [(&str, Scenario); 13] = [
         template_updated_then_deleted,
     ),
     ("l-leader-election-failover", leader_election_failover),
+    ("m-log-shipper-shared-volume", log_shipper_shared_volume),
     (
-        "m-certificate-rotation-under-load",
+        "n-certificate-rotation-under-load",
         certificate_rotation_under_load,
     ),
 ];
@@ -86,16 +87,7 @@ fn scenarios() {
     // Like a user: install the CRD, then start the operator.
     cp.apply_file(&workspace_root().join("crds"))
         .expect("kubectl apply -f crds/");
-    poll(Duration::from_secs(30), "the CRD to be established", || {
-        let crd = cp.get_json("crd", None, "sidecartemplates.sidecar.dev")?;
-        let established = crd["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Established" && c["status"] == "True");
-        Ok(established.then_some(()))
-    })
-    .expect("the CRD is established");
+    wait_crd_established(&cp).expect("the CRD is established");
     let mut operator =
         Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
 
@@ -942,7 +934,7 @@ fn leader_election_failover(env: &mut Env<'_>) -> anyhow::Result<()> {
     result.and(restarted)
 }
 
-/// m (slow, `SIDECAR_INJECTOR_E2E_SLOW=1`). Certificate rotation under load: an operator with
+/// n (slow, `SIDECAR_INJECTOR_E2E_SLOW=1`). Certificate rotation under load: an operator with
 /// `--serving-lifetime 90s --ca-lifetime 4m` (own namespace, so a fresh Secret; the main
 /// operator is stopped meanwhile) while a Pod a required template selects is created (server
 /// dry run) every 0.3 s, until a serving and a CA rotation have happened: every Pod is
@@ -1048,13 +1040,90 @@ spec:
     result.and(restarted)
 }
 
+/// m. The log-shipper example: its Deployment's Pod gets the shipper, the shared emptyDir, and
+/// that volume mounted into the app container too; a Pod the pod selector excludes
+/// (`logging.sidecar.dev/ship=false`) is left alone.
+fn log_shipper_shared_volume(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let label = ("sidecar.dev/example", "log-shipper");
+    apply_template(cp, "log-shipper")?;
+    let probe_ns = cp.namespace("probe-logs", &[label])?;
+    wait_injected(cp, &probe_ns, &[], "log-shipper")?;
+
+    cp.apply_file(&example("log-shipper/workload.yaml"))?;
+    let pod = poll(
+        Duration::from_secs(60),
+        "the Pod of Deployment logs-demo/api",
+        || {
+            Ok(cp
+                .list_json("pods", Some("logs-demo"), Some("app=api"))?
+                .into_iter()
+                .next())
+        },
+    )?;
+    ensure!(
+        containers(&pod) == ["api", "log-shipper"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    let volume = pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "app-logs")
+        .context("no app-logs volume")?;
+    ensure!(
+        volume["emptyDir"]["sizeLimit"] == "256Mi",
+        "volume: {volume}"
+    );
+    for (index, read_only) in [(0, false), (1, true)] {
+        let container = &pod["spec"]["containers"][index];
+        let mount = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["name"] == "app-logs")
+            .with_context(|| format!("{} does not mount app-logs", container["name"]))?;
+        ensure!(mount["mountPath"] == "/var/log/app", "mount: {mount}");
+        ensure!(
+            mount["readOnly"].as_bool().unwrap_or(false) == read_only,
+            "mount: {mount}"
+        );
+    }
+    let shipper = &pod["spec"]["containers"][1];
+    ensure!(
+        shipper["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name",
+        "POD_NAME: {}",
+        shipper["env"][0]
+    );
+    ensure!(
+        env_value(shipper, "POD_NAMESPACE") == Some("logs-demo")
+            && env_value(shipper, "APP") == Some("api"),
+        "env: {}",
+        shipper["env"]
+    );
+    ensure!(
+        annotation(&pod, "logging.sidecar.dev/path") == Some("/var/log/app"),
+        "annotations: {}",
+        pod["metadata"]["annotations"]
+    );
+
+    let excluded = run_pod(
+        cp,
+        &probe_ns,
+        "quiet",
+        &["logging.sidecar.dev/ship=false"],
+        &[],
+    )?;
+    assert_untouched(&excluded, "quiet")?;
+    cp.kubectl_ok(&["delete", "namespace", "logs-demo", "--wait=false"])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", "log-shipper", "--wait=true"])?;
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-fn example(path: &str) -> PathBuf {
-    workspace_root().join("examples").join(path)
-}
 
 /// `kubectl apply -f examples/NAME/sidecartemplate.yaml`, then waits until the template is
 /// `Ready=True` for its generation and its webhook entry is in the configuration; returns the
@@ -1064,74 +1133,9 @@ fn apply_template(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
     wait_served(cp, name)
 }
 
-/// Waits until template `name` is `Ready=True` for its generation and its webhook entry is in
-/// the configuration; returns the entry's name.
+/// [`injector_e2e::steps::wait_served`] on the operator's default configuration.
 fn wait_served(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
-    let entry = poll(
-        Duration::from_secs(30),
-        &format!("{name} Ready=True"),
-        || {
-            let template = cp.get_json("sidecartemplate", None, name)?;
-            if template["status"]["observedGeneration"] != template["metadata"]["generation"] {
-                return Ok(None);
-            }
-            Ok(ready_condition(&template)
-                .filter(|c| c["status"] == "True")
-                .and_then(|c| {
-                    c["message"]
-                        .as_str()?
-                        .strip_prefix("in use; served by webhook entry ")
-                        .map(str::to_owned)
-                }))
-        },
-    )?;
-    poll(
-        Duration::from_secs(30),
-        &format!("entry {entry} in the webhook configuration"),
-        || {
-            Ok(cp
-                .try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?
-                .filter(|c| webhook_names(c).contains(&entry))
-                .map(|_| ()))
-        },
-    )?;
-    Ok(entry)
-}
-
-/// Creates Pods with a server-side dry run (admission runs, nothing is stored) until one gets
-/// the container or init container `container`; returns that Pod. Up to 30 s.
-fn wait_injected(
-    cp: &ControlPlane,
-    namespace: &str,
-    labels: &[&str],
-    container: &str,
-) -> anyhow::Result<Value> {
-    static PROBES: AtomicU32 = AtomicU32::new(0);
-    poll(
-        Duration::from_secs(30),
-        &format!("{container} to be injected in namespace {namespace}"),
-        || {
-            let name = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
-            let mut args = vec![
-                "run".to_owned(),
-                name,
-                "--image=busybox:1.36".to_owned(),
-                "--restart=Never".to_owned(),
-                "--dry-run=server".to_owned(),
-                "-o".to_owned(),
-                "json".to_owned(),
-                "-n".to_owned(),
-                namespace.to_owned(),
-            ];
-            if !labels.is_empty() {
-                args.push(format!("--labels={}", labels.join(",")));
-            }
-            let pod: Value = serde_json::from_str(&cp.kubectl_ok(&args)?)?;
-            let has = containers(&pod).iter().any(|c| c == container)
-                || init_containers(&pod).iter().any(|c| c == container);
-            Ok(has.then_some(pod))
-        },
-    )
+    injector_e2e::steps::wait_served(cp, name, CONFIGURATION)
 }
 
 /// `kubectl run NAME --image=busybox:1.36 -n NS [--labels] [--annotations]`, then the Pod as
@@ -1302,18 +1306,6 @@ fn volumes(pod: &Value) -> Vec<String> {
     names(&pod["spec"]["volumes"])
 }
 
-fn webhook_names(configuration: &Value) -> Vec<String> {
-    names(&configuration["webhooks"])
-}
-
 fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object["metadata"]["annotations"][key].as_str()
-}
-
-fn ready_condition(template: &Value) -> Option<Value> {
-    template["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == "Ready")
-        .cloned()
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use injector_e2e::pod::containers;
+use injector_e2e::steps::wait_crd_established;
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
 use serde_json::Value;
 
@@ -30,15 +31,7 @@ fn main() -> anyhow::Result<()> {
     }
     let cp = ControlPlane::start()?;
     cp.apply_file(&workspace_root().join("crds"))?;
-    poll(Duration::from_secs(30), "the CRD to be established", || {
-        let crd = cp.get_json("crd", None, "sidecartemplates.sidecar.dev")?;
-        let established = crd["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Established" && c["status"] == "True");
-        Ok(established.then_some(()))
-    })?;
+    wait_crd_established(&cp)?;
     let operator = Operator::start(&cp, OperatorOptions::default())?;
 
     let template = workspace_root().join("examples/nginx-sidecar/sidecartemplate.yaml");

@@ -1,0 +1,118 @@
+//! What a user does and then waits for, shared by the scenarios, the chart test, the demo and
+//! the end-to-end benchmarks: the examples' paths, a template served, a container injected.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::control_plane::ControlPlane;
+use crate::pod::{containers, init_containers, names};
+use crate::{poll, workspace_root};
+
+/// The name of the MutatingWebhookConfiguration the operator writes by default (and the chart
+/// writes under the default release name `sidecar-injector`).
+pub const CONFIGURATION: &str = "sidecar-injector";
+
+/// `examples/<path>` of the workspace.
+pub fn example(path: &str) -> PathBuf {
+    workspace_root().join("examples").join(path)
+}
+
+/// Waits until the CRD `sidecartemplates.sidecar.dev` is Established (up to 30 s).
+pub fn wait_crd_established(cp: &ControlPlane) -> anyhow::Result<()> {
+    poll(Duration::from_secs(30), "the CRD to be established", || {
+        let crd = cp.get_json("crd", None, "sidecartemplates.sidecar.dev")?;
+        let established = crd["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Established" && c["status"] == "True");
+        Ok(established.then_some(()))
+    })
+}
+
+/// Waits until template `name` is `Ready=True` for its generation and its webhook entry is in
+/// the configuration `configuration`; returns the entry's name.
+pub fn wait_served(cp: &ControlPlane, name: &str, configuration: &str) -> anyhow::Result<String> {
+    let entry = poll(
+        Duration::from_secs(30),
+        &format!("{name} Ready=True"),
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            if template["status"]["observedGeneration"] != template["metadata"]["generation"] {
+                return Ok(None);
+            }
+            Ok(ready_condition(&template)
+                .filter(|c| c["status"] == "True")
+                .and_then(|c| {
+                    c["message"]
+                        .as_str()?
+                        .strip_prefix("in use; served by webhook entry ")
+                        .map(str::to_owned)
+                }))
+        },
+    )?;
+    poll(
+        Duration::from_secs(30),
+        &format!("entry {entry} in the webhook configuration"),
+        || {
+            Ok(cp
+                .try_get_json("mutatingwebhookconfiguration", None, configuration)?
+                .filter(|c| webhook_names(c).contains(&entry))
+                .map(|_| ()))
+        },
+    )?;
+    Ok(entry)
+}
+
+/// Creates Pods with a server-side dry run (admission runs, nothing is stored) until one gets
+/// the container or init container `container`; returns that Pod. Up to 30 s.
+pub fn wait_injected(
+    cp: &ControlPlane,
+    namespace: &str,
+    labels: &[&str],
+    container: &str,
+) -> anyhow::Result<Value> {
+    static PROBES: AtomicU32 = AtomicU32::new(0);
+    poll(
+        Duration::from_secs(30),
+        &format!("{container} to be injected in namespace {namespace}"),
+        || {
+            let name = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
+            let mut args = vec![
+                "run".to_owned(),
+                name,
+                "--image=busybox:1.36".to_owned(),
+                "--restart=Never".to_owned(),
+                "--dry-run=server".to_owned(),
+                "-o".to_owned(),
+                "json".to_owned(),
+                "-n".to_owned(),
+                namespace.to_owned(),
+            ];
+            if !labels.is_empty() {
+                args.push(format!("--labels={}", labels.join(",")));
+            }
+            let pod: Value = serde_json::from_str(&cp.kubectl_ok(&args)?)?;
+            let has = containers(&pod).iter().any(|c| c == container)
+                || init_containers(&pod).iter().any(|c| c == container);
+            Ok(has.then_some(pod))
+        },
+    )
+}
+
+/// The names of a MutatingWebhookConfiguration's entries.
+pub fn webhook_names(configuration: &Value) -> Vec<String> {
+    names(&configuration["webhooks"])
+}
+
+/// A SidecarTemplate's `Ready` condition.
+pub fn ready_condition(template: &Value) -> Option<Value> {
+    template["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+}

@@ -1,0 +1,675 @@
+//! The helm chart against a real local control plane: lint, schema validation of what it
+//! renders (and of the examples) with kubeconform, `helm install`, the operator run out of
+//! cluster with the chart's ServiceAccount token (its RBAC is enough), a `kubectl auth can-i`
+//! matrix (its RBAC is no more than enough), and `helm uninstall` leaving nothing behind.
+//!
+//! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), like the scenarios.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
+use injector_e2e::steps::{example, wait_crd_established, wait_injected, wait_served};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, tool, workspace_root};
+use serde_json::Value;
+
+/// The release, its namespace, and so (the chart's full name being the release name when it
+/// contains the chart's name) the name of every object it creates.
+const RELEASE: &str = "sidecar-injector";
+const NAMESPACE: &str = "sidecar-injector";
+const SECRET: &str = "sidecar-injector-tls";
+const LEASE: &str = "sidecar-injector-leader";
+const SERVICE_ACCOUNT: &str = "system:serviceaccount:sidecar-injector:sidecar-injector";
+
+/// The objects the chart installs with its default values, as `kind/name` (namespaced ones in
+/// [`NAMESPACE`]).
+const INSTALLED: [(&str, Option<&str>); 9] = [
+    ("deployment", Some(NAMESPACE)),
+    ("service", Some(NAMESPACE)),
+    ("serviceaccount", Some(NAMESPACE)),
+    ("poddisruptionbudget", Some(NAMESPACE)),
+    ("role", Some(NAMESPACE)),
+    ("rolebinding", Some(NAMESPACE)),
+    ("clusterrole", None),
+    ("clusterrolebinding", None),
+    (
+        "customresourcedefinition/sidecartemplates.sidecar.dev",
+        None,
+    ),
+];
+
+/// What the operator creates at run time, which uninstalling must remove.
+const CREATED_AT_RUN_TIME: [(&str, Option<&str>, &str); 3] = [
+    ("mutatingwebhookconfiguration", None, RELEASE),
+    ("secret", Some(NAMESPACE), SECRET),
+    ("lease", Some(NAMESPACE), LEASE),
+];
+
+#[test]
+fn chart() {
+    if !injector_e2e::enabled() {
+        eprintln!(
+            "[chart] skipped: set {}=1 (or run `just e2e`) to test the chart against a local \
+             control plane",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let started = Instant::now();
+    let helm = Helm::new().expect("helm is built");
+    let chart = workspace_root().join("charts/sidecar-injector");
+
+    step("helm lint --strict, with the defaults and with every optional object");
+    helm.run(&["lint", "--strict", path(&chart)]).unwrap();
+    helm.run(&[
+        "lint",
+        "--strict",
+        path(&chart),
+        "--set",
+        OPTIONALS[0],
+        "--set",
+        OPTIONALS[1],
+    ])
+    .unwrap();
+
+    let cp = ControlPlane::start().expect("the control plane starts");
+
+    step("helm install (no --wait: nothing runs Pods here)");
+    helm.run_with(
+        &cp,
+        &[
+            "install",
+            RELEASE,
+            path(&chart),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )
+    .unwrap();
+    wait_crd_established(&cp).expect("the chart's CRD is established");
+    for (kind, namespace) in INSTALLED {
+        let object = if kind.contains('/') {
+            cp.kubectl_ok(&["get", kind, "-o", "name"])
+        } else {
+            get_named(&cp, kind, namespace, RELEASE)
+        };
+        object.unwrap_or_else(|e| panic!("helm install created no {kind}: {e:#}"));
+    }
+    for (kind, namespace, name) in CREATED_AT_RUN_TIME {
+        assert!(
+            cp.try_get_json(kind, namespace, name).unwrap().is_none(),
+            "helm rendered {kind} {name}: the operator owns it"
+        );
+    }
+
+    step("helm template validated by kubeconform against this API server's own schemas");
+    validate_with_kubeconform(&cp, &helm, &chart).unwrap();
+
+    step("the operator with the chart's ServiceAccount token and the chart's arguments");
+    let mut operator = start_operator_as_service_account(&cp).expect("the operator starts");
+    exercise_operator(&cp, &operator)
+        .unwrap_or_else(|e| panic!("the chart's RBAC is not enough: {e:#}"));
+    let log = std::fs::read_to_string(operator.log_path().unwrap()).unwrap();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "the operator was refused something:\n{}",
+        operator.log_tail(40)
+    );
+
+    step("kubectl auth can-i: no more than enough");
+    can_i_matrix(&cp).unwrap();
+
+    step("helm uninstall (with the operator still running, as Pods outlive their Deployment)");
+    helm.run_with(&cp, &["uninstall", RELEASE, "--namespace", NAMESPACE])
+        .unwrap();
+    let uninstalled = Instant::now();
+    wait_uninstalled(&cp).unwrap();
+    eprintln!(
+        "[chart] everything gone {:.1?} after helm uninstall",
+        uninstalled.elapsed()
+    );
+    operator.stop().unwrap();
+    // Nothing comes back once the operator has gone either.
+    std::thread::sleep(Duration::from_secs(3));
+    wait_uninstalled(&cp).unwrap();
+    // Helm never deletes the CRDs of a chart's crds/ (README: Uninstalling).
+    cp.get_json("crd", None, "sidecartemplates.sidecar.dev")
+        .expect("the CRD stays");
+
+    eprintln!("[chart] passed in {:.1?}", started.elapsed());
+}
+
+/// `--set` values that turn every optional object on.
+const OPTIONALS: [&str; 2] = ["serviceMonitor.enabled=true", "networkPolicy.enabled=true"];
+
+fn step(what: &str) {
+    eprintln!("\n[chart] ===== {what}");
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}
+
+/// The cached helm, with its configuration, cache and data in a temporary directory (so the
+/// test neither reads nor writes the user's).
+struct Helm {
+    binary: PathBuf,
+    home: PathBuf,
+}
+
+impl Helm {
+    fn new() -> anyhow::Result<Self> {
+        let binary = tool("helm")?;
+        let home =
+            std::env::temp_dir().join(format!("sidecar-injector-helm-{}", std::process::id()));
+        std::fs::create_dir_all(&home)?;
+        Ok(Self { binary, home })
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .env("HELM_CONFIG_HOME", self.home.join("config"))
+            .env("HELM_CACHE_HOME", self.home.join("cache"))
+            .env("HELM_DATA_HOME", self.home.join("data"))
+            .env_remove("KUBECONFIG");
+        command
+    }
+
+    fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        output(self.command().args(args), "helm")
+    }
+
+    fn run_with(&self, cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+        output(
+            self.command()
+                .env("KUBECONFIG", cp.kubeconfig_path())
+                .args(args),
+            "helm",
+        )
+    }
+}
+
+impl Drop for Helm {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// Runs `command`; its stdout, or an error with its stderr.
+fn output(command: &mut Command, what: &str) -> anyhow::Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("cannot run {what}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr),
+            stdout
+        );
+    }
+    Ok(stdout)
+}
+
+fn get_named(
+    cp: &ControlPlane,
+    kind: &str,
+    namespace: Option<&str>,
+    name: &str,
+) -> anyhow::Result<String> {
+    let mut args = vec!["get", kind, name, "-o", "name"];
+    if let Some(namespace) = namespace {
+        args.extend(["-n", namespace]);
+    }
+    cp.kubectl_ok(&args)
+}
+
+/// Renders the chart (defaults, then every optional object) and validates the manifests, and
+/// every example, with kubeconform in strict mode against schemas made from this API server's
+/// OpenAPI document (which publishes the CRD the chart just installed). The ServiceMonitor is
+/// skipped: its CRD belongs to the Prometheus Operator, which is not installed here.
+fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    let kubeconform = tool("kubeconform")?;
+    let openapi = poll(
+        Duration::from_secs(30),
+        "the SidecarTemplate schema in /openapi/v2",
+        || {
+            let openapi: Value =
+                serde_json::from_str(&cp.kubectl_ok(&["get", "--raw", "/openapi/v2"])?)?;
+            Ok(openapi["definitions"]
+                .get("dev.sidecar.v1alpha1.SidecarTemplate")
+                .is_some()
+                .then_some(openapi))
+        },
+    )?;
+    let dir = cp.dir().join("schemas");
+    let written = write_kubeconform_schemas(&openapi, &dir)?;
+    eprintln!(
+        "[chart] {} schemas written to {}",
+        written.len(),
+        dir.display()
+    );
+
+    // The validator is not vacuous: a misspelt field and a wrong type are caught.
+    let bad = cp.dir().join("bad-deployment.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec:\n  replicas: two\n  \
+         selector: {matchLabels: {app: bad}}\n  template:\n    metadata: {labels: {app: bad}}\n    \
+         spec:\n      containerz: []\n      containers: [{name: app, image: busybox}]\n",
+    )?;
+    let caught = output(
+        Command::new(&kubeconform)
+            .args(["-strict", "-schema-location", &schema_location(&dir)])
+            .arg(&bad),
+        "kubeconform",
+    );
+    let caught = format!(
+        "{:#}",
+        caught
+            .err()
+            .context("kubeconform accepted a bad Deployment")?
+    );
+    ensure!(
+        caught.contains("containerz") && caught.contains("replicas"),
+        "kubeconform: {caught}"
+    );
+
+    let mut files = Vec::new();
+    for (label, sets) in [("defaults", &[][..]), ("optionals", &OPTIONALS[..])] {
+        let mut args = vec![
+            "template",
+            RELEASE,
+            path(chart),
+            "--namespace",
+            NAMESPACE,
+            "--include-crds",
+        ];
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let rendered = helm.run(&args)?;
+        let file = cp.dir().join(format!("chart-{label}.yaml"));
+        std::fs::write(&file, rendered)?;
+        files.push(file);
+    }
+    for entry in std::fs::read_dir(workspace_root().join("examples"))? {
+        for file in std::fs::read_dir(entry?.path())? {
+            let file = file?.path();
+            if file.extension().is_some_and(|e| e == "yaml") {
+                files.push(file);
+            }
+        }
+    }
+    let mut command = Command::new(&kubeconform);
+    command.args([
+        "-strict",
+        "-verbose",
+        "-output",
+        "json",
+        "-skip",
+        "ServiceMonitor",
+        "-schema-location",
+        &schema_location(&dir),
+    ]);
+    command.args(&files);
+    let report = output(&mut command, "kubeconform");
+    let report: Value = match report {
+        Ok(stdout) => serde_json::from_str(&stdout)?,
+        Err(e) => bail!("kubeconform found invalid manifests: {e:#}"),
+    };
+    let resources = report["resources"]
+        .as_array()
+        .context("no resources in the report")?;
+    let mut kinds: Vec<String> = Vec::new();
+    for resource in resources {
+        let kind = resource["kind"].as_str().unwrap_or_default().to_owned();
+        let status = resource["status"].as_str().unwrap_or_default();
+        let expected = if kind == "ServiceMonitor" {
+            "statusSkipped"
+        } else {
+            "statusValid"
+        };
+        ensure!(status == expected, "kubeconform: {resource}");
+        kinds.push(kind);
+    }
+    kinds.sort();
+    kinds.dedup();
+    eprintln!(
+        "[chart] kubeconform: {} manifests valid, kinds {kinds:?}",
+        resources.len()
+    );
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ConfigMap",
+        "CustomResourceDefinition",
+        "Deployment",
+        "Namespace",
+        "NetworkPolicy",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        "ServiceMonitor",
+        "SidecarTemplate",
+    ] {
+        ensure!(
+            kinds.iter().any(|k| k == kind),
+            "nothing of kind {kind} was checked"
+        );
+    }
+    for kind in ["MutatingWebhookConfiguration", "Secret"] {
+        ensure!(
+            !kinds.iter().any(|k| k == kind),
+            "the chart renders a {kind}: the operator owns it"
+        );
+    }
+    Ok(())
+}
+
+/// Starts the operator with a kubeconfig holding a token of the chart's ServiceAccount and
+/// with the arguments of the chart's Deployment (in url mode, since nothing runs Pods here:
+/// listening addresses, log format and identity are the harness's).
+fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operator> {
+    let token = cp.kubectl_ok(&[
+        "create",
+        "token",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--duration",
+        "1h",
+    ])?;
+    let kubeconfig = cp.dir().join("chart-service-account.kubeconfig");
+    cp.write_token_kubeconfig(token.trim(), &kubeconfig)?;
+
+    let deployment = cp.get_json("deployment", Some(NAMESPACE), RELEASE)?;
+    let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .context("the Deployment's container has no args")?
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    let extra_args = chart_arguments(&args)?;
+    eprintln!(
+        "[chart] the Deployment's arguments used: {}",
+        extra_args.join(" ")
+    );
+    Operator::start(
+        cp,
+        OperatorOptions {
+            namespace: NAMESPACE.to_owned(),
+            leader_election: true,
+            kubeconfig: Some(kubeconfig),
+            extra_args,
+            ..OperatorOptions::default()
+        },
+    )
+}
+
+/// The Deployment's `run` arguments, less those the harness sets itself.
+fn chart_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
+    const HARNESS: [&str; 6] = [
+        "--namespace",
+        "--listen",
+        "--admin-listen",
+        "--log-format",
+        "--leader-election",
+        "--identity",
+    ];
+    let mut rest = args.iter();
+    ensure!(
+        rest.next().map(String::as_str) == Some("run"),
+        "args: {args:?}"
+    );
+    let mut kept = Vec::new();
+    while let Some(flag) = rest.next() {
+        ensure!(flag.starts_with("--"), "a value without its flag: {flag}");
+        let value = rest
+            .next()
+            .with_context(|| format!("{flag} has no value"))?;
+        if !HARNESS.contains(&flag.as_str()) {
+            kept.extend([flag.clone(), value.clone()]);
+        }
+    }
+    Ok(kept)
+}
+
+/// Everything the operator does, done under the chart's RBAC: status, Events, the
+/// configuration (created, watched, restored), the Secret, the Lease, and owner references
+/// to the chart's ClusterRole on all three.
+fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<()> {
+    poll(Duration::from_secs(30), "the operator to lead", || {
+        Ok(operator
+            .metrics()?
+            .lines()
+            .any(|l| l.trim() == "sidecar_injector_leader 1")
+            .then_some(()))
+    })?;
+    cp.apply_file(&example("nginx-sidecar/sidecartemplate.yaml"))?;
+    let entry = wait_served(cp, "nginx-sidecar", RELEASE)?;
+    let ns = cp.namespace("chart", &[("sidecar.dev/example", "nginx-sidecar")])?;
+    wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
+    eprintln!("[chart] nginx-sidecar Ready, served by {entry}, and injected");
+
+    // An invalid template: its status says why and an Event is published.
+    cp.apply_yaml(
+        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata:\n  name: chart-invalid\n\
+         spec:\n  containers:\n    - name: broken\n      image: busybox:1.36\n      args: [\"{{ pod.nope }}\"]\n",
+    )?;
+    poll(
+        Duration::from_secs(30),
+        "an Invalid event for chart-invalid",
+        || {
+            Ok(cp
+                .list_json("events.events.k8s.io", Some("default"), None)?
+                .into_iter()
+                .find(|e| e["regarding"]["name"] == "chart-invalid" && e["reason"] == "Invalid"))
+        },
+    )?;
+    eprintln!("[chart] an invalid template got its Event");
+
+    let owner_uid = cp.get_json("clusterrole", None, RELEASE)?["metadata"]["uid"].clone();
+    for (kind, namespace, name) in CREATED_AT_RUN_TIME {
+        let object = cp.get_json(kind, namespace, name)?;
+        let owners = &object["metadata"]["ownerReferences"];
+        ensure!(
+            owners
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|o| o["kind"] == "ClusterRole" && o["uid"] == owner_uid),
+            "{kind} {name} is not owned by ClusterRole {RELEASE}: {owners}"
+        );
+    }
+
+    let uid =
+        cp.get_json("mutatingwebhookconfiguration", None, RELEASE)?["metadata"]["uid"].clone();
+    cp.kubectl_ok(&["delete", "mutatingwebhookconfiguration", RELEASE])?;
+    poll(
+        Duration::from_secs(20),
+        "the configuration to be restored",
+        || {
+            Ok(cp
+                .try_get_json("mutatingwebhookconfiguration", None, RELEASE)?
+                .filter(|c| c["metadata"]["uid"] != uid)
+                .map(|_| ()))
+        },
+    )?;
+    eprintln!(
+        "[chart] the configuration, Secret and Lease are owned by the ClusterRole; a deleted configuration was restored"
+    );
+    cp.kubectl_ok(&["delete", "sidecartemplate", "chart-invalid"])?;
+    Ok(())
+}
+
+/// `kubectl auth can-i` as the chart's ServiceAccount: what the operator needs is allowed,
+/// and nothing around it.
+fn can_i_matrix(cp: &ControlPlane) -> anyhow::Result<()> {
+    // (verb, resource, namespace, allowed)
+    let matrix: &[(&str, &str, Option<&str>, bool)] = &[
+        // What it needs.
+        ("list", "sidecartemplates.sidecar.dev", None, true),
+        ("watch", "sidecartemplates.sidecar.dev", None, true),
+        ("patch", "sidecartemplates.sidecar.dev/status", None, true),
+        ("create", "events.events.k8s.io", Some("default"), true),
+        ("create", "mutatingwebhookconfigurations", None, true),
+        (
+            "patch",
+            "mutatingwebhookconfigurations/sidecar-injector",
+            None,
+            true,
+        ),
+        (
+            "watch",
+            "mutatingwebhookconfigurations/sidecar-injector",
+            None,
+            true,
+        ),
+        ("get", "secrets/sidecar-injector-tls", Some(NAMESPACE), true),
+        (
+            "update",
+            "secrets/sidecar-injector-tls",
+            Some(NAMESPACE),
+            true,
+        ),
+        ("create", "secrets", Some(NAMESPACE), true),
+        (
+            "update",
+            "leases.coordination.k8s.io/sidecar-injector-leader",
+            Some(NAMESPACE),
+            true,
+        ),
+        (
+            "create",
+            "leases.coordination.k8s.io",
+            Some(NAMESPACE),
+            true,
+        ),
+        ("get", "clusterroles/sidecar-injector", None, true),
+        // Other Secrets, here and elsewhere.
+        ("get", "secrets/other", Some(NAMESPACE), false),
+        ("list", "secrets", Some(NAMESPACE), false),
+        ("get", "secrets", Some("kube-system"), false),
+        ("list", "secrets", None, false),
+        (
+            "delete",
+            "secrets/sidecar-injector-tls",
+            Some(NAMESPACE),
+            false,
+        ),
+        // Other webhook configurations.
+        ("list", "mutatingwebhookconfigurations", None, false),
+        ("patch", "mutatingwebhookconfigurations/other", None, false),
+        ("delete", "mutatingwebhookconfigurations/other", None, false),
+        (
+            "update",
+            "validatingwebhookconfigurations/other",
+            None,
+            false,
+        ),
+        ("create", "validatingwebhookconfigurations", None, false),
+        // Pods, anywhere.
+        ("create", "pods", Some("default"), false),
+        ("patch", "pods", Some("default"), false),
+        ("delete", "pods", Some(NAMESPACE), false),
+        ("get", "pods", Some("default"), false),
+        // The templates themselves, other Leases, RBAC.
+        ("update", "sidecartemplates.sidecar.dev", None, false),
+        ("delete", "sidecartemplates.sidecar.dev", None, false),
+        (
+            "update",
+            "leases.coordination.k8s.io/other",
+            Some(NAMESPACE),
+            false,
+        ),
+        (
+            "delete",
+            "leases.coordination.k8s.io/sidecar-injector-leader",
+            Some(NAMESPACE),
+            false,
+        ),
+        ("update", "clusterroles/sidecar-injector", None, false),
+        ("create", "clusterrolebindings", None, false),
+        ("bind", "clusterroles", None, false),
+        ("escalate", "clusterroles", None, false),
+        ("impersonate", "serviceaccounts", Some(NAMESPACE), false),
+        ("*", "*", None, false),
+    ];
+    let mut wrong = Vec::new();
+    for (verb, resource, namespace, allowed) in matrix {
+        // kubectl reads `resource/name`; a subresource is a flag of its own.
+        let mut args = vec!["auth", "can-i", verb, "--as", SERVICE_ACCOUNT];
+        match resource.strip_suffix("/status") {
+            Some(base) => args.extend([base, "--subresource", "status"]),
+            None => args.push(resource),
+        }
+        match namespace {
+            Some(ns) => args.extend(["--namespace", ns]),
+            None => args.push("--all-namespaces"),
+        }
+        let out = cp.kubectl(&args)?;
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let yes = match answer.as_str() {
+            "yes" => true,
+            "no" => false,
+            _ => bail!(
+                "kubectl auth can-i {verb} {resource}: {answer:?} {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        };
+        let scope = namespace.unwrap_or("cluster");
+        eprintln!("[chart] can-i {verb:<11} {resource:<55} {scope:<17} {answer}");
+        if yes != *allowed {
+            wrong.push(format!(
+                "{verb} {resource} ({scope}): {answer}, expected {}",
+                if *allowed { "yes" } else { "no" }
+            ));
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "RBAC matrix mismatches:\n{}",
+        wrong.join("\n")
+    );
+    Ok(())
+}
+
+/// Waits until every object of the release and every object the operator created is gone
+/// (garbage collection removes the latter once helm has deleted the owning ClusterRole).
+fn wait_uninstalled(cp: &ControlPlane) -> anyhow::Result<()> {
+    injector_e2e::poll_every(
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        "nothing left after helm uninstall",
+        || {
+            let mut left = Vec::new();
+            for (kind, namespace, name) in CREATED_AT_RUN_TIME {
+                if cp.try_get_json(kind, namespace, name)?.is_some() {
+                    left.push(format!("{kind}/{name}"));
+                }
+            }
+            for (kind, namespace) in INSTALLED {
+                if kind.starts_with("customresourcedefinition") {
+                    continue;
+                }
+                if cp.try_get_json(kind, namespace, RELEASE)?.is_some() {
+                    left.push(format!("{kind}/{RELEASE}"));
+                }
+            }
+            if !left.is_empty() {
+                eprintln!("[chart] still there: {}", left.join(", "));
+            }
+            Ok(left.is_empty().then_some(()))
+        },
+    )
+}
