@@ -79,6 +79,11 @@ demo:
 bench-webhook:
     bench/webhook-load.sh
 
+# End-to-end figures against a local control plane: template apply to first injection, Pod CREATE latency with and without the webhook, operator start to ready (figures go in BENCHMARKS.md)
+bench-e2e:
+    cargo build --release --quiet -p injector-cli --bin sidecar-injector
+    SIDECAR_INJECTOR_BIN="$PWD/target/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
+
 # End-to-end scenarios and chart tests against a local control plane (the first build of its binaries takes ~15 minutes); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e:
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture

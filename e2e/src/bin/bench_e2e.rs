@@ -1,0 +1,502 @@
+//! `just bench-e2e`: the end-to-end figures of BENCHMARKS.md, measured against a local
+//! control plane with the operator (a release build) out of cluster in url mode:
+//!
+//! 1. operator start to ready (`/readyz` 200), with the certificate Secret present and with
+//!    it deleted first (so the start generates the CA and the serving certificate);
+//! 2. from `kubectl apply` of a new template to the first Pod it injects (probing with
+//!    server-side dry-run creates every 10 ms);
+//! 3. Pod CREATE latency at a steady stream of creations, into a namespace a template selects
+//!    (the API server calls the webhook) and into one no template selects (it does not): the
+//!    client's view, the API server's `apiserver_request_duration_seconds` and
+//!    `apiserver_admission_webhook_admission_duration_seconds`, and the webhook's own
+//!    `sidecar_injector_admission_duration_seconds`.
+//!
+//! Prints a Markdown report and writes it to `target/bench-e2e.md`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use injector_e2e::steps::{example, wait_crd_established, wait_served};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+/// Templates applied, one after the other, for figure 2.
+const APPLIES: usize = 25;
+/// How often figure 2 probes for injection.
+const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// Operator starts of each kind for figure 1.
+const STARTS: usize = 10;
+/// Pods created per second, and for how long, in each stream of figure 3.
+const STREAM_RATE: u32 = 20;
+const STREAM_SECONDS: u32 = 20;
+
+fn main() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cp = ControlPlane::start()?;
+    cp.apply_file(&workspace_root().join("crds"))?;
+    wait_crd_established(&cp)?;
+    let client = runtime.block_on(client_for(&cp))?;
+    let mut report = String::new();
+    writeln!(
+        report,
+        "## End to end (`just bench-e2e`)\n\nLocal control plane (etcd, kube-apiserver, \
+         kube-controller-manager, all on 127.0.0.1), operator release build out of cluster in \
+         url mode, leader election on.\n"
+    )?;
+
+    let mut operator = Operator::start(&cp, OperatorOptions::default())?;
+    operator_start_to_ready(&cp, &mut operator, &mut report)?;
+    apply_to_first_injection(&cp, &runtime, &client, &mut report)?;
+    pod_create_latency(&cp, &runtime, &client, &operator, &mut report)?;
+
+    println!("{report}");
+    let path = workspace_root().join("target/bench-e2e.md");
+    std::fs::write(&path, &report).with_context(|| format!("cannot write {}", path.display()))?;
+    eprintln!("[bench] report written to {}", path.display());
+    Ok(())
+}
+
+async fn client_for(cp: &ControlPlane) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(cp.kubeconfig_path())?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Figure 1: restarts with the Secret kept, and with it deleted before the start.
+fn operator_start_to_ready(
+    cp: &ControlPlane,
+    operator: &mut Operator,
+    report: &mut String,
+) -> anyhow::Result<()> {
+    let mut kept = Vec::new();
+    let mut fresh = Vec::new();
+    for start in 0..2 * STARTS {
+        operator.stop()?;
+        let generate = start % 2 == 1;
+        if generate {
+            cp.kubectl_ok(&[
+                "delete",
+                "secret",
+                "sidecar-injector-tls",
+                "-n",
+                "sidecar-injector",
+            ])?;
+        }
+        operator.restart()?;
+        let took = operator.ready_after().context("no start time")?;
+        if generate { &mut fresh } else { &mut kept }.push(took);
+    }
+    writeln!(
+        report,
+        "### Operator start to ready\n\nFrom spawning `sidecar-injector run` to the first \
+         `/readyz` 200 (polled every {READY_POLL:?}): the templates listed and a serving \
+         certificate loaded. {STARTS} starts of each kind.\n\n\
+         | start | p50 | max |\n|---|---|---|\n\
+         | Secret present (restart) | {} | {} |\n\
+         | no Secret (CA and serving certificate generated) | {} | {} |\n",
+        ms(percentile(&kept, 50.0)),
+        ms(percentile(&kept, 100.0)),
+        ms(percentile(&fresh, 50.0)),
+        ms(percentile(&fresh, 100.0)),
+    )?;
+    Ok(())
+}
+
+/// Figure 2: a new template per round, selecting a namespace of its own; the clock starts
+/// before `kubectl apply` and stops when a dry-run Pod in that namespace comes back injected.
+fn apply_to_first_injection(
+    cp: &ControlPlane,
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    report: &mut String,
+) -> anyhow::Result<()> {
+    let mut latencies = Vec::new();
+    for round in 0..APPLIES {
+        let value = round.to_string();
+        let namespace = cp.namespace("bench-apply", &[("bench.sidecar.dev/round", &value)])?;
+        let name = format!("bench-apply-{round}");
+        let container = format!("bench-{round}");
+        let template = json!({
+            "apiVersion": "sidecar.dev/v1alpha1",
+            "kind": "SidecarTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"bench.sidecar.dev/round": value}},
+                "failurePolicy": "Ignore",
+                "containers": [{"name": container, "image": "busybox:1.36"}],
+            },
+        });
+        let started = Instant::now();
+        cp.apply_yaml(&template.to_string())?;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        runtime.block_on(async {
+            let deadline = started + Duration::from_secs(30);
+            loop {
+                let pod = pods.create(&dry_run(), &probe_pod()).await?;
+                let injected = pod
+                    .spec
+                    .iter()
+                    .flat_map(|spec| &spec.containers)
+                    .any(|c| c.name == container);
+                if injected {
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    bail!("{name} did not inject within 30 s");
+                }
+                tokio::time::sleep(PROBE_INTERVAL).await;
+            }
+        })?;
+        let took = started.elapsed();
+        eprintln!("[bench] apply {round}: first injection after {took:.1?}");
+        latencies.push(took);
+        cp.kubectl_ok(&["delete", "sidecartemplate", &name])?;
+        cp.kubectl_ok(&["delete", "namespace", &namespace, "--wait=false"])?;
+        // Let the deletion's reconcile settle before the next round's clock starts.
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    writeln!(
+        report,
+        "### From `kubectl apply` of a new template to the first Pod it injects\n\n\
+         {APPLIES} applies, one at a time; each template selects a namespace of its own, so each \
+         adds a webhook entry. The clock starts before `kubectl apply` (its ~0.1 s of process \
+         start and request included) and stops when a server-side dry-run Pod, created every \
+         {PROBE_INTERVAL:?}, comes back with the sidecar.\n\n\
+         | p50 | p99 | min | max |\n|---|---|---|---|\n| {} | {} | {} | {} |\n",
+        ms(percentile(&latencies, 50.0)),
+        ms(percentile(&latencies, 99.0)),
+        ms(percentile(&latencies, 0.0)),
+        ms(percentile(&latencies, 100.0)),
+    )?;
+    Ok(())
+}
+
+/// Figure 3: the same stream of creations with and without the webhook in the path.
+fn pod_create_latency(
+    cp: &ControlPlane,
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    operator: &Operator,
+    report: &mut String,
+) -> anyhow::Result<()> {
+    cp.apply_file(&example("nginx-sidecar/sidecartemplate.yaml"))?;
+    wait_served(cp, "nginx-sidecar", "sidecar-injector")?;
+    let selected = cp.namespace(
+        "bench-stream-selected",
+        &[("sidecar.dev/example", "nginx-sidecar")],
+    )?;
+    let unselected = cp.namespace("bench-stream-unselected", &[])?;
+    // The API server picks the configuration up asynchronously: warm up until it injects.
+    injector_e2e::steps::wait_injected(cp, &selected, &["app=web"], "nginx-sidecar")?;
+
+    writeln!(
+        report,
+        "### Pod CREATE latency, with and without the webhook\n\n\
+         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s into each namespace (real creates, stored; \
+         they stay Pending, nothing schedules them). *With*: the namespace is selected by \
+         examples/nginx-sidecar, so the API server calls the webhook (over TLS, reusing its \
+         connections) and applies the patch; *without*: no template selects it, so no webhook \
+         entry matches and the webhook is not called. The API server's histograms have coarse \
+         buckets (the first ends at 5 ms), so they are given as a mean (sum / count) and the \
+         share of observations in that first bucket.\n\n\
+         | path | Pods | client p50 | client p99 | API server, POST pods: mean (≤ 5 ms) | \
+         API server, webhook calls: count, mean (≤ 5 ms) | the webhook's own handling: count, mean |\n\
+         |---|---|---|---|---|---|---|"
+    )?;
+    for (label, namespace, labels) in [
+        ("with the webhook", &selected, "app=web"),
+        ("without", &unselected, "app=web"),
+    ] {
+        let before = Scrape::take(cp, operator)?;
+        let latencies = runtime.block_on(stream(client, namespace, labels))?;
+        let after = Scrape::take(cp, operator)?;
+        let requests = after.requests.minus(&before.requests);
+        let admission = after.admission.minus(&before.admission);
+        let webhook = after.webhook.minus(&before.webhook);
+        let call = if admission.count == 0.0 {
+            "not called".to_owned()
+        } else {
+            format!(
+                "{}, {} ({:.1} %)",
+                admission.count,
+                ms_f(admission.mean()),
+                admission.share_within(0.005) * 100.0
+            )
+        };
+        let own = if webhook.count == 0.0 {
+            "—".to_owned()
+        } else {
+            format!("{}, {:.2} ms", webhook.count, webhook.mean() * 1e3)
+        };
+        writeln!(
+            report,
+            "| {label} | {} | {} | {} | {} ({:.1} %) | {call} | {own} |",
+            latencies.len(),
+            ms(percentile(&latencies, 50.0)),
+            ms(percentile(&latencies, 99.0)),
+            ms_f(requests.mean()),
+            requests.share_within(0.005) * 100.0,
+        )?;
+    }
+    writeln!(report)?;
+    Ok(())
+}
+
+/// Creates `STREAM_RATE` Pods a second for `STREAM_SECONDS`, each on its own task so a slow
+/// creation does not delay the next; returns each creation's latency as the client saw it.
+async fn stream(
+    client: &kube::Client,
+    namespace: &str,
+    labels: &str,
+) -> anyhow::Result<Vec<Duration>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1) / STREAM_RATE);
+    let mut tasks = Vec::new();
+    let (key, value) = labels.split_once('=').context("labels")?;
+    let mut pod = probe_pod();
+    pod.metadata.labels = Some(BTreeMap::from([(key.to_owned(), value.to_owned())]));
+    for _ in 0..STREAM_RATE * STREAM_SECONDS {
+        ticker.tick().await;
+        let pods = pods.clone();
+        let pod = pod.clone();
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            pods.create(&PostParams::default(), &pod).await?;
+            anyhow::Ok(started.elapsed())
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.push(task.await??);
+    }
+    Ok(latencies)
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+fn probe_pod() -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "bench-"},
+        "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
+    }))
+    .unwrap_or_default()
+}
+
+/// The histograms read before and after a stream.
+struct Scrape {
+    requests: Histogram,
+    admission: Histogram,
+    webhook: Histogram,
+}
+
+impl Scrape {
+    fn take(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<Self> {
+        let apiserver = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
+        let requests = Histogram::parse(&apiserver, "apiserver_request_duration_seconds", |l| {
+            l.get("verb").is_some_and(|v| v == "POST")
+                && l.get("resource").is_some_and(|v| v == "pods")
+                && l.get("subresource").is_none_or(String::is_empty)
+                && l.get("dry_run").is_none_or(String::is_empty)
+        });
+        let admission = Histogram::parse(
+            &apiserver,
+            "apiserver_admission_webhook_admission_duration_seconds",
+            |l| l.get("operation").is_some_and(|v| v == "CREATE"),
+        );
+        let webhook = Histogram::parse(
+            &operator.metrics()?,
+            "sidecar_injector_admission_duration_seconds",
+            |_| true,
+        );
+        Ok(Self {
+            requests,
+            admission,
+            webhook,
+        })
+    }
+}
+
+/// A Prometheus histogram summed over the series a filter keeps.
+#[derive(Debug, Default, Clone)]
+struct Histogram {
+    /// Cumulative counts by upper bound (`+Inf` as infinity).
+    buckets: Vec<(f64, f64)>,
+    sum: f64,
+    count: f64,
+}
+
+impl Histogram {
+    fn parse(text: &str, name: &str, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> Self {
+        let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+        let mut histogram = Histogram::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let (metric, labels) = match series.split_once('{') {
+                Some((metric, labels)) => (metric, parse_labels(labels.trim_end_matches('}'))),
+                None => (series, BTreeMap::new()),
+            };
+            if !keep(&labels) {
+                continue;
+            }
+            match metric.strip_prefix(name) {
+                Some("_bucket") => {
+                    let bound = match labels.get("le").map(String::as_str) {
+                        Some("+Inf") => f64::INFINITY,
+                        Some(le) => le.parse().unwrap_or(f64::INFINITY),
+                        None => continue,
+                    };
+                    buckets.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += value;
+                }
+                Some("_sum") => histogram.sum += value,
+                Some("_count") => histogram.count += value,
+                _ => {}
+            }
+        }
+        histogram.buckets = buckets.into_values().collect();
+        histogram.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        histogram
+    }
+
+    /// `self - earlier`, bucket by bucket.
+    fn minus(&self, earlier: &Histogram) -> Histogram {
+        let buckets = self
+            .buckets
+            .iter()
+            .map(|(bound, count)| {
+                let before = earlier
+                    .buckets
+                    .iter()
+                    .find(|(b, _)| b == bound)
+                    .map_or(0.0, |(_, c)| *c);
+                (*bound, count - before)
+            })
+            .collect();
+        Histogram {
+            buckets,
+            sum: self.sum - earlier.sum,
+            count: self.count - earlier.count,
+        }
+    }
+
+    fn mean(&self) -> f64 {
+        if self.count == 0.0 {
+            0.0
+        } else {
+            self.sum / self.count
+        }
+    }
+
+    /// The share of observations at most `bound` (one of the buckets' upper bounds).
+    fn share_within(&self, bound: f64) -> f64 {
+        let within = self
+            .buckets
+            .iter()
+            .find(|(b, _)| *b == bound)
+            .map_or(0.0, |(_, count)| *count);
+        if self.count == 0.0 {
+            0.0
+        } else {
+            within / self.count
+        }
+    }
+}
+
+/// `a="x",b="y"` as a map (the values here hold no quotes or commas).
+fn parse_labels(labels: &str) -> BTreeMap<String, String> {
+    labels
+        .split("\",")
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once("=\"")?;
+            Some((
+                key.trim().to_owned(),
+                value.trim_end_matches('"').to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// The `p`th percentile (nearest rank) of `values`.
+fn percentile(values: &[Duration], p: f64) -> Duration {
+    let mut sorted = values.to_vec();
+    sorted.sort();
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.1} ms", duration.as_secs_f64() * 1e3)
+}
+
+fn ms_f(seconds: f64) -> String {
+    if seconds.is_nan() {
+        "—".to_owned()
+    } else {
+        format!("{:.1} ms", seconds * 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn histograms_are_summed_and_subtracted() {
+        let text = "# HELP x\n\
+            x_bucket{a=\"1\",le=\"0.1\"} 10\nx_bucket{a=\"1\",le=\"1\"} 20\nx_bucket{a=\"1\",le=\"+Inf\"} 20\n\
+            x_bucket{a=\"2\",le=\"0.1\"} 0\nx_bucket{a=\"2\",le=\"1\"} 20\nx_bucket{a=\"2\",le=\"+Inf\"} 20\n\
+            x_sum{a=\"1\"} 4\nx_sum{a=\"2\"} 6\nx_count{a=\"1\"} 20\nx_count{a=\"2\"} 20\n\
+            y_bucket{le=\"1\"} 99\n";
+        let all = Histogram::parse(text, "x", |_| true);
+        assert_eq!(
+            all.buckets,
+            [(0.1, 10.0), (1.0, 40.0), (f64::INFINITY, 40.0)]
+        );
+        assert_eq!(all.count, 40.0);
+        assert!((all.mean() - 0.25).abs() < 1e-9);
+        assert!((all.share_within(0.1) - 0.25).abs() < 1e-9);
+        assert!((all.share_within(1.0) - 1.0).abs() < 1e-9);
+        let one = Histogram::parse(text, "x", |l| l.get("a").is_some_and(|v| v == "1"));
+        let difference = all.minus(&one);
+        assert_eq!(
+            difference.buckets,
+            [(0.1, 0.0), (1.0, 20.0), (f64::INFINITY, 20.0)]
+        );
+        assert_eq!(Histogram::default().share_within(0.1), 0.0);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&values, 50.0), Duration::from_millis(50));
+        assert_eq!(percentile(&values, 99.0), Duration::from_millis(99));
+        assert_eq!(percentile(&values, 0.0), Duration::from_millis(1));
+        assert_eq!(percentile(&values, 100.0), Duration::from_millis(100));
+    }
+}
