@@ -23,7 +23,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 const KUBECTL_REQUEST_TIMEOUT: &str = "--request-timeout=30s";
 
 /// A running local control plane: etcd, kube-apiserver (RBAC, the default admission plugins,
-/// ServiceAccount included) and kube-controller-manager (every default controller: Pods of
+/// ServiceAccount included, plus OwnerReferencesPermissionEnforcement) and kube-controller-manager (every default controller: Pods of
 /// Deployments and Jobs are created, namespaces get their `default` ServiceAccount, garbage
 /// collection runs). There is no scheduler and no kubelet: Pods stay Pending.
 ///
@@ -129,6 +129,9 @@ impl ControlPlane {
                 ),
                 "--service-cluster-ip-range=10.96.0.0/24".to_owned(),
                 "--authorization-mode=RBAC".to_owned(),
+                // As in OpenShift: changing an object's owner references needs the right to
+                // delete it, which the chart's RBAC must allow for the operator's adoptions.
+                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_owned(),
                 "--allow-privileged=true".to_owned(),
             ],
         )?;

@@ -5,8 +5,9 @@
 //! kubeconform looks a schema up by kind and apiVersion; with the schema location
 //! `<dir>/{{ .ResourceKind }}{{ .KindSuffix }}.json` (see [`schema_location`]) a Deployment of
 //! `apps/v1` is `deployment-apps-v1.json` and a ConfigMap of `v1` is `configmap-v1.json`. Each
-//! file holds the kind's definition and every definition it reaches, with the same fixes
-//! kubeconform's own schema generator applies:
+//! file holds the kind's definition and every definition it reaches, with the fixes
+//! kubeconform's own schema generator applies, but one (it also accepts `null` for optional
+//! fields; these schemas do not, so they are the stricter):
 //! - `int-or-string` fields accept both (OpenAPI v2 calls them strings), and quantities accept
 //!   numbers (`cpu: 1`);
 //! - strict: an object schema with `properties` rejects other properties unless it preserves

@@ -392,6 +392,15 @@ fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operat
     let kubeconfig = cp.dir().join("chart-service-account.kubeconfig");
     cp.write_token_kubeconfig(token.trim(), &kubeconfig)?;
 
+    // A Lease without the owner reference, as a release from before owner references would
+    // have left it (and long expired): the operator must adopt it, which under
+    // OwnerReferencesPermissionEnforcement needs the chart's `delete` on it.
+    cp.apply_yaml(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {LEASE}, namespace: {NAMESPACE}}}\n\
+         spec: {{holderIdentity: an-older-replica, leaseDurationSeconds: 15, \
+         renewTime: \"2025-01-01T00:00:00.000000Z\"}}\n"
+    ))?;
+
     let deployment = cp.get_json("deployment", Some(NAMESPACE), RELEASE)?;
     let args: Vec<String> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
         .as_array()
@@ -416,7 +425,9 @@ fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operat
     )
 }
 
-/// The Deployment's `run` arguments, less those the harness sets itself.
+/// The Deployment's `run` arguments, less those the harness sets itself. Every argument is a
+/// `--flag value` pair or a `--flag=value`, as the chart writes them (`operator.extraArgs` in
+/// the same forms; a bare boolean flag would need a value here).
 fn chart_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
     const HARNESS: [&str; 6] = [
         "--namespace",
@@ -434,6 +445,12 @@ fn chart_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
     let mut kept = Vec::new();
     while let Some(flag) = rest.next() {
         ensure!(flag.starts_with("--"), "a value without its flag: {flag}");
+        if let Some((name, _)) = flag.split_once('=') {
+            if !HARNESS.contains(&name) {
+                kept.push(flag.clone());
+            }
+            continue;
+        }
         let value = rest
             .next()
             .with_context(|| format!("{flag} has no value"))?;
@@ -556,17 +573,25 @@ fn can_i_matrix(cp: &ControlPlane) -> anyhow::Result<()> {
             true,
         ),
         ("get", "clusterroles/sidecar-injector", None, true),
+        // To add its owner to a Secret or Lease written before an upgrade, under the
+        // OwnerReferencesPermissionEnforcement admission plugin (the local API server has it on).
+        (
+            "delete",
+            "secrets/sidecar-injector-tls",
+            Some(NAMESPACE),
+            true,
+        ),
+        (
+            "delete",
+            "leases.coordination.k8s.io/sidecar-injector-leader",
+            Some(NAMESPACE),
+            true,
+        ),
         // Other Secrets, here and elsewhere.
         ("get", "secrets/other", Some(NAMESPACE), false),
         ("list", "secrets", Some(NAMESPACE), false),
         ("get", "secrets", Some("kube-system"), false),
         ("list", "secrets", None, false),
-        (
-            "delete",
-            "secrets/sidecar-injector-tls",
-            Some(NAMESPACE),
-            false,
-        ),
         // Other webhook configurations.
         ("list", "mutatingwebhookconfigurations", None, false),
         ("patch", "mutatingwebhookconfigurations/other", None, false),
@@ -589,12 +614,6 @@ fn can_i_matrix(cp: &ControlPlane) -> anyhow::Result<()> {
         (
             "update",
             "leases.coordination.k8s.io/other",
-            Some(NAMESPACE),
-            false,
-        ),
-        (
-            "delete",
-            "leases.coordination.k8s.io/sidecar-injector-leader",
             Some(NAMESPACE),
             false,
         ),

@@ -39,7 +39,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["n-certificate-rotation-under-load"];
 
-const SCENARIOS: [(&str, Scenario); 14] = [
+const SCENARIOS: [(&str, Scenario); 15] = [
     ("a-tutorial-nginx-sidecar", tutorial_nginx_sidecar),
     (
         "b-namespace-selector-non-match",
@@ -66,6 +66,7 @@ const SCENARIOS: [(&str, Scenario); 14] = [
         "n-certificate-rotation-under-load",
         certificate_rotation_under_load,
     ),
+    ("o-certificate-secret-deleted", certificate_secret_deleted),
 ];
 
 #[test]
@@ -1118,6 +1119,35 @@ fn log_shipper_shared_volume(env: &mut Env<'_>) -> anyhow::Result<()> {
     assert_untouched(&excluded, "quiet")?;
     cp.kubectl_ok(&["delete", "namespace", "logs-demo", "--wait=false"])?;
     cp.kubectl_ok(&["delete", "sidecartemplate", "log-shipper", "--wait=true"])?;
+    Ok(())
+}
+
+/// o. Deleting the certificate Secret: the leader notices and generates a new CA and
+/// certificate within seconds (not at its next periodic check, a minute away), and injection
+/// works with them.
+fn certificate_secret_deleted(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let (namespace, name) = ("sidecar-injector", "sidecar-injector-tls");
+    let old_ca = cp.get_json("secret", Some(namespace), name)?["data"]["ca.crt"].clone();
+    cp.kubectl_ok(&["delete", "secret", name, "-n", namespace])?;
+    let deleted = Instant::now();
+    poll(
+        Duration::from_secs(10),
+        "a new certificate Secret with a new CA",
+        || {
+            Ok(cp
+                .try_get_json("secret", Some(namespace), name)?
+                .filter(|secret| secret["data"]["ca.crt"] != old_ca)
+                .map(|_| ()))
+        },
+    )?;
+    eprintln!(
+        "[e2e] a new CA and certificate {:.1?} after the deletion",
+        deleted.elapsed()
+    );
+    apply_template(cp, "nginx-sidecar")?;
+    let ns = cp.namespace("new-ca", &[NGINX_LABEL])?;
+    wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
     Ok(())
 }
 

@@ -208,6 +208,8 @@ pub struct Operator {
     metrics: Arc<ControllerMetrics>,
     observed: ObservedTemplates,
     templates_changed: Notify,
+    /// Wakes the certificate loop when the Secret is deleted.
+    secret_deleted: Notify,
     ca_bundle: watch::Sender<Option<String>>,
     leading: watch::Receiver<bool>,
 }
@@ -231,6 +233,7 @@ impl Operator {
             metrics,
             observed: ObservedTemplates::default(),
             templates_changed: Notify::new(),
+            secret_deleted: Notify::new(),
             ca_bundle: watch::channel(None).0,
             leading,
         })
@@ -293,17 +296,14 @@ impl Operator {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.options.namespace);
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.options.secret_name));
-        let mut events = watcher::watcher(api, config)
-            .default_backoff()
-            .applied_objects()
-            .boxed();
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
         loop {
-            let secret = tokio::select! {
+            let event = tokio::select! {
                 _ = stop.cancelled() => return,
-                secret = events.try_next() => secret,
+                event = events.try_next() => event,
             };
-            match secret {
-                Ok(Some(secret)) => {
+            match event {
+                Ok(Some(Event::Apply(secret) | Event::InitApply(secret))) => {
                     if let Some(bundle) = load_secret(&secret, &self.certificates) {
                         tracing::info!("serving certificate loaded from the Secret");
                         self.ca_bundle
@@ -313,6 +313,13 @@ impl Operator {
                         }
                     }
                 }
+                // Replicas keep serving the certificate they hold; the leader makes a new one
+                // now rather than at its next periodic check.
+                Ok(Some(Event::Delete(_))) => {
+                    tracing::warn!("the certificate Secret was deleted; the leader regenerates it");
+                    self.secret_deleted.notify_one();
+                }
+                Ok(Some(Event::Init | Event::InitDone)) => {}
                 Ok(None) => return,
                 Err(error) => {
                     tracing::warn!(%error, "watching the certificate Secret failed; retrying")
@@ -351,6 +358,7 @@ impl Operator {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
                 _ = leading.changed() => {}
+                _ = self.secret_deleted.notified() => {}
             }
         }
     }

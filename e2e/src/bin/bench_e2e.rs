@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use injector_e2e::steps::{example, wait_crd_established, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -290,14 +291,23 @@ fn dry_run() -> PostParams {
     }
 }
 
+/// A one-container Pod named by the API server (`bench-…`).
 fn probe_pod() -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"generateName": "bench-"},
-        "spec": {"containers": [{"name": "app", "image": "busybox:1.36"}]},
-    }))
-    .unwrap_or_default()
+    Pod {
+        metadata: ObjectMeta {
+            generate_name: Some("bench-".to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "app".to_owned(),
+                image: Some("busybox:1.36".to_owned()),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
 }
 
 /// The histograms read before and after a stream.
