@@ -19,8 +19,10 @@ fn request(templates: &[&Path], pod: &Path) -> RenderRequest {
     }
 }
 
+/// Writes a scratch file under cargo's per-target temporary directory (inside `target/`, so
+/// nothing is left behind in the system's temporary directory).
 fn scratch(name: &str, content: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sidecar-injector-render-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("render");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, content).unwrap();
