@@ -10,7 +10,6 @@ use injector_controller::leader::{self, LeaderElectionConfig};
 use injector_controller::metrics::ControllerMetrics;
 use injector_controller::operator::{FIELD_MANAGER, Operator, OperatorOptions};
 use injector_controller::webhook_config::{Endpoint, WebhookConfigOptions};
-use injector_webhook::metrics::WebhookMetrics;
 use injector_webhook::{
     CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
 };
@@ -141,15 +140,13 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
     };
 
     let mut registry = MetricsRegistry::default();
-    let webhook_metrics = WebhookMetrics::register(&mut registry);
     let controller_metrics = Arc::new(ControllerMetrics::register(&mut registry));
-    let webhook = Arc::new(Webhook {
-        templates: Templates::new(),
-        certificates: CertificateStore::new(),
-        metrics: webhook_metrics,
+    let webhook = Arc::new(Webhook::new(
+        Templates::new(),
+        CertificateStore::new(),
         registry,
-        limits: Limits::default(),
-    });
+        Limits::default(),
+    ));
 
     let (leading_tx, leading) = watch::channel(!options.leader_election);
     let mut tasks = Vec::new();

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::Registry;
-use injector_webhook::metrics::WebhookMetrics;
 use injector_webhook::{
     CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
 };
@@ -91,15 +90,12 @@ pub async fn serve(
     )
     .await?;
 
-    let mut metrics_registry = MetricsRegistry::default();
-    let metrics = WebhookMetrics::register(&mut metrics_registry);
-    let webhook = Arc::new(Webhook {
-        templates: shared,
+    let webhook = Arc::new(Webhook::new(
+        shared,
         certificates,
-        metrics,
-        registry: metrics_registry,
-        limits: Limits::default(),
-    });
+        MetricsRegistry::default(),
+        Limits::default(),
+    ));
 
     let admission = injector_webhook::server::bind(options.listen).await?;
     let admin = injector_webhook::server::bind(options.admin_listen).await?;

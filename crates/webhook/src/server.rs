@@ -114,6 +114,24 @@ pub struct Webhook {
 }
 
 impl Webhook {
+    /// A webhook serving `templates` with `certificates`; its metrics are registered in
+    /// `registry`, which `/metrics` renders with whatever else was registered there.
+    pub fn new(
+        templates: Arc<Templates>,
+        certificates: Arc<CertificateStore>,
+        mut registry: Registry,
+        limits: Limits,
+    ) -> Self {
+        let metrics = WebhookMetrics::register(&mut registry);
+        Self {
+            templates,
+            certificates,
+            metrics,
+            registry,
+            limits,
+        }
+    }
+
     /// Ready means correct: templates synced and a certificate loaded.
     pub fn readiness(&self) -> Result<(), &'static str> {
         if !self.templates.is_synced() {

@@ -422,13 +422,12 @@ async fn health_readiness_and_metrics() {
 async fn readiness_requires_synced_templates_and_a_certificate() {
     let server = start(&[LOGGER]).await;
     let unsynced = injector_webhook::Templates::new();
-    let webhook = injector_webhook::Webhook {
-        templates: unsynced,
-        certificates: injector_webhook::CertificateStore::new(),
-        metrics: injector_webhook::metrics::WebhookMetrics::register(&mut Default::default()),
-        registry: Default::default(),
-        limits: Limits::default(),
-    };
+    let webhook = injector_webhook::Webhook::new(
+        unsynced,
+        injector_webhook::CertificateStore::new(),
+        Default::default(),
+        Limits::default(),
+    );
     assert_eq!(webhook.readiness(), Err("templates not synced yet"));
     webhook.templates.mark_synced();
     assert_eq!(webhook.readiness(), Err("no serving certificate loaded"));

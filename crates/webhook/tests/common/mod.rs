@@ -11,7 +11,6 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use injector_core::{Registry, compile};
-use injector_webhook::metrics::WebhookMetrics;
 use injector_webhook::{
     CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
 };
@@ -104,15 +103,12 @@ pub async fn start_with(templates: &[&str], limits: Limits) -> Server {
     certificates
         .set_pem(cert.as_bytes(), key.as_bytes())
         .unwrap();
-    let mut metrics_registry = prometheus_client::registry::Registry::default();
-    let metrics = WebhookMetrics::register(&mut metrics_registry);
-    let webhook = Arc::new(Webhook {
-        templates: shared,
+    let webhook = Arc::new(Webhook::new(
+        shared,
         certificates,
-        metrics,
-        registry: metrics_registry,
+        prometheus_client::registry::Registry::default(),
         limits,
-    });
+    ));
     let admission = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (admission_addr, admin_addr) =
