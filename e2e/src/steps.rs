@@ -81,24 +81,54 @@ pub fn wait_injected(
         &format!("{container} to be injected in namespace {namespace}"),
         || {
             let name = format!("probe-{}", PROBES.fetch_add(1, Ordering::Relaxed));
-            let mut args = vec![
-                "run".to_owned(),
-                name,
-                "--image=busybox:1.36".to_owned(),
-                "--restart=Never".to_owned(),
-                "--dry-run=server".to_owned(),
-                "-o".to_owned(),
-                "json".to_owned(),
-                "-n".to_owned(),
-                namespace.to_owned(),
-            ];
-            if !labels.is_empty() {
-                args.push(format!("--labels={}", labels.join(",")));
-            }
+            let mut args = kubectl_run_args(&name, namespace, labels, &[]);
+            args.extend(["--dry-run=server", "-o", "json"].map(str::to_owned));
             let pod: Value = serde_json::from_str(&cp.kubectl_ok(&args)?)?;
             let has = containers(&pod).iter().any(|c| c == container)
                 || init_containers(&pod).iter().any(|c| c == container);
             Ok(has.then_some(pod))
+        },
+    )
+}
+
+/// The arguments of `kubectl run NAME --image=busybox:1.36 --restart=Never -n NAMESPACE`, with
+/// `--labels` and one `--annotations` per annotation when given (`key=value` each).
+pub fn kubectl_run_args(
+    name: &str,
+    namespace: &str,
+    labels: &[&str],
+    annotations: &[&str],
+) -> Vec<String> {
+    let mut args = vec![
+        "run".to_owned(),
+        name.to_owned(),
+        "--image=busybox:1.36".to_owned(),
+        "--restart=Never".to_owned(),
+        "-n".to_owned(),
+        namespace.to_owned(),
+    ];
+    if !labels.is_empty() {
+        args.push(format!("--labels={}", labels.join(",")));
+    }
+    args.extend(annotations.iter().map(|a| format!("--annotations={a}")));
+    args
+}
+
+/// Waits (up to 30 s) for the Warning Event `Invalid` the operator publishes on SidecarTemplate
+/// `name` (in namespace `default`, as the template is cluster-scoped); returns it.
+pub fn wait_invalid_event(cp: &ControlPlane, name: &str) -> anyhow::Result<Value> {
+    poll(
+        Duration::from_secs(30),
+        &format!("a Warning event Invalid on {name}"),
+        || {
+            Ok(cp
+                .list_json("events.events.k8s.io", Some("default"), None)?
+                .into_iter()
+                .find(|e| {
+                    e["regarding"]["name"] == name
+                        && e["regarding"]["kind"] == "SidecarTemplate"
+                        && e["reason"] == "Invalid"
+                }))
         },
     )
 }

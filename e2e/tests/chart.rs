@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
-use injector_e2e::steps::{example, wait_crd_established, wait_injected, wait_served};
+use injector_e2e::steps::{
+    example, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
+};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, tool, workspace_root};
 use serde_json::Value;
 
@@ -25,9 +27,9 @@ const SECRET: &str = "sidecar-injector-tls";
 const LEASE: &str = "sidecar-injector-leader";
 const SERVICE_ACCOUNT: &str = "system:serviceaccount:sidecar-injector:sidecar-injector";
 
-/// The objects the chart installs with its default values, as `kind/name` (namespaced ones in
-/// [`NAMESPACE`]).
-const INSTALLED: [(&str, Option<&str>); 9] = [
+/// The objects the chart installs with its default values, all named [`RELEASE`] (namespaced
+/// ones in [`NAMESPACE`]), besides the CRD, which helm leaves behind on uninstall.
+const INSTALLED: [(&str, Option<&str>); 8] = [
     ("deployment", Some(NAMESPACE)),
     ("service", Some(NAMESPACE)),
     ("serviceaccount", Some(NAMESPACE)),
@@ -36,10 +38,6 @@ const INSTALLED: [(&str, Option<&str>); 9] = [
     ("rolebinding", Some(NAMESPACE)),
     ("clusterrole", None),
     ("clusterrolebinding", None),
-    (
-        "customresourcedefinition/sidecartemplates.sidecar.dev",
-        None,
-    ),
 ];
 
 /// What the operator creates at run time, which uninstalling must remove.
@@ -93,12 +91,8 @@ fn chart() {
     .unwrap();
     wait_crd_established(&cp).expect("the chart's CRD is established");
     for (kind, namespace) in INSTALLED {
-        let object = if kind.contains('/') {
-            cp.kubectl_ok(&["get", kind, "-o", "name"])
-        } else {
-            get_named(&cp, kind, namespace, RELEASE)
-        };
-        object.unwrap_or_else(|e| panic!("helm install created no {kind}: {e:#}"));
+        cp.get_json(kind, namespace, RELEASE)
+            .unwrap_or_else(|e| panic!("helm install created no {kind}: {e:#}"));
     }
     for (kind, namespace, name) in CREATED_AT_RUN_TIME {
         assert!(
@@ -216,19 +210,6 @@ fn output(command: &mut Command, what: &str) -> anyhow::Result<String> {
         );
     }
     Ok(stdout)
-}
-
-fn get_named(
-    cp: &ControlPlane,
-    kind: &str,
-    namespace: Option<&str>,
-    name: &str,
-) -> anyhow::Result<String> {
-    let mut args = vec!["get", kind, name, "-o", "name"];
-    if let Some(namespace) = namespace {
-        args.extend(["-n", namespace]);
-    }
-    cp.kubectl_ok(&args)
 }
 
 /// Renders the chart (defaults, then every optional object) and validates the manifests, and
@@ -483,16 +464,7 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
         "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata:\n  name: chart-invalid\n\
          spec:\n  containers:\n    - name: broken\n      image: busybox:1.36\n      args: [\"{{ pod.nope }}\"]\n",
     )?;
-    poll(
-        Duration::from_secs(30),
-        "an Invalid event for chart-invalid",
-        || {
-            Ok(cp
-                .list_json("events.events.k8s.io", Some("default"), None)?
-                .into_iter()
-                .find(|e| e["regarding"]["name"] == "chart-invalid" && e["reason"] == "Invalid"))
-        },
-    )?;
+    wait_invalid_event(cp, "chart-invalid")?;
     eprintln!("[chart] an invalid template got its Event");
 
     let owner_uid = cp.get_json("clusterrole", None, RELEASE)?["metadata"]["uid"].clone();
@@ -678,9 +650,6 @@ fn wait_uninstalled(cp: &ControlPlane) -> anyhow::Result<()> {
                 }
             }
             for (kind, namespace) in INSTALLED {
-                if kind.starts_with("customresourcedefinition") {
-                    continue;
-                }
                 if cp.try_get_json(kind, namespace, RELEASE)?.is_some() {
                     left.push(format!("{kind}/{RELEASE}"));
                 }

@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::steps::{
-    CONFIGURATION, example, ready_condition, wait_crd_established, wait_injected, webhook_names,
+    CONFIGURATION, example, kubectl_run_args, ready_condition, wait_crd_established, wait_injected,
+    wait_invalid_event, webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
 use serde_json::Value;
@@ -302,20 +303,7 @@ spec:
         );
     }
 
-    let event = poll(
-        Duration::from_secs(30),
-        "a Warning event Invalid on e2e-invalid",
-        || {
-            Ok(cp
-                .list_json("events.events.k8s.io", Some("default"), None)?
-                .into_iter()
-                .find(|e| {
-                    e["regarding"]["name"] == name
-                        && e["regarding"]["kind"] == "SidecarTemplate"
-                        && e["reason"] == "Invalid"
-                }))
-        },
-    )?;
+    let event = wait_invalid_event(cp, name)?;
     eprintln!("[e2e] event note: {}", event["note"]);
     ensure!(event["type"] == "Warning", "type: {}", event["type"]);
     let note = event["note"].as_str().unwrap_or_default();
@@ -451,14 +439,7 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
         "the operator exited with {status} after SIGTERM"
     );
 
-    let out = cp.kubectl(&[
-        "run",
-        "agent-down",
-        "--image=busybox:1.36",
-        "--restart=Never",
-        "-n",
-        &enforced,
-    ])?;
+    let out = cp.kubectl(&kubectl_run_args("agent-down", &enforced, &[], &[]))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("[e2e] required, operator down: {}", stderr.trim());
     ensure!(
@@ -741,14 +722,7 @@ spec:
                 )
             },
         )?;
-        let out = cp.kubectl(&[
-            "run",
-            "app",
-            "--image=busybox:1.36",
-            "--restart=Never",
-            "-n",
-            &ns,
-        ])?;
+        let out = cp.kubectl(&kubectl_run_args("app", &ns, &[], &[]))?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         eprintln!("[e2e] kubectl run stderr: {}", stderr.trim());
         ensure!(out.status.success(), "kubectl run failed: {stderr}");
@@ -1177,21 +1151,7 @@ fn run_pod(
     labels: &[&str],
     annotations: &[&str],
 ) -> anyhow::Result<Value> {
-    let mut args = vec![
-        "run".to_owned(),
-        name.to_owned(),
-        "--image=busybox:1.36".to_owned(),
-        "--restart=Never".to_owned(),
-        "-n".to_owned(),
-        namespace.to_owned(),
-    ];
-    if !labels.is_empty() {
-        args.push(format!("--labels={}", labels.join(",")));
-    }
-    for annotation in annotations {
-        args.push(format!("--annotations={annotation}"));
-    }
-    let out = cp.kubectl(&args)?;
+    let out = cp.kubectl(&kubectl_run_args(name, namespace, labels, annotations))?;
     if !out.status.success() {
         bail!(
             "kubectl run {name} -n {namespace} failed: {}",
