@@ -152,11 +152,6 @@ impl TemplateSync {
             invalid,
         }
     }
-
-    /// The registry's current snapshot.
-    pub fn snapshot(&mut self) -> Arc<injector_core::Snapshot> {
-        self.registry.snapshot()
-    }
 }
 
 /// Compiles one template: the valid form (if it is), and the record for the status writer.
