@@ -72,6 +72,14 @@ impl fmt::Display for GroupId {
     }
 }
 
+/// Lets a map keyed by `GroupId` be read with the `&str` of a request path, without
+/// allocating (a `GroupId` hashes and compares as its string).
+impl std::borrow::Borrow<str> for GroupId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl From<&str> for GroupId {
     fn from(id: &str) -> Self {
         GroupId(id.to_owned())

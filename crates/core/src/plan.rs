@@ -43,6 +43,13 @@ pub struct Applied {
     pub generation: i64,
 }
 
+impl std::fmt::Display for Applied {
+    /// `name@generation`, its entry in the `sidecar.dev/injected` annotation.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.name, self.generation)
+    }
+}
+
 /// Why a template was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", content = "detail")]
@@ -282,17 +289,10 @@ pub fn plan<'t>(
     }
 
     if !plan.applied.is_empty() {
-        let mut record: Vec<String> = injected_before
-            .split(',')
-            .map(str::trim)
-            .filter(|entry| !entry.is_empty())
+        let mut record: Vec<String> = injected_entries(injected_before)
             .map(str::to_owned)
             .collect();
-        record.extend(
-            plan.applied
-                .iter()
-                .map(|a| format!("{}@{}", a.name, a.generation)),
-        );
+        record.extend(plan.applied.iter().map(Applied::to_string));
         builder
             .annotations
             .set(INJECTED_ANNOTATION, record.join(","));
@@ -318,11 +318,15 @@ fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTem
 
 /// Parses the `sidecar.dev/injected` annotation (`name@generation,...`) into template names.
 pub fn injected_names(annotation: &str) -> impl Iterator<Item = &str> {
+    injected_entries(annotation).map(|entry| entry.rsplit_once('@').map_or(entry, |(name, _)| name))
+}
+
+/// The `name@generation` entries of the `sidecar.dev/injected` annotation.
+fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
     annotation
         .split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
-        .map(|entry| entry.rsplit_once('@').map_or(entry, |(name, _)| name))
 }
 
 fn pod_wide_skip(

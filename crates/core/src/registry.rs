@@ -82,7 +82,7 @@ impl Snapshot {
 
     /// The group served at `/mutate/<id>`; a constant-time lookup however many templates exist.
     pub fn group(&self, id: &str) -> Option<&Arc<Group>> {
-        self.groups.get(&GroupId::from(id))
+        self.groups.get(id)
     }
 
     /// Every group, ordered by their templates' lowest priority: the order of the webhook

@@ -2,9 +2,10 @@
 //! review. No I/O: bytes in, bytes out, so it is tested without a server.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::Engine as _;
-use injector_core::{Applied, NamespaceInfo, Snapshot, plan};
+use injector_core::{Applied, CompiledTemplate, NamespaceInfo, Snapshot, plan};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -249,10 +250,14 @@ fn answer_pod(
         return;
     };
     let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
-    let templates = match target {
-        Target::All => snapshot.matching(pod_labels, None),
+    let matched;
+    let templates: &[Arc<CompiledTemplate>] = match target {
+        Target::All => {
+            matched = snapshot.matching(pod_labels, None);
+            &matched
+        }
         Target::Group(id) => match snapshot.group(id) {
-            Some(group) => group.templates.clone(),
+            Some(group) => &group.templates,
             None => {
                 decision.outcome = Outcome::UnknownGroup;
                 return;
@@ -263,7 +268,7 @@ fn answer_pod(
         name: namespace,
         labels: None,
     };
-    let plan = match plan(pod, &info, &templates) {
+    let plan = match plan(pod, &info, templates) {
         Ok(plan) => plan,
         Err(error) => {
             decision.outcome = Outcome::Denied;
@@ -287,11 +292,7 @@ fn answer_pod(
         Ok(patch) => {
             response.patch = Some(base64::engine::general_purpose::STANDARD.encode(patch));
             response.patch_type = Some("JSONPatch");
-            let applied: Vec<String> = plan
-                .applied
-                .iter()
-                .map(|a| format!("{}@{}", a.name, a.generation))
-                .collect();
+            let applied: Vec<String> = plan.applied.iter().map(ToString::to_string).collect();
             response
                 .audit_annotations
                 .insert(AUDIT_ANNOTATION.into(), applied.join(","));

@@ -257,11 +257,7 @@ async fn admission(
                 &decision.denied_by,
                 decision.warnings,
             );
-            let applied: Vec<String> = decision
-                .applied
-                .iter()
-                .map(|a| format!("{}@{}", a.name, a.generation))
-                .collect();
+            let applied: Vec<String> = decision.applied.iter().map(ToString::to_string).collect();
             if decision.outcome == Outcome::UnknownGroup {
                 tracing::warn!(
                     uid = %decision.uid,
