@@ -7,7 +7,7 @@
 //! that the mocked-API-server tests drive directly.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
@@ -210,6 +210,10 @@ pub struct Operator {
     templates_changed: Notify,
     /// Wakes the certificate loop when the Secret is deleted.
     secret_deleted: Notify,
+    /// The configuration this replica last applied, shared by the certificate loop (which
+    /// applies a new caBundle itself, before writing the Secret) and the configuration loop,
+    /// so the loop does not apply it again.
+    last_applied: Mutex<Option<MutatingWebhookConfiguration>>,
     ca_bundle: watch::Sender<Option<String>>,
     leading: watch::Receiver<bool>,
 }
@@ -234,6 +238,7 @@ impl Operator {
             observed: ObservedTemplates::default(),
             templates_changed: Notify::new(),
             secret_deleted: Notify::new(),
+            last_applied: Mutex::new(None),
             ca_bundle: watch::channel(None).0,
             leading,
         })
@@ -363,21 +368,43 @@ impl Operator {
         }
     }
 
-    async fn apply_current_configuration(&self) -> Result<(), OperatorError> {
-        let Some(ca) = self.ca_bundle.borrow().clone() else {
-            return Ok(());
-        };
+    /// The configuration the templates and the caBundle call for; `None` before there is a
+    /// caBundle, or while the registry is not synced (an entry list built from a partial
+    /// registry would drop entries).
+    fn desired_configuration(&self) -> Option<MutatingWebhookConfiguration> {
+        let ca = self.ca_bundle.borrow().clone()?;
         if !self.templates.is_synced() {
-            // An entry list built from a partial registry would drop entries: wait.
-            return Ok(());
+            return None;
         }
-        let desired = webhook_config::desired_configuration(
+        Some(webhook_config::desired_configuration(
             &self.templates.snapshot(),
             &self.options.webhook,
             ca.as_bytes(),
-        );
-        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
-        apply_configuration(&api, &desired).await
+        ))
+    }
+
+    /// Applies `desired` and remembers it as the last applied.
+    async fn apply_desired(
+        &self,
+        desired: MutatingWebhookConfiguration,
+    ) -> Result<(), OperatorError> {
+        apply_configuration(&Api::all(self.client.clone()), &desired).await?;
+        self.set_last_applied(Some(desired));
+        Ok(())
+    }
+
+    fn set_last_applied(&self, configuration: Option<MutatingWebhookConfiguration>) {
+        *self
+            .last_applied
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = configuration;
+    }
+
+    async fn apply_current_configuration(&self) -> Result<(), OperatorError> {
+        match self.desired_configuration() {
+            Some(desired) => self.apply_desired(desired).await,
+            None => Ok(()),
+        }
     }
 
     /// Leader: the webhook configuration follows the templates and the caBundle, and is
@@ -389,15 +416,14 @@ impl Operator {
         let mut drift = watcher::watcher(api, config).default_backoff().boxed();
         let mut ca = self.ca_bundle.subscribe();
         let mut leading = self.leading.clone();
-        let mut last_applied: Option<MutatingWebhookConfiguration> = None;
         loop {
             let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = self.templates_changed.notified() => {}
                 _ = ca.changed() => {}
-                _ = leading.changed() => { last_applied = None; }
-                _ = tokio::time::sleep(RESYNC) => { last_applied = None; }
+                _ = leading.changed() => self.set_last_applied(None),
+                _ = tokio::time::sleep(RESYNC) => self.set_last_applied(None),
                 event = drift.next() => match event {
                     Some(Ok(Event::Apply(actual) | Event::InitApply(actual))) => observed = Some(Some(actual)),
                     Some(Ok(Event::Delete(_))) => observed = Some(None),
@@ -409,37 +435,35 @@ impl Operator {
                     None => return,
                 },
             }
-            if !self.is_leader() || !self.templates.is_synced() {
+            if !self.is_leader() {
                 continue;
             }
-            let Some(ca_pem) = self.ca_bundle.borrow().clone() else {
+            let Some(desired) = self.desired_configuration() else {
                 continue;
             };
-            let desired = webhook_config::desired_configuration(
-                &self.templates.snapshot(),
-                &self.options.webhook,
-                ca_pem.as_bytes(),
-            );
-            let Some(reason) = configuration_change(
+            let reason = configuration_change(
                 &desired,
                 observed.as_ref().map(Option::as_ref),
-                last_applied.as_ref(),
-            ) else {
+                self.last_applied
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .as_ref(),
+            );
+            let Some(reason) = reason else {
                 continue;
             };
             tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
-            match apply_configuration(&Api::all(self.client.clone()), &desired).await {
+            let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
+            match self.apply_desired(desired).await {
                 Ok(()) => {
                     self.metrics.record_reconcile("webhook_configuration", true);
-                    let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
                     tracing::info!(name = %self.options.webhook.name, entries, "webhook configuration applied");
-                    last_applied = Some(desired);
                 }
                 Err(error) => {
                     self.metrics
                         .record_reconcile("webhook_configuration", false);
                     tracing::warn!(%error, "applying the webhook configuration failed; retrying");
-                    last_applied = None;
+                    self.set_last_applied(None);
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     self.templates_changed.notify_one();
                 }
