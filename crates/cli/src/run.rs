@@ -10,9 +10,7 @@ use injector_controller::leader::{self, LeaderElectionConfig};
 use injector_controller::metrics::ControllerMetrics;
 use injector_controller::operator::{FIELD_MANAGER, Operator, OperatorOptions};
 use injector_controller::webhook_config::{Endpoint, WebhookConfigOptions};
-use injector_webhook::{
-    CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
-};
+use injector_webhook::{CertificateStore, Limits, Templates, Webhook, serve_both};
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -198,10 +196,7 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
         leader_election = options.leader_election,
         "serving"
     );
-    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
-    let result = serve_admission(admission, webhook, stop.clone()).await;
-    stop.cancel();
-    let _ = admin_task.await;
+    let result = serve_both(admission, admin, webhook, stop).await;
     for task in tasks {
         let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
     }

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::Registry;
-use injector_webhook::{
-    CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
-};
+use injector_webhook::{CertificateStore, Limits, Templates, Webhook, serve_both};
 use prometheus_client::registry::Registry as MetricsRegistry;
 use tokio_util::sync::CancellationToken;
 
@@ -106,10 +104,7 @@ pub async fn serve(
     tracing::info!(admission = %bound.admission, admin = %bound.admin, templates = count, "serving");
     on_bound(bound);
 
-    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
-    let result = serve_admission(admission, webhook, stop.clone()).await;
-    stop.cancel();
-    let _ = admin_task.await;
+    let result = serve_both(admission, admin, webhook, stop).await;
     let _ = watcher.await;
     tracing::info!("stopped");
     Ok(result?)

@@ -12,5 +12,5 @@ pub mod server;
 pub mod tls;
 
 pub use review::{Decision, Outcome, Target, decide};
-pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission};
+pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission, serve_both};
 pub use tls::CertificateStore;

@@ -452,6 +452,22 @@ pub async fn serve_admin(
     Ok(())
 }
 
+/// Serves the admin port in the background and admission requests until `stop` is cancelled;
+/// then cancels `stop` (so everything else sharing it stops too, also when admission serving
+/// failed) and waits for the admin server to finish.
+pub async fn serve_both(
+    admission: TcpListener,
+    admin: TcpListener,
+    webhook: Arc<Webhook>,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
+    let result = serve_admission(admission, webhook, stop.clone()).await;
+    stop.cancel();
+    let _ = admin_task.await;
+    result
+}
+
 /// Binds a listener, with the address in the error.
 pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(address)
