@@ -67,15 +67,7 @@ pub struct OperatorOptions {
 /// Loads the serving certificate from `secret` into the store; returns the bundle, or `None`
 /// when the Secret holds no usable bundle yet (the current certificate stays in service).
 pub fn load_secret(secret: &Secret, store: &CertificateStore) -> Option<CertificateBundle> {
-    let data = secret.data.clone().unwrap_or_default();
-    let bundle = match CertificateBundle::from_secret_data(&data) {
-        Ok(Some(bundle)) => bundle,
-        Ok(None) => return None,
-        Err(error) => {
-            tracing::warn!(%error, "the certificate Secret is unusable; keeping the current certificate");
-            return None;
-        }
-    };
+    let bundle = bundle_in(secret, "keeping the current certificate")?;
     match store.set_pem(
         bundle.serving.chain_pem.as_bytes(),
         bundle.serving.key_pem.as_bytes(),
@@ -83,6 +75,18 @@ pub fn load_secret(secret: &Secret, store: &CertificateStore) -> Option<Certific
         Ok(()) => Some(bundle),
         Err(error) => {
             tracing::warn!(%error, "the serving certificate in the Secret is unusable; keeping the current one");
+            None
+        }
+    }
+}
+
+/// The bundle `secret` holds; `None` when it holds none, or an unusable one (logged, with
+/// what happens `then`).
+fn bundle_in(secret: &Secret, then: &str) -> Option<CertificateBundle> {
+    match CertificateBundle::from_secret_data(secret.data.as_ref()?) {
+        Ok(bundle) => bundle,
+        Err(error) => {
+            tracing::warn!(%error, "the certificate Secret is unusable; {then}");
             None
         }
     }
@@ -104,14 +108,7 @@ where
     let current = secrets.get_opt(&options.secret_name).await?;
     let existing = current
         .as_ref()
-        .and_then(|s| s.data.as_ref())
-        .and_then(|data| match CertificateBundle::from_secret_data(data) {
-            Ok(bundle) => bundle,
-            Err(error) => {
-                tracing::warn!(%error, "the certificate Secret is unusable; replacing it");
-                None
-            }
-        });
+        .and_then(|secret| bundle_in(secret, "replacing it"));
     let names = options.serving_names.clone();
     let lifetimes = options.lifetimes;
     let reconciled = tokio::task::spawn_blocking(move || {
