@@ -1,6 +1,7 @@
 //! Annotation and label names that users and the injector share.
 
-/// Pod annotation: `"false"` opts the Pod out of every template.
+/// Pod annotation: `"false"` opts the Pod out of every best-effort template (required ones
+/// still apply).
 pub const INJECT_ANNOTATION: &str = "sidecar.dev/inject";
 
 /// Pod annotation: a comma-separated list of `OnRequest` template names to apply.
@@ -9,6 +10,10 @@ pub const TEMPLATES_ANNOTATION: &str = "sidecar.dev/templates";
 /// Pod annotation written by the injector: the templates applied, as `name@generation`
 /// separated by commas. A template listed here is never applied again to the same Pod.
 pub const INJECTED_ANNOTATION: &str = "sidecar.dev/injected";
+
+/// The prefix of every label and annotation key the injector reads or writes. A template may not
+/// add such a key: it would switch off or fake the injector's own controls for the Pod.
+pub const RESERVED_PREFIX: &str = "sidecar.dev/";
 
 /// Namespace label: `disabled` opts every Pod of the namespace out.
 pub const INJECTION_LABEL: &str = "sidecar.dev/injection";

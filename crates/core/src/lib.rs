@@ -5,6 +5,7 @@
 //! of its inputs, which is what lets the webhook call it on the hot path and the tests and
 //! benchmarks drive it directly.
 
+pub mod defaulted;
 pub mod error;
 pub mod group;
 pub mod names;

@@ -35,6 +35,18 @@ pub struct TemplateString {
     segments: Vec<Segment>,
 }
 
+/// How much of a rendered string a Pod author controls, from least to most.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reach {
+    /// Nothing: no placeholder.
+    Fixed,
+    /// Values the API server constrains: the Pod's name, namespace and service account (DNS
+    /// names) and label values (63 characters of `[A-Za-z0-9._-]`).
+    Constrained,
+    /// Anything: annotation values are free text.
+    Annotations,
+}
+
 /// The Pod metadata placeholders draw from.
 #[derive(Clone, Copy, Debug)]
 pub struct PodFacts<'a> {
@@ -84,6 +96,41 @@ impl TemplateString {
             segments.push(Segment::Literal(rest.to_owned()));
         }
         Ok(Some(Self { segments }))
+    }
+
+    /// The most a Pod author can choose of what this string renders to.
+    pub fn reach(&self) -> Reach {
+        self.segments
+            .iter()
+            .map(|segment| match segment {
+                Segment::Literal(_) => Reach::Fixed,
+                Segment::Field(Field::Annotation(_)) => Reach::Annotations,
+                Segment::Field(_) => Reach::Constrained,
+            })
+            .max()
+            .unwrap_or(Reach::Fixed)
+    }
+
+    /// Whether it reads a label or an annotation (which templates may add to the Pod).
+    pub fn reads_metadata(&self) -> bool {
+        self.segments.iter().any(|s| {
+            matches!(
+                s,
+                Segment::Field(Field::Label(_)) | Segment::Field(Field::Annotation(_))
+            )
+        })
+    }
+
+    /// The label or annotation key it reads that starts with `prefix`, if any.
+    pub fn reads_key_with_prefix(&self, prefix: &str) -> Option<&str> {
+        self.segments.iter().find_map(|s| match s {
+            Segment::Field(Field::Label(key)) | Segment::Field(Field::Annotation(key))
+                if key.starts_with(prefix) =>
+            {
+                Some(key.as_str())
+            }
+            _ => None,
+        })
     }
 
     /// The string with every placeholder replaced; a missing label or annotation is empty.
@@ -223,6 +270,60 @@ impl Node {
     pub fn is_templated(&self) -> bool {
         !matches!(self, Node::Fixed(_))
     }
+
+    /// Calls `visit` with every string holding placeholders and its path below this node
+    /// (`args[1]`, `env[0].value`, …).
+    pub fn visit_templated(&self, visit: &mut impl FnMut(&[PathStep<'_>], &TemplateString)) {
+        fn walk<'n>(
+            node: &'n Node,
+            path: &mut Vec<PathStep<'n>>,
+            visit: &mut impl FnMut(&[PathStep<'_>], &TemplateString),
+        ) {
+            match node {
+                Node::Fixed(_) => {}
+                Node::Text(template) => visit(path, template),
+                Node::Array(items) => {
+                    for (index, item) in items.iter().enumerate() {
+                        path.push(PathStep::Index(index));
+                        walk(item, path, visit);
+                        path.pop();
+                    }
+                }
+                Node::Object(fields) => {
+                    for (key, value) in fields {
+                        path.push(PathStep::Key(key));
+                        walk(value, path, visit);
+                        path.pop();
+                    }
+                }
+            }
+        }
+        walk(self, &mut Vec::new(), visit);
+    }
+}
+
+/// One step of a path into a [`Node`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathStep<'n> {
+    /// An object's field.
+    Key(&'n str),
+    /// An array's item.
+    Index(usize),
+}
+
+/// `base` followed by `steps`, as the field paths of validation errors write it.
+pub fn field_path(base: &str, steps: &[PathStep<'_>]) -> String {
+    let mut out = base.to_owned();
+    for step in steps {
+        match step {
+            PathStep::Key(key) => {
+                out.push('.');
+                out.push_str(key);
+            }
+            PathStep::Index(index) => out.push_str(&format!("[{index}]")),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

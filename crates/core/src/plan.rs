@@ -18,6 +18,7 @@ use json_patch::jsonptr::PointerBuf;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::defaulted::{ItemKind, difference};
 use crate::names::is_label_value;
 use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::PodFacts;
@@ -54,7 +55,7 @@ impl std::fmt::Display for Applied {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", content = "detail")]
 pub enum SkipReason {
-    /// The Pod has the annotation `sidecar.dev/inject: "false"`.
+    /// The Pod has the annotation `sidecar.dev/inject: "false"` (best-effort templates only).
     PodOptedOut,
     /// The namespace has the label `sidecar.dev/injection: disabled`.
     NamespaceOptedOut,
@@ -66,8 +67,8 @@ pub enum SkipReason {
     PodNotSelected,
     /// An `OnRequest` template the Pod's `sidecar.dev/templates` annotation does not name.
     NotRequested,
-    /// The Pod's `sidecar.dev/injected` annotation says it was applied already.
-    AlreadyInjected,
+    /// Everything the template adds is in the Pod already, equal to what it would add.
+    AlreadyPresent,
     /// Applying it would clash with what the Pod (or an earlier template) already has.
     Conflict(String),
 }
@@ -100,8 +101,8 @@ impl fmt::Display for SkipReason {
                 f,
                 "injection is OnRequest and the pod's {TEMPLATES_ANNOTATION} annotation does not name it"
             ),
-            SkipReason::AlreadyInjected => {
-                write!(f, "already injected (listed in {INJECTED_ANNOTATION})")
+            SkipReason::AlreadyPresent => {
+                write!(f, "already present: everything it adds is in the pod")
             }
             SkipReason::Conflict(detail) => write!(f, "conflict: {detail}"),
         }
@@ -189,116 +190,258 @@ pub fn plan<'t>(
     let view = PodView::parse(pod)?;
     let ordered = in_application_order(templates);
 
-    let mut plan = Plan::default();
     let namespace_name = view.namespace.unwrap_or(namespace.name);
-    if let Some(reason) = pod_wide_skip(&view, namespace_name, namespace) {
-        plan.skipped = ordered
+    if let Some(reason) = pod_wide_skip(namespace_name, namespace) {
+        let skipped = ordered
             .iter()
             .map(|t| Skipped {
                 name: t.name.clone(),
                 reason: reason.clone(),
             })
             .collect();
-        return Ok(plan);
-    }
-
-    let injected_before = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
-    let already: HashSet<&str> = injected_names(injected_before).collect();
-    let facts = PodFacts {
-        name: view.name,
-        namespace: namespace_name,
-        service_account_name: view.service_account_name,
-        labels: view.labels,
-        annotations: view.annotations,
-    };
-    let mut builder = Builder::new(&view);
-
-    // Selection sees the Pod as the templates applied so far leave it: a template may select on
-    // a label (or be requested by an annotation) that another template adds. Passes repeat
-    // until one applies nothing, so planning the result again finds nothing left to apply.
-    let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
-    for template in ordered {
-        if already.contains(template.name.as_str()) {
-            plan.skipped.push(Skipped {
-                name: template.name.clone(),
-                reason: SkipReason::AlreadyInjected,
-            });
-        } else if namespace
-            .labels
-            .is_some_and(|labels| !template.namespace_selector.matches(labels))
-        {
-            plan.skipped.push(Skipped {
-                name: template.name.clone(),
-                reason: SkipReason::NamespaceNotSelected,
-            });
-        } else {
-            pending.push(template);
-        }
-    }
-    let mut unselected = Vec::new();
-    loop {
-        let mut progressed = false;
-        unselected.clear();
-        for template in std::mem::take(&mut pending) {
-            if let Some(reason) = builder.unselected(template) {
-                unselected.push(reason);
-                pending.push(template);
-                continue;
-            }
-            progressed = true;
-            match builder.apply(template, &facts) {
-                Ok(warnings) => {
-                    plan.warnings.extend(
-                        warnings
-                            .into_iter()
-                            .map(|w| format!("SidecarTemplate {:?}: {w}", template.name)),
-                    );
-                    plan.applied.push(Applied {
-                        name: template.name.clone(),
-                        generation: template.generation,
-                    });
-                }
-                Err(conflicts) => {
-                    let detail = conflicts.join("; ");
-                    plan.warnings.push(format!(
-                        "SidecarTemplate {:?} not applied: {detail}",
-                        template.name
-                    ));
-                    if template.failure_policy == FailurePolicy::Fail {
-                        plan.denials.push(Denial {
-                            template: template.name.clone(),
-                            reason: detail.clone(),
-                        });
-                    }
-                    plan.skipped.push(Skipped {
-                        name: template.name.clone(),
-                        reason: SkipReason::Conflict(detail),
-                    });
-                }
-            }
-        }
-        if !progressed || pending.is_empty() {
-            break;
-        }
-    }
-    for (template, reason) in pending.into_iter().zip(unselected) {
-        plan.skipped.push(Skipped {
-            name: template.name.clone(),
-            reason,
+        return Ok(Plan {
+            skipped,
+            ..Plan::default()
         });
     }
 
-    if !plan.applied.is_empty() {
-        let mut record: Vec<String> = injected_entries(injected_before)
-            .map(str::to_owned)
-            .collect();
-        record.extend(plan.applied.iter().map(Applied::to_string));
-        builder
-            .annotations
-            .set(INJECTED_ANNOTATION, record.join(","));
+    // A pass renders placeholders with the Pod's metadata and adds env and mounts to the Pod's
+    // own containers. Templates can change both: they add labels and annotations a placeholder
+    // may read, and a re-invocation sees the containers the first call injected among the
+    // Pod's. So passes repeat, each seeing what the one before found, until nothing changes:
+    // then planning the result again sees just what the last pass saw, and adds nothing.
+    let mut seen = Seen::first(&view);
+    let mut pass = Pass::run(&view, &ordered, namespace, namespace_name, &seen);
+    for _ in 1..MAX_PASSES {
+        match pass.seen_after(&view, &ordered, &seen) {
+            Some(next) => {
+                seen = next;
+                pass = Pass::run(&view, &ordered, namespace, namespace_name, &seen);
+            }
+            None => break,
+        }
     }
-    plan.patch = builder.finish();
-    Ok(plan)
+    Ok(pass.finish(&view))
+}
+
+/// A bound on planning passes. Two suffice unless a label a template adds is rendered from
+/// metadata another template adds; each further pass resolves one more such link.
+const MAX_PASSES: usize = 4;
+
+/// What a pass takes as given.
+#[derive(PartialEq)]
+struct Seen {
+    /// The labels placeholders read; `None`: the Pod's own.
+    labels: Option<Map<String, Value>>,
+    /// The annotations placeholders read; `None`: the Pod's own.
+    annotations: Option<Map<String, Value>>,
+    /// Per container of the Pod: whether it is a template's rather than the Pod's own.
+    injected: Vec<bool>,
+}
+
+impl Seen {
+    fn first(view: &PodView<'_>) -> Self {
+        Seen {
+            labels: None,
+            annotations: None,
+            injected: vec![false; view.containers.len()],
+        }
+    }
+}
+
+/// One planning pass: the decisions, and the builder holding the additions.
+struct Pass<'k, 't> {
+    plan: Plan<'t>,
+    builder: Builder<'k, 't>,
+    /// The templates whose items are all in the Pod after this pass.
+    present: Vec<&'t CompiledTemplate>,
+    /// The templates that select the Pod but could not be applied.
+    absent: Vec<&'t str>,
+}
+
+impl<'k, 't: 'k> Pass<'k, 't> {
+    fn run(
+        view: &'k PodView<'k>,
+        ordered: &[&'t CompiledTemplate],
+        namespace: &NamespaceInfo<'_>,
+        namespace_name: &'k str,
+        seen: &Seen,
+    ) -> Self {
+        let opted_out = view
+            .annotation(INJECT_ANNOTATION)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
+        let facts = PodFacts {
+            name: view.name,
+            namespace: namespace_name,
+            service_account_name: view.service_account_name,
+            labels: seen.labels.as_ref().or(view.labels),
+            annotations: seen.annotations.as_ref().or(view.annotations),
+        };
+        let mut pass = Pass {
+            plan: Plan::default(),
+            builder: Builder::new(view, seen.injected.clone(), ordered),
+            present: Vec::new(),
+            absent: Vec::new(),
+        };
+        let plan = &mut pass.plan;
+        let builder = &mut pass.builder;
+
+        // Selection sees the Pod as the templates applied so far leave it: a template may
+        // select on a label that another template adds. Rounds repeat until one applies
+        // nothing, so planning the result again finds nothing left to apply.
+        let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
+        for &template in ordered {
+            if opted_out && template.failure_policy == FailurePolicy::Ignore {
+                plan.skipped.push(Skipped {
+                    name: template.name.clone(),
+                    reason: SkipReason::PodOptedOut,
+                });
+            } else if namespace
+                .labels
+                .is_some_and(|labels| !template.namespace_selector.matches(labels))
+            {
+                plan.skipped.push(Skipped {
+                    name: template.name.clone(),
+                    reason: SkipReason::NamespaceNotSelected,
+                });
+            } else {
+                pending.push(template);
+            }
+        }
+        let mut unselected = Vec::new();
+        loop {
+            let mut progressed = false;
+            unselected.clear();
+            for template in std::mem::take(&mut pending) {
+                if let Some(reason) = builder.unselected(template) {
+                    unselected.push(reason);
+                    pending.push(template);
+                    continue;
+                }
+                progressed = true;
+                if opted_out {
+                    plan.warnings.push(format!(
+                        "SidecarTemplate {:?} is required: the pod's {INJECT_ANNOTATION}: \"false\" does not apply to it",
+                        template.name
+                    ));
+                }
+                match builder.apply(template, &facts) {
+                    Ok(applied) => {
+                        plan.warnings.extend(
+                            applied
+                                .warnings
+                                .into_iter()
+                                .map(|w| format!("SidecarTemplate {:?}: {w}", template.name)),
+                        );
+                        pass.present.push(template);
+                        if applied.added {
+                            plan.applied.push(Applied {
+                                name: template.name.clone(),
+                                generation: template.generation,
+                            });
+                        } else {
+                            plan.skipped.push(Skipped {
+                                name: template.name.clone(),
+                                reason: SkipReason::AlreadyPresent,
+                            });
+                        }
+                    }
+                    Err(conflicts) => {
+                        pass.absent.push(template.name.as_str());
+                        let detail = conflicts.join("; ");
+                        plan.warnings.push(format!(
+                            "SidecarTemplate {:?} not applied: {detail}",
+                            template.name
+                        ));
+                        if template.failure_policy == FailurePolicy::Fail {
+                            plan.denials.push(Denial {
+                                template: template.name.clone(),
+                                reason: detail.clone(),
+                            });
+                        }
+                        plan.skipped.push(Skipped {
+                            name: template.name.clone(),
+                            reason: SkipReason::Conflict(detail),
+                        });
+                    }
+                }
+            }
+            if !progressed || pending.is_empty() {
+                break;
+            }
+        }
+        for (template, reason) in pending.into_iter().zip(unselected) {
+            plan.skipped.push(Skipped {
+                name: template.name.clone(),
+                reason,
+            });
+        }
+        pass
+    }
+
+    /// What the next pass must take as given, when it differs from what this one took.
+    fn seen_after(
+        &self,
+        view: &PodView<'_>,
+        ordered: &[&CompiledTemplate],
+        seen: &Seen,
+    ) -> Option<Seen> {
+        let reads_metadata = ordered.iter().any(|t| t.reads_metadata);
+        let merged = |pod: Option<&Map<String, Value>>, added: &MapAdditions<'_>| {
+            (reads_metadata && !added.order.is_empty()).then(|| {
+                let mut map = pod.cloned().unwrap_or_default();
+                for (key, (value, _)) in &added.added {
+                    map.insert(key.clone(), Value::String(value.clone()));
+                }
+                map
+            })
+        };
+        let next = Seen {
+            labels: merged(view.labels, &self.builder.labels),
+            annotations: merged(view.annotations, &self.builder.annotations),
+            injected: self.builder.found_injected.clone(),
+        };
+        (next != *seen).then_some(next)
+    }
+
+    /// The plan, with the record and the patch.
+    fn finish(self, view: &PodView<'_>) -> Plan<'t> {
+        let Pass {
+            mut plan,
+            mut builder,
+            present,
+            absent,
+        } = self;
+
+        // The record is ours, never read as input: it lists the templates found in the Pod
+        // now by their content, and drops a claim of one that selects the Pod but is not in
+        // it. Entries keep their place, so that re-planning writes the same record; claims
+        // about templates not decided here (another webhook entry's, or ones that do not
+        // select the Pod) are left as they are, for whoever decides them.
+        let claimed = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
+        let mut unrecorded = present;
+        let mut record: Vec<String> = Vec::new();
+        for entry in injected_entries(claimed) {
+            let name = entry_name(entry);
+            if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
+                let template = unrecorded.remove(at);
+                record.push(format!("{}@{}", template.name, template.generation));
+            } else if !absent.contains(&name) {
+                record.push(entry.to_owned());
+            }
+        }
+        record.extend(
+            unrecorded
+                .iter()
+                .map(|t| format!("{}@{}", t.name, t.generation)),
+        );
+        let record = record.join(",");
+        if claimed != record {
+            builder.annotations.set(INJECTED_ANNOTATION, record);
+        }
+        plan.patch = builder.finish();
+        plan
+    }
 }
 
 /// The templates in (priority, name) order, each name once: of two templates with the same
@@ -318,7 +461,11 @@ fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTem
 
 /// Parses the `sidecar.dev/injected` annotation (`name@generation,...`) into template names.
 pub fn injected_names(annotation: &str) -> impl Iterator<Item = &str> {
-    injected_entries(annotation).map(|entry| entry.rsplit_once('@').map_or(entry, |(name, _)| name))
+    injected_entries(annotation).map(entry_name)
+}
+
+fn entry_name(entry: &str) -> &str {
+    entry.rsplit_once('@').map_or(entry, |(name, _)| name)
 }
 
 /// The `name@generation` entries of the `sidecar.dev/injected` annotation.
@@ -329,11 +476,7 @@ fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
         .filter(|entry| !entry.is_empty())
 }
 
-fn pod_wide_skip(
-    view: &PodView<'_>,
-    namespace_name: &str,
-    namespace: &NamespaceInfo<'_>,
-) -> Option<SkipReason> {
+fn pod_wide_skip(namespace_name: &str, namespace: &NamespaceInfo<'_>) -> Option<SkipReason> {
     if ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace_name) {
         Some(SkipReason::NamespaceExcluded(namespace_name.to_owned()))
     } else if namespace.labels.is_some_and(|l| {
@@ -341,11 +484,6 @@ fn pod_wide_skip(
             .is_some_and(|v| v == INJECTION_DISABLED)
     }) {
         Some(SkipReason::NamespaceOptedOut)
-    } else if view
-        .annotation(INJECT_ANNOTATION)
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
-    {
-        Some(SkipReason::PodOptedOut)
     } else {
         None
     }
@@ -511,6 +649,36 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
         }
     }
 
+    /// Like [`Keyed::presence`], but an item counts as present only when it is exactly the
+    /// template's, up to the API server's defaults: a look-alike is named by the field that
+    /// differs. An item an earlier template added is judged the same way, so that planning
+    /// the mutated Pod again (where it is the Pod's) decides as this plan did.
+    fn presence_exact(&self, key: &str, value: &PatchValue<'_>, kind: ItemKind) -> Presence {
+        let ours = value.to_value();
+        let (difference, owner) = match self.owners.get(key) {
+            None => return Presence::Absent,
+            Some(Owner::Pod(current)) => {
+                (difference(&ours, current, kind), "in the pod".to_owned())
+            }
+            Some(Owner::Template(name, index)) => (
+                match self.added.get(*index) {
+                    Some((_, added)) => difference(&ours, &added.to_value(), kind),
+                    None => Some(String::new()),
+                },
+                format!("added by SidecarTemplate {name:?}"),
+            ),
+        };
+        match difference {
+            None => Presence::Same,
+            Some(field) if field.is_empty() => Presence::Different(format!(
+                "already exists ({owner}) and is not the template's"
+            )),
+            Some(field) => Presence::Different(format!(
+                "already exists ({owner}) and is not the template's: {field} differs"
+            )),
+        }
+    }
+
     fn add(&mut self, key: &'k str, template: &'k str, tag: T, value: PatchValue<'t>) {
         self.owners
             .insert(key, Owner::Template(template, self.added.len()));
@@ -609,6 +777,19 @@ impl Labels for Effective<'_, '_> {
     }
 }
 
+/// What applying one template did.
+struct TemplateOutcome {
+    /// About the parts that were left out.
+    warnings: Vec<String>,
+    /// Whether it added anything: `false` when everything was in the Pod already.
+    added: bool,
+}
+
+/// An init container with `restartPolicy: Always`.
+fn is_native_sidecar(container: &Value) -> bool {
+    container.get("restartPolicy").and_then(Value::as_str) == Some("Always")
+}
+
 /// Additions to one of the Pod's own containers.
 struct AppContainer<'k, 't> {
     env: Keyed<'k, 't>,
@@ -650,12 +831,24 @@ struct Builder<'k, 't> {
     volumes: Keyed<'k, 't>,
     pull_secrets: Keyed<'k, 't>,
     app: Vec<Option<AppContainer<'k, 't>>>,
+    /// Per container of the Pod: whether it is a template's rather than the Pod's own (a
+    /// re-invocation sees the containers the first call injected), as the previous pass found.
+    injected: Vec<bool>,
+    /// The same, as this pass finds it: the containers equal to one of a template it applied.
+    found_injected: Vec<bool>,
+    /// The names of the init containers templates add, which come before the Pod's own.
+    template_init_containers: HashSet<&'k str>,
     labels: MapAdditions<'k>,
     annotations: MapAdditions<'k>,
 }
 
 impl<'k, 't: 'k> Builder<'k, 't> {
-    fn new(view: &'k PodView<'k>) -> Self {
+    fn new(view: &'k PodView<'k>, injected: Vec<bool>, templates: &[&'k CompiledTemplate]) -> Self {
+        let template_init_containers = templates
+            .iter()
+            .flat_map(|t| &t.init_containers)
+            .map(|item| item.key.as_str())
+            .collect();
         let mut containers = Keyed::new(Some(view.containers), name_of);
         for init in view.init_containers.into_iter().flatten() {
             containers.owners.insert(name_of(init), Owner::Pod(init));
@@ -667,6 +860,9 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             volumes: Keyed::new(view.volumes, name_of),
             pull_secrets: Keyed::new(view.image_pull_secrets, name_of),
             app: view.containers.iter().map(|_| None).collect(),
+            found_injected: vec![false; view.containers.len()],
+            template_init_containers,
+            injected,
             labels: MapAdditions::new(view.labels),
             annotations: MapAdditions::new(view.annotations),
         }
@@ -699,13 +895,14 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         None
     }
 
-    /// Applies one template, all or nothing: `Err` lists the conflicts that stop it; `Ok`
-    /// lists the warnings about the parts that were left out.
+    /// Applies one template, all or nothing: `Err` lists the conflicts that stop it.
     fn apply(
         &mut self,
         template: &'t CompiledTemplate,
         facts: &PodFacts<'_>,
-    ) -> Result<Vec<String>, Vec<String>> {
+    ) -> Result<TemplateOutcome, Vec<String>> {
+        let additions_before = self.additions();
+        let mut found = Vec::new();
         let mut conflicts = Vec::new();
         let mut new_containers = Vec::new();
         let placed = template
@@ -720,30 +917,41 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             );
         for (placement, item) in placed {
             let value = item.body.render_patch(facts);
-            match self.containers.presence(&item.key, &value) {
+            match self
+                .containers
+                .presence_exact(&item.key, &value, ItemKind::Container)
+            {
                 Presence::Absent => new_containers.push((placement, item.key.as_str(), value)),
-                Presence::Same => {}
-                Presence::Different(owner) => {
-                    conflicts.push(format!("container {:?} already exists ({owner})", item.key))
+                Presence::Same => match self.misplaced(&item.key, placement) {
+                    Some(problem) => conflicts.push(format!("container {:?} {problem}", item.key)),
+                    None => found.extend(self.pod_container_index(&item.key)),
+                },
+                Presence::Different(detail) => {
+                    conflicts.push(format!("container {:?} {detail}", item.key))
                 }
             }
         }
         let mut new_volumes = Vec::new();
         for item in &template.volumes {
             let value = item.body.render_patch(facts);
-            match self.volumes.presence(&item.key, &value) {
+            match self
+                .volumes
+                .presence_exact(&item.key, &value, ItemKind::Volume)
+            {
                 Presence::Absent => new_volumes.push((item.key.as_str(), value)),
                 Presence::Same => {}
-                Presence::Different(owner) => conflicts.push(format!(
-                    "volume {:?} already exists with a different definition ({owner})",
-                    item.key
-                )),
+                Presence::Different(detail) => {
+                    conflicts.push(format!("volume {:?} {detail}", item.key))
+                }
             }
         }
         if !conflicts.is_empty() {
             return Err(conflicts);
         }
 
+        for index in found {
+            self.found_injected[index] = true;
+        }
         let by = template.name.as_str();
         for (placement, name, value) in new_containers {
             self.containers.add(name, by, placement, value);
@@ -778,7 +986,74 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                     .add("annotation", key, render_text(text, facts), by),
             );
         }
-        Ok(warnings)
+        Ok(TemplateOutcome {
+            warnings,
+            added: self.additions() != additions_before,
+        })
+    }
+
+    /// How many items the plan adds so far: a template that leaves it unchanged added nothing.
+    fn additions(&self) -> usize {
+        let app: usize = self
+            .app
+            .iter()
+            .flatten()
+            .map(|a| a.env.added.len() + a.env_from_added.len() + a.mounts.added.len())
+            .sum();
+        self.containers.added.len()
+            + self.volumes.added.len()
+            + self.pull_secrets.added.len()
+            + self.labels.order.len()
+            + self.annotations.order.len()
+            + app
+    }
+
+    /// Where the Pod's `spec.containers` holds the container named `name`, if it does.
+    fn pod_container_index(&self, name: &str) -> Option<usize> {
+        let Some(Owner::Pod(current)) = self.containers.owners.get(name) else {
+            return None;
+        };
+        self.view
+            .containers
+            .iter()
+            .position(|c| std::ptr::eq(c, *current))
+    }
+
+    /// Why a container of the Pod's own, equal to one the template places at `placement`, is
+    /// not where the template would put it; `None` when it is.
+    fn misplaced(&self, name: &str, placement: Placement) -> Option<String> {
+        let Some(Owner::Pod(current)) = self.containers.owners.get(name) else {
+            return None;
+        };
+        let init_containers = self.view.init_containers.unwrap_or_default();
+        let init_index = init_containers
+            .iter()
+            .position(|c| std::ptr::eq(c, *current));
+        match (placement, init_index) {
+            (Placement::Containers, Some(_)) => Some(
+                "is in the pod's initContainers; the template adds it to containers".to_owned(),
+            ),
+            (Placement::InitContainers, None) => Some(
+                "is in the pod's containers; the template adds it to initContainers".to_owned(),
+            ),
+            // A native sidecar must run from the start: after a plain init container of the
+            // Pod's own it would not be running while that one runs.
+            (Placement::InitContainers, Some(index)) if is_native_sidecar(current) => {
+                init_containers[..index]
+                    .iter()
+                    .find(|c| {
+                        !is_native_sidecar(c)
+                            && !self.template_init_containers.contains(name_of(c))
+                    })
+                    .map(|c| {
+                        format!(
+                            "is in the pod after its init container {:?}; a native sidecar must come before the pod's own init containers",
+                            name_of(c)
+                        )
+                    })
+            }
+            _ => None,
+        }
     }
 
     fn apply_app(
@@ -801,9 +1076,15 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             .iter()
             .map(|i| (i.key.as_str(), i.body.render_patch(facts)))
             .collect();
-        for (container, slot) in self.view.containers.iter().zip(self.app.iter_mut()) {
+        for ((container, slot), injected) in self
+            .view
+            .containers
+            .iter()
+            .zip(self.app.iter_mut())
+            .zip(&self.injected)
+        {
             let container_name = name_of(container);
-            if !wanted(container_name) {
+            if *injected || !wanted(container_name) {
                 continue;
             }
             let state = slot.get_or_insert_with(|| AppContainer::new(container));

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use injector_api::names::INJECTED_ANNOTATION;
+use injector_api::names::RESERVED_PREFIX;
 use injector_api::{FailurePolicy, Injection, SidecarTemplate};
 use serde::Serialize;
 use serde_json::Value;
@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::error::{FieldError, ValidationErrors};
 use crate::group::GroupKey;
 use crate::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
-use crate::placeholder::{Node, TemplateString};
+use crate::placeholder::{Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
 
 /// The generation recorded for a template that has none (one read from a file).
@@ -81,6 +81,9 @@ pub struct CompiledTemplate {
     pub labels: Vec<(String, Text)>,
     /// Annotations to add.
     pub annotations: Vec<(String, Text)>,
+    /// Whether a placeholder reads a label or an annotation: then what templates add to the
+    /// Pod's metadata can change what the template renders.
+    pub reads_metadata: bool,
 }
 
 impl CompiledTemplate {
@@ -147,7 +150,9 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
                 &mut volume_names,
                 &mut errors,
             );
-            item(volume.name.clone(), volume, &path, &mut errors)
+            let item = item(volume.name.clone(), volume, &path, &mut errors);
+            check_reach(&item.body, &path, |_| Reach::Fixed, &mut errors);
+            item
         })
         .collect();
 
@@ -214,6 +219,21 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         None => (Vec::new(), Vec::new()),
     };
 
+    let reads_metadata = reads_metadata(
+        containers
+            .iter()
+            .chain(&init_containers)
+            .chain(&volumes)
+            .map(|i| &i.body)
+            .chain(app.iter().flat_map(|a| {
+                a.env
+                    .iter()
+                    .chain(&a.volume_mounts)
+                    .map(|i| &i.body)
+                    .chain(&a.env_from)
+            })),
+        labels.iter().chain(&annotations).map(|(_, text)| text),
+    );
     let compiled = CompiledTemplate {
         group: GroupKey::new(&namespace_selector, &pod_selector, spec.failure_policy),
         name,
@@ -230,6 +250,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         app,
         labels,
         annotations,
+        reads_metadata,
     };
     if compiled.injects_nothing() {
         errors.push(FieldError::new(
@@ -301,7 +322,9 @@ fn compile_containers(
                     "is only allowed on initContainers (use it there for a native sidecar)",
                 )),
             }
-            item(name.clone(), container, &path, errors)
+            let item = item(name.clone(), container, &path, errors);
+            check_reach(&item.body, &path, container_reach, errors);
+            item
         })
         .collect()
 }
@@ -330,14 +353,21 @@ fn compile_app(app: &injector_api::AppContainers, errors: &mut Vec<FieldError>) 
                     format!("duplicate env name {:?}", var.name),
                 ));
             }
-            item(var.name.clone(), var, &path, errors)
+            let item = item(var.name.clone(), var, &path, errors);
+            check_reach(&item.body, &path, env_reach, errors);
+            item
         })
         .collect();
     let env_from = app
         .env_from
         .iter()
         .enumerate()
-        .map(|(i, source)| node(source, &format!("spec.appContainers.envFrom[{i}]"), errors))
+        .map(|(i, source)| {
+            let path = format!("spec.appContainers.envFrom[{i}]");
+            let node = node(source, &path, errors);
+            check_reach(&node, &path, |_| Reach::Constrained, errors);
+            node
+        })
         .collect();
     let mut mount_paths = HashSet::new();
     let volume_mounts = app
@@ -357,7 +387,9 @@ fn compile_app(app: &injector_api::AppContainers, errors: &mut Vec<FieldError>) 
                     format!("duplicate mount path {:?}", mount.mount_path),
                 ));
             }
-            item(mount.mount_path.clone(), mount, &path, errors)
+            let item = item(mount.mount_path.clone(), mount, &path, errors);
+            check_reach(&item.body, &path, |_| Reach::Constrained, errors);
+            item
         })
         .collect();
     AppAdditions {
@@ -391,10 +423,12 @@ fn check_unique_label(
 fn check_metadata_key(key: &str, path: &str, errors: &mut Vec<FieldError>) {
     if !is_qualified_name(key) {
         errors.push(FieldError::new(path, format!("{key:?} is not a valid key")));
-    } else if key == INJECTED_ANNOTATION {
+    } else if key.starts_with(RESERVED_PREFIX) {
         errors.push(FieldError::new(
             path,
-            format!("{key:?} is reserved for the injector"),
+            format!(
+                "{key:?} is reserved: {RESERVED_PREFIX} keys are the injector's own controls and record"
+            ),
         ));
     }
 }
@@ -421,11 +455,94 @@ fn item(key: String, value: &impl Serialize, path: &str, errors: &mut Vec<FieldE
 
 fn text(value: &str, path: &str, errors: &mut Vec<FieldError>) -> Text {
     match TemplateString::parse(value) {
-        Ok(Some(template)) => Text::Templated(template),
+        Ok(Some(template)) => {
+            check_template_reach(&template, path, Reach::Annotations, errors);
+            Text::Templated(template)
+        }
         Ok(None) => Text::Fixed(value.to_owned()),
         Err(message) => {
             errors.push(FieldError::new(path, message));
             Text::Fixed(value.to_owned())
         }
+    }
+}
+
+fn reads_metadata<'a>(
+    nodes: impl Iterator<Item = &'a Node>,
+    mut texts: impl Iterator<Item = &'a Text>,
+) -> bool {
+    let mut reads = false;
+    for node in nodes {
+        node.visit_templated(&mut |_, template| reads |= template.reads_metadata());
+    }
+    reads
+        || texts.any(|text| matches!(text, Text::Templated(template) if template.reads_metadata()))
+}
+
+/// The most a Pod author may choose of a string at `steps` in an injected container: nothing
+/// of what runs (the image, the command, its privileges, the hooks and exec probes, env from
+/// other sources), in `args` only values the API server constrains, and free text
+/// (annotations) only in env values.
+fn container_reach(steps: &[PathStep<'_>]) -> Reach {
+    match steps {
+        [
+            PathStep::Key("image" | "command" | "securityContext" | "lifecycle"),
+            ..,
+        ] => Reach::Fixed,
+        [
+            PathStep::Key("livenessProbe" | "readinessProbe" | "startupProbe"),
+            PathStep::Key("exec"),
+            ..,
+        ] => Reach::Fixed,
+        [PathStep::Key("env"), PathStep::Index(_), rest @ ..] => env_reach(rest),
+        _ => Reach::Constrained,
+    }
+}
+
+/// The same for an env var (`steps` below the var).
+fn env_reach(steps: &[PathStep<'_>]) -> Reach {
+    match steps {
+        [PathStep::Key("value")] => Reach::Annotations,
+        [PathStep::Key("valueFrom"), ..] => Reach::Fixed,
+        _ => Reach::Constrained,
+    }
+}
+
+/// Reports every placeholder in `node` that reaches further than `allowed` says it may.
+fn check_reach(
+    node: &Node,
+    path: &str,
+    allowed: impl Fn(&[PathStep<'_>]) -> Reach,
+    errors: &mut Vec<FieldError>,
+) {
+    node.visit_templated(&mut |steps, template| {
+        check_template_reach(template, &field_path(path, steps), allowed(steps), errors);
+    });
+}
+
+fn check_template_reach(
+    template: &TemplateString,
+    path: &str,
+    allowed: Reach,
+    errors: &mut Vec<FieldError>,
+) {
+    if let Some(key) = template.reads_key_with_prefix(RESERVED_PREFIX) {
+        errors.push(FieldError::new(
+            path,
+            format!(
+                "a placeholder cannot read {key:?}: {RESERVED_PREFIX} keys are the injector's own"
+            ),
+        ));
+    }
+    match (template.reach(), allowed) {
+        (reach, allowed) if reach <= allowed => {}
+        (_, Reach::Fixed) => errors.push(FieldError::new(
+            path,
+            "placeholders are not allowed here: a Pod author must not choose what runs in a sidecar (see the placeholder rules in docs/reference.md)",
+        )),
+        _ => errors.push(FieldError::new(
+            path,
+            "pod.annotations[...] is not allowed here: a Pod author can set an annotation to anything, so it may only be used in env values and in the metadata a template adds",
+        )),
     }
 }

@@ -125,3 +125,103 @@ spec:
         );
     }
 }
+
+#[test]
+fn templates_cannot_add_the_injectors_own_keys() {
+    let found = errors(
+        r#"
+metadata: {name: t}
+spec:
+  metadata:
+    labels: {"sidecar.dev/injection": disabled, "security.sidecar.dev/agent": "on"}
+    annotations: {"sidecar.dev/inject": "false", "sidecar.dev/templates": other, "sidecar.dev/anything": x}
+"#,
+    );
+    let expected = [
+        "spec.metadata.labels[\"sidecar.dev/injection\"]: \"sidecar.dev/injection\" is reserved",
+        "spec.metadata.annotations[\"sidecar.dev/inject\"]: \"sidecar.dev/inject\" is reserved",
+        "spec.metadata.annotations[\"sidecar.dev/templates\"]: \"sidecar.dev/templates\" is reserved",
+        "spec.metadata.annotations[\"sidecar.dev/anything\"]: \"sidecar.dev/anything\" is reserved",
+    ];
+    for want in expected {
+        assert!(
+            found.iter().any(|f| f.starts_with(want)),
+            "missing {want:?} in\n{found:#?}"
+        );
+    }
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+}
+
+#[test]
+fn a_pod_author_cannot_choose_what_runs_in_a_sidecar() {
+    let found = errors(
+        r#"
+metadata: {name: t}
+spec:
+  containers:
+  - name: c
+    image: "agent:{{ pod.labels['version'] }}"
+    command: ["/agent", "{{ pod.name }}"]
+    args: ["--id={{ pod.name }}", "--app={{ pod.labels['app'] }}", "--note={{ pod.annotations['note'] }}"]
+    env:
+    - {name: NOTE, value: "{{ pod.annotations['note'] }}"}
+    - {name: KEY, valueFrom: {secretKeyRef: {name: "{{ pod.name }}", key: k}}}
+    securityContext: {runAsUser: 0, seLinuxOptions: {type: "{{ pod.labels['t'] }}"}}
+    lifecycle: {preStop: {exec: {command: ["sh", "-c", "{{ pod.name }}"]}}}
+    livenessProbe: {exec: {command: ["{{ pod.namespace }}"]}}
+    readinessProbe: {httpGet: {path: "/{{ pod.name }}", port: 80, httpHeaders: [{name: X, value: "{{ pod.annotations['h'] }}"}]}}
+    workingDir: "/work/{{ pod.namespace }}"
+  volumes: [{name: v, configMap: {name: "{{ pod.name }}-config"}}]
+  appContainers:
+    env: [{name: A, value: "{{ pod.annotations['a'] }}"}, {name: B, valueFrom: {configMapKeyRef: {name: "{{ pod.name }}", key: b}}}]
+    envFrom: [{prefix: "{{ pod.annotations['p'] }}", configMapRef: {name: "{{ pod.name }}"}}]
+    volumeMounts: [{name: v, mountPath: "/data/{{ pod.annotations['d'] }}"}]
+  metadata:
+    labels: {owner: "{{ pod.annotations['team'] }}"}
+    annotations: {copy: "{{ pod.annotations['sidecar.dev/injected'] }}", note: "{{ pod.annotations['note'] }}"}
+"#,
+    );
+    let fixed = "placeholders are not allowed here";
+    let annotations = "pod.annotations[...] is not allowed here";
+    let expected = [
+        ("spec.containers[0].image", fixed),
+        ("spec.containers[0].command[1]", fixed),
+        ("spec.containers[0].args[2]", annotations),
+        (
+            "spec.containers[0].env[1].valueFrom.secretKeyRef.name",
+            fixed,
+        ),
+        (
+            "spec.containers[0].securityContext.seLinuxOptions.type",
+            fixed,
+        ),
+        (
+            "spec.containers[0].lifecycle.preStop.exec.command[2]",
+            fixed,
+        ),
+        ("spec.containers[0].livenessProbe.exec.command[0]", fixed),
+        (
+            "spec.containers[0].readinessProbe.httpGet.httpHeaders[0].value",
+            annotations,
+        ),
+        ("spec.volumes[0].configMap.name", fixed),
+        (
+            "spec.appContainers.env[1].valueFrom.configMapKeyRef.name",
+            fixed,
+        ),
+        ("spec.appContainers.envFrom[0].prefix", annotations),
+        ("spec.appContainers.volumeMounts[0].mountPath", annotations),
+        (
+            "spec.metadata.annotations[\"copy\"]",
+            "a placeholder cannot read \"sidecar.dev/injected\"",
+        ),
+    ];
+    for (path, message) in expected {
+        let want = format!("{path}: {message}");
+        assert!(
+            found.iter().any(|f| f.starts_with(&want)),
+            "missing {want:?} in\n{found:#?}"
+        );
+    }
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+}

@@ -61,7 +61,7 @@ fn planning_a_mutated_pod_again_adds_nothing() {
     let once = apply(&pod, &plan_in(&pod, &templates));
     let again = plan_in(&once, &templates);
     assert!(again.patch.is_empty(), "{:?}", again.patch);
-    assert_eq!(again.skipped[0].reason, SkipReason::AlreadyInjected);
+    assert_eq!(again.skipped[0].reason, SkipReason::AlreadyPresent);
 }
 
 #[test]
@@ -100,12 +100,24 @@ fn injected_items_already_present_after_defaulting_are_not_conflicts() {
 }
 
 #[test]
-fn pod_annotation_opts_out() {
+fn pod_annotation_opts_out_of_best_effort_templates_only() {
     let mut pod = pod(APP_POD);
     pod["metadata"]["annotations"] = json!({"sidecar.dev/inject": "false"});
-    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    let best_effort = template(&format!("{SIDECAR}  failurePolicy: Ignore\n"));
+    let plan = plan_in(&pod, &[best_effort]);
     assert!(plan.patch.is_empty());
     assert_eq!(plan.skipped[0].reason, SkipReason::PodOptedOut);
+
+    let plan = plan_in(&pod, &[template(SIDECAR)]);
+    assert_eq!(plan.applied.len(), 1, "a required template still applies");
+    assert_eq!(
+        plan.warnings,
+        [
+            "SidecarTemplate \"logger\" is required: the pod's sidecar.dev/inject: \"false\" does not apply to it"
+        ]
+    );
+    let out = apply(&pod, &plan);
+    assert_eq!(names(&out["spec"]["containers"]), ["app", "logger"]);
 }
 
 #[test]
@@ -230,7 +242,7 @@ fn a_conflict_with_the_pod_skips_the_template_whole_and_denies_when_required() {
     let plan = plan_in(&pod, &[required]);
     assert!(plan.patch.is_empty(), "all or nothing: {:?}", plan.patch);
     assert!(
-        matches!(&plan.skipped[0].reason, SkipReason::Conflict(d) if d.contains("container \"app\" already exists (in the pod)"))
+        matches!(&plan.skipped[0].reason, SkipReason::Conflict(d) if d.contains("container \"app\" already exists (in the pod) and is not the template's: image differs"))
     );
     assert_eq!(plan.warnings.len(), 1);
     let message = plan.denial_message().unwrap();
@@ -278,7 +290,10 @@ fn volumes_conflict_only_when_different() {
     let plan = plan_in(&pod, &[template(SIDECAR)]);
     assert!(plan.applied.is_empty());
     assert!(
-        plan.warnings[0].contains("volume \"logs\" already exists with a different definition")
+        plan.warnings[0]
+            .contains("volume \"logs\" already exists (in the pod) and is not the template's: hostPath differs"),
+        "{:?}",
+        plan.warnings
     );
 }
 
@@ -364,7 +379,7 @@ fn metadata_keys_are_escaped_and_existing_keys_kept() {
 metadata: {name: t}
 spec:
   metadata:
-    labels: {"sidecar.dev/injected-by": t, app: other}
+    labels: {"example.com/injected-by": t, app: other}
     annotations: {"example.com/a.b": x, keep: template}
 "#,
     );
@@ -377,7 +392,7 @@ spec:
         .map(|op| op["path"].as_str().unwrap())
         .collect();
     assert!(
-        paths.contains(&"/metadata/labels/sidecar.dev~1injected-by"),
+        paths.contains(&"/metadata/labels/example.com~1injected-by"),
         "{paths:?}"
     );
     assert!(
@@ -390,7 +405,7 @@ spec:
     );
     let out = apply(&pod, &plan);
     assert_eq!(out["metadata"]["labels"]["app"], "web");
-    assert_eq!(out["metadata"]["labels"]["sidecar.dev/injected-by"], "t");
+    assert_eq!(out["metadata"]["labels"]["example.com/injected-by"], "t");
     assert_eq!(out["metadata"]["annotations"]["keep"], "pod");
     assert_eq!(out["metadata"]["annotations"]["example.com/a.b"], "x");
     assert_eq!(plan.warnings.len(), 2, "{:?}", plan.warnings);
@@ -425,7 +440,8 @@ spec:
   containers:
   - name: agent
     image: agent
-    args: ["--id={{ pod.namespace }}/{{ pod.name }}", "--sa={{ pod.serviceAccountName }}", "--app={{ pod.labels['app'] }}", "--team={{ pod.annotations['team'] }}"]
+    args: ["--id={{ pod.namespace }}/{{ pod.name }}", "--sa={{ pod.serviceAccountName }}", "--app={{ pod.labels['app'] }}"]
+    env: [{name: TEAM, value: "{{ pod.annotations['team'] }}"}]
   metadata:
     labels: {owner: "{{ pod.annotations['team'] }}", bad: "{{ pod.namespace }}/x"}
 "#,
@@ -443,12 +459,11 @@ spec:
     let out = apply(&pod, &plan);
     assert_eq!(
         out["spec"]["containers"][1]["args"],
-        json!([
-            "--id=shop/web-7d9f-",
-            "--sa=default",
-            "--app=web",
-            "--team=payments"
-        ])
+        json!(["--id=shop/web-7d9f-", "--sa=default", "--app=web",])
+    );
+    assert_eq!(
+        out["spec"]["containers"][1]["env"],
+        json!([{"name": "TEAM", "value": "payments"}])
     );
     assert_eq!(out["metadata"]["labels"]["owner"], "payments");
     assert_eq!(out["metadata"]["labels"].get("bad"), None);
@@ -504,17 +519,14 @@ fn a_pod_with_thousands_of_env_vars_is_planned_correctly() {
 #[test]
 fn a_template_may_select_on_what_another_adds_and_replanning_stays_empty() {
     let pod = pod(APP_POD);
-    // "logging" sorts first but selects on a label "mesh" adds; "proxy" is requested by an
-    // annotation "mesh" adds.
+    // "logging" sorts first but selects on a label "mesh" adds, and so does "proxy".
     let logging = template(
         "metadata: {name: a-logging}\nspec:\n  podSelector: {matchLabels: {mesh: enabled}}\n  containers: [{name: log, image: l}]",
     );
     let proxy = template(
-        "metadata: {name: proxy}\nspec:\n  injection: OnRequest\n  containers: [{name: proxy, image: p}]",
+        "metadata: {name: proxy}\nspec:\n  podSelector: {matchLabels: {mesh: enabled}}\n  containers: [{name: proxy, image: p}]",
     );
-    let mesh = template(
-        "metadata: {name: mesh}\nspec:\n  metadata:\n    labels: {mesh: enabled}\n    annotations: {sidecar.dev/templates: proxy}",
-    );
+    let mesh = template("metadata: {name: mesh}\nspec:\n  metadata:\n    labels: {mesh: enabled}");
     let templates = [logging, proxy, mesh];
     let plan = plan_in(&pod, &templates);
     let applied: Vec<&str> = plan.applied.iter().map(|a| a.name.as_str()).collect();

@@ -1,0 +1,333 @@
+//! Whether a container or volume already in a Pod is the one a template adds.
+//!
+//! A Pod's own claim that it was injected is never trusted (docs/architecture.md, decision 3):
+//! what counts is content. The webhook sees the Pod after the API server has filled in its
+//! defaults, and on a re-invocation after admission plugins have added to the injected
+//! containers (the ServiceAccount token mount, a LimitRange's resources). So "equal" here is
+//! exact equality up to those additions and nothing else: a look-alike with another
+//! `command`, `args`, `env`, `securityContext`, … is different, and the first field that
+//! differs is named.
+//!
+//! The defaults are those of `k8s.io/kubernetes/pkg/apis/core/v1` (`SetDefaults_*` and the
+//! generated `SetObjectDefaults_Pod`).
+
+use serde_json::{Map, Value};
+
+/// What kind of Pod item is compared: each has its own defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemKind {
+    /// An entry of `spec.containers` or `spec.initContainers`.
+    Container,
+    /// An entry of `spec.volumes`.
+    Volume,
+}
+
+/// Where the ServiceAccount admission plugin mounts the API token into every container.
+const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The first field in which `theirs` (an item of the Pod) is not `ours` (the item a template
+/// adds) up to the API server's defaults, as a path relative to the item (`command`,
+/// `env[1].value`, …); `None` when they are the same.
+pub fn difference(ours: &Value, theirs: &Value, kind: ItemKind) -> Option<String> {
+    let (Value::Object(ours), Value::Object(theirs)) = (ours, theirs) else {
+        return (ours != theirs).then(String::new);
+    };
+    let context = match kind {
+        ItemKind::Container => Context::Container,
+        ItemKind::Volume => Context::Volume,
+    };
+    object_difference(ours, theirs, context, "")
+}
+
+/// Which defaults apply to the keys of the object being compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Context {
+    Container,
+    Port,
+    Probe,
+    HttpGet,
+    Env,
+    EnvSource,
+    FieldRef,
+    FileKeyRef,
+    /// `resources` of a container: quantities compare by value, and keys a LimitRange adds are
+    /// tolerated.
+    Resources,
+    /// An object holding a quantity (`emptyDir.sizeLimit`, `resourceFieldRef.divisor`).
+    Quantities,
+    Volume,
+    /// A `secret`, `configMap`, `downwardAPI` or `projected` volume source.
+    ModedSource,
+    HostPath,
+    Projection,
+    TokenProjection,
+    ClaimSpec,
+    Other,
+}
+
+fn child_context(parent: Context, key: &str) -> Context {
+    use Context::*;
+    match (parent, key) {
+        (Container, "ports") => Port,
+        (Container, "livenessProbe" | "readinessProbe" | "startupProbe") => Probe,
+        (Container, "env") => Env,
+        (Container, "resources") => Resources,
+        (Container, "lifecycle") => Other,
+        (Probe, "httpGet") => HttpGet,
+        (Other, "httpGet") => HttpGet,
+        (Env, "valueFrom") => EnvSource,
+        (EnvSource, "fieldRef") => FieldRef,
+        (EnvSource, "fileKeyRef") => FileKeyRef,
+        (Volume, "secret" | "configMap" | "downwardAPI" | "projected") => ModedSource,
+        (Volume, "hostPath") => HostPath,
+        (Volume, "emptyDir") => Quantities,
+        (EnvSource | ModedSource, "resourceFieldRef") => Quantities,
+        (ClaimSpec, "resources") => Resources,
+        (Resources, _) => Resources,
+        (Quantities, _) => Quantities,
+        (Volume, "ephemeral") => Other,
+        (Other, "volumeClaimTemplate") => Other,
+        (Other, "spec") => ClaimSpec,
+        (ModedSource, "items") => ModedSource,
+        (ModedSource, "fieldRef") => FieldRef,
+        (ModedSource, "sources") => Projection,
+        (Projection, "downwardAPI") => ModedSource,
+        (Projection, "serviceAccountToken") => TokenProjection,
+        (Projection, "configMap" | "secret") => Other,
+        _ => Other,
+    }
+}
+
+/// Whether the API server (or an admission plugin it always runs) puts `key: value` into an
+/// object of this context when the template left the key out. `ours` is the template's object.
+fn is_filled_in(context: Context, key: &str, value: &Value, ours: &Map<String, Value>) -> bool {
+    use Context::*;
+    if is_empty(value) {
+        // Go's encoder writes some unset structs (`resources: {}`).
+        return true;
+    }
+    match (context, key) {
+        (Container, "terminationMessagePath") => value == "/dev/termination-log",
+        (Container, "terminationMessagePolicy") => value == "File",
+        (Container, "imagePullPolicy") => {
+            // The AlwaysPullImages admission plugin, where enabled, sets Always.
+            value == "Always"
+                || Some(value.as_str().unwrap_or_default())
+                    == ours
+                        .get("image")
+                        .and_then(Value::as_str)
+                        .map(default_pull_policy)
+        }
+        // A LimitRange's defaults (the LimitRanger admission plugin).
+        (Container, "resources") => true,
+        (Container, "volumeMounts") => value
+            .as_array()
+            .is_some_and(|mounts| mounts.iter().all(is_service_account_mount)),
+        (Port, "protocol") => value == "TCP",
+        // A hostNetwork Pod's ports are defaulted to listen on the host.
+        (Port, "hostPort") => Some(value) == ours.get("containerPort"),
+        (Probe, "timeoutSeconds") => value == 1,
+        (Probe, "periodSeconds") => value == 10,
+        (Probe, "successThreshold") => value == 1,
+        (Probe, "failureThreshold") => value == 3,
+        (HttpGet, "path") => value == "/",
+        (HttpGet, "scheme") => value == "HTTP",
+        (FieldRef, "apiVersion") => value == "v1",
+        (FileKeyRef, "optional") => value == false,
+        (Resources, _) => true,
+        (Volume, "emptyDir") => !ours.keys().any(|k| k != "name"),
+        (ModedSource, "defaultMode") => value == 420,
+        (HostPath, "type") => value == "",
+        (TokenProjection, "expirationSeconds") => value == 3600,
+        (ClaimSpec, "volumeMode") => value == "Filesystem",
+        _ => false,
+    }
+}
+
+/// The pull policy the API server gives a container with this image and none of its own.
+fn default_pull_policy(image: &str) -> &'static str {
+    // The tag is what follows the last ':' after the last '/', unless a digest pins the image.
+    let without_digest = image.split_once('@').map_or(image, |(name, _)| name);
+    let last_part = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    let tag = last_part.rsplit_once(':').map(|(_, tag)| tag);
+    if image.contains('@') && tag.is_none() {
+        return "IfNotPresent";
+    }
+    match tag {
+        None | Some("latest") => "Always",
+        Some(_) => "IfNotPresent",
+    }
+}
+
+fn is_service_account_mount(mount: &Value) -> bool {
+    mount.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
+        && mount
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|name| name.starts_with("kube-api-access-"))
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::String(text) => text.is_empty(),
+        _ => false,
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+fn object_difference(
+    ours: &Map<String, Value>,
+    theirs: &Map<String, Value>,
+    context: Context,
+    path: &str,
+) -> Option<String> {
+    for (key, value) in ours {
+        let here = join(path, key);
+        let child = child_context(context, key);
+        let found = match theirs.get(key) {
+            Some(found) => found,
+            // A key the template sets to nothing may be left out.
+            None if is_empty(value) => continue,
+            None => return Some(here),
+        };
+        if context == Context::Container && key == "volumeMounts" {
+            if let Some(difference) = mounts_difference(value, found, &here) {
+                return Some(difference);
+            }
+            continue;
+        }
+        if let Some(difference) = value_difference(value, found, child, &here) {
+            return Some(difference);
+        }
+    }
+    theirs
+        .iter()
+        .find(|(key, value)| !ours.contains_key(*key) && !is_filled_in(context, key, value, ours))
+        .map(|(key, _)| join(path, key))
+}
+
+fn value_difference(ours: &Value, theirs: &Value, context: Context, path: &str) -> Option<String> {
+    match (ours, theirs) {
+        (Value::Object(ours), Value::Object(theirs)) => {
+            object_difference(ours, theirs, context, path)
+        }
+        (Value::Array(ours), Value::Array(theirs)) => {
+            if ours.len() != theirs.len() {
+                return Some(path.to_owned());
+            }
+            ours.iter()
+                .zip(theirs)
+                .enumerate()
+                .find_map(|(i, (a, b))| value_difference(a, b, context, &format!("{path}[{i}]")))
+        }
+        (Value::String(a), Value::String(b))
+            if matches!(context, Context::Resources | Context::Quantities) =>
+        {
+            (!same_quantity(a, b)).then(|| path.to_owned())
+        }
+        _ => (ours != theirs).then(|| path.to_owned()),
+    }
+}
+
+/// The container's mounts: the template's, in order, with the ServiceAccount token's mount
+/// allowed anywhere among them.
+fn mounts_difference(ours: &Value, theirs: &Value, path: &str) -> Option<String> {
+    let (Some(ours), Some(theirs)) = (ours.as_array(), theirs.as_array()) else {
+        return (ours != theirs).then(|| path.to_owned());
+    };
+    let theirs: Vec<&Value> = theirs
+        .iter()
+        .filter(|m| !is_service_account_mount(m) || ours.contains(m))
+        .collect();
+    if ours.len() != theirs.len() {
+        return Some(path.to_owned());
+    }
+    ours.iter()
+        .zip(theirs)
+        .enumerate()
+        .find_map(|(i, (a, b))| value_difference(a, b, Context::Other, &format!("{path}[{i}]")))
+}
+
+/// Whether two resource quantities are the same amount. The API server rewrites quantities in
+/// canonical form (`0.5` becomes `500m`, `1024Mi` becomes `1Gi`) and rounds them up to
+/// thousandths.
+fn same_quantity(a: &str, b: &str) -> bool {
+    a == b || matches!((milli_units(a), milli_units(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// A quantity (`100m`, `1.5Gi`, `1e3`) in thousandths, rounded up as the API server does;
+/// `None` when it is not one or does not fit.
+fn milli_units(quantity: &str) -> Option<i128> {
+    let quantity = quantity.trim();
+    let split = quantity
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(split);
+    let (negative, number) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number.strip_prefix('+').unwrap_or(number)),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    // mantissa × 10^exponent10 × 2^exponent2, exactly.
+    let mut mantissa: i128 = 0;
+    for digit in whole.bytes().chain(fraction.bytes()) {
+        mantissa = mantissa
+            .checked_mul(10)?
+            .checked_add(i128::from(digit - b'0'))?;
+    }
+    let mut exponent10 = -i32::try_from(fraction.len()).ok()?;
+    let mut exponent2 = 0u32;
+    match suffix {
+        "" => {}
+        "n" => exponent10 -= 9,
+        "u" => exponent10 -= 6,
+        "m" => exponent10 -= 3,
+        "k" => exponent10 += 3,
+        "M" => exponent10 += 6,
+        "G" => exponent10 += 9,
+        "T" => exponent10 += 12,
+        "P" => exponent10 += 15,
+        "E" => exponent10 += 18,
+        "Ki" => exponent2 = 10,
+        "Mi" => exponent2 = 20,
+        "Gi" => exponent2 = 30,
+        "Ti" => exponent2 = 40,
+        "Pi" => exponent2 = 50,
+        "Ei" => exponent2 = 60,
+        other => {
+            let exponent = other.strip_prefix(['e', 'E'])?.parse::<i32>().ok()?;
+            exponent10 = exponent10.checked_add(exponent)?;
+        }
+    }
+    // In thousandths: one more factor of 10^3.
+    exponent10 = exponent10.checked_add(3)?;
+    let mut value = mantissa.checked_mul(1i128.checked_shl(exponent2)?)?;
+    if exponent10 >= 0 {
+        value = value.checked_mul(10i128.checked_pow(u32::try_from(exponent10).ok()?)?)?;
+    } else {
+        let divisor = 10i128.checked_pow(u32::try_from(-exponent10).ok()?)?;
+        value = value / divisor + i128::from(value % divisor != 0);
+    }
+    Some(if negative { -value } else { value })
+}
+
+#[cfg(test)]
+mod tests;
