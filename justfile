@@ -15,6 +15,10 @@ build:
 # Format check, clippy, the CRD drift check, every test, the fuzz target's build, then the end-to-end suite and the chart tests against a local control plane
 test: fmt-check lint check-generated test-unit fuzz-check e2e
 
+# The fast inner loop: format check, clippy, then the unit, property and snapshot tests with no control plane (the end-to-end and chart tests report skipped)
+check: fmt-check lint
+    SIDECAR_INJECTOR_E2E=0 cargo test --workspace --all-targets
+
 # Run every test of the workspace
 test-unit:
     cargo test --workspace --all-targets
