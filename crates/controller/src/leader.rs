@@ -1,5 +1,5 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease in the operator's namespace
-//! (ARCHITECTURE.md, decision 6: replicas all serve; only the leader writes).
+//! (docs/architecture.md, decisions 6 and 14: replicas all serve; only the leader writes).
 //!
 //! [`decide`] is the pure decision: given the Lease as read (or its absence), who we are and the
 //! time, whether to create it, renew it, take it over or wait; [`next_lease`] and [`released`]

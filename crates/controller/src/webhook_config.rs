@@ -1,5 +1,5 @@
 //! The operator's own `MutatingWebhookConfiguration`, as a pure function of the registry
-//! (ARCHITECTURE.md, decision 2).
+//! (docs/architecture.md, decision 2).
 //!
 //! [`desired_configuration`] turns a registry [`Snapshot`] into the configuration the leader
 //! applies with server-side apply: one entry per selector group, in the order the API server
@@ -54,7 +54,7 @@ pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<i32> = 1..=30;
 /// The port the API server uses for a service reference that names none.
 const DEFAULT_SERVICE_PORT: i32 = 443;
 
-/// Where the API server reaches the webhook (ARCHITECTURE.md, decision 8).
+/// Where the API server reaches the webhook (docs/architecture.md, decision 8).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {
     /// In a cluster: through the operator's Service.

@@ -1,5 +1,5 @@
 //! Selector groups: templates that share (namespaceSelector, podSelector, failurePolicy) are
-//! served by one webhook entry, at `/mutate/<id>` (ARCHITECTURE.md, decision 2).
+//! served by one webhook entry, at `/mutate/<id>` (docs/architecture.md, decision 2).
 
 use std::fmt;
 
