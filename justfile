@@ -61,7 +61,7 @@ check-generated:
 bench:
     cargo bench -p injector-core --bench plan
 
-# Build the fuzz target on the stable toolchain (running it needs cargo-fuzz; see README)
+# Build the fuzz target on the stable toolchain (running it needs cargo-fuzz; see docs/development.md)
 fuzz-check:
     cargo check --quiet --manifest-path crates/core/fuzz/Cargo.toml
 
