@@ -1,18 +1,23 @@
 //! End-to-end scenarios against a real local control plane (etcd, kube-apiserver,
 //! kube-controller-manager) and the real `kubectl`, with the operator running out of cluster.
 //!
-//! One control plane serves every scenario: the single test `scenarios` starts it, runs each
-//! scenario in turn (each in fresh namespaces), reports which failed, and tears everything
-//! down at the end, also when a scenario panics.
+//! Each scenario is a test of its own, named after what it proves, so a failure names it and
+//! one runs alone: `cargo test -p injector-e2e --test scenarios tutorial`. They share one
+//! control plane and one operator (starting them per scenario would cost more than most
+//! scenarios take), started by the first scenario that runs, so scenarios run one at a time,
+//! each in fresh namespaces; everything is torn down when the last one ends, also when one
+//! fails. The harness is libtest-mimic's (`harness = false`): a plain `#[test]` cannot share a
+//! fixture and then tear it down.
 //!
-//! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), so `cargo test --workspace` stays fast.
-//! `SIDECAR_INJECTOR_E2E_SCENARIOS=tutorial,restore` runs only the scenarios whose names
-//! contain one of the given words. `SIDECAR_INJECTOR_E2E_SLOW=1` also runs the slow ones
-//! (certificate rotation under load, about 3 minutes).
+//! Ignored unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), so `cargo test --workspace` stays
+//! fast. `SIDECAR_INJECTOR_E2E_SLOW=1` also runs the slow ones (certificate rotation under
+//! load, about 3 minutes).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -22,6 +27,7 @@ use injector_e2e::steps::{
     wait_invalid_event, webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
 const INJECTED: &str = "sidecar.dev/injected";
@@ -38,123 +44,164 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 
 /// Scenarios that take minutes: run only with `SIDECAR_INJECTOR_E2E_SLOW=1`.
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
-const SLOW: [&str; 1] = ["n-certificate-rotation-under-load"];
+const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 15] = [
-    ("a-tutorial-nginx-sidecar", tutorial_nginx_sidecar),
+const SCENARIOS: [(&str, Scenario); 16] = [
+    ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
-        "b-namespace-selector-non-match",
+        "a_namespace_the_selector_does_not_match_gets_nothing",
         namespace_selector_non_match,
     ),
-    ("c-opt-out-annotation-and-namespace-label", opt_out),
-    ("d-invalid-template-status-and-event", invalid_template),
+    ("opted_out_pods_and_namespaces_are_left_alone", opt_out),
     (
-        "e-configuration-restored-after-delete",
+        "an_invalid_template_gets_ready_false_and_an_event",
+        invalid_template,
+    ),
+    (
+        "a_deleted_webhook_configuration_is_restored",
         configuration_restored,
     ),
-    ("f-kube-system-never-touched", kube_system_never_touched),
-    ("g-operator-down-then-back", operator_down_then_back),
-    ("h-on-request-native-proxy", on_request_native_proxy),
-    ("i-app-env-named-containers", app_env_named_containers),
-    ("j-priority-and-conflict-warning", priority_and_conflict),
+    ("kube_system_is_never_touched", kube_system_never_touched),
     (
-        "k-template-updated-then-deleted",
+        "operator_down_refuses_required_pods_then_recovers",
+        operator_down_then_back,
+    ),
+    (
+        "on_request_native_proxy_only_when_asked",
+        on_request_native_proxy,
+    ),
+    (
+        "app_env_reaches_only_the_named_containers",
+        app_env_named_containers,
+    ),
+    (
+        "priority_decides_a_conflict_with_a_warning",
+        priority_and_conflict,
+    ),
+    (
+        "template_update_and_delete_reach_new_pods",
         template_updated_then_deleted,
     ),
-    ("l-leader-election-failover", leader_election_failover),
-    ("m-log-shipper-shared-volume", log_shipper_shared_volume),
+    ("leader_election_fails_over", leader_election_failover),
     (
-        "n-certificate-rotation-under-load",
+        "log_shipper_shares_a_volume_with_the_app",
+        log_shipper_shared_volume,
+    ),
+    (
+        "certificate_rotation_under_load_fails_no_call",
         certificate_rotation_under_load,
     ),
-    ("o-certificate-secret-deleted", certificate_secret_deleted),
+    (
+        "a_deleted_certificate_secret_is_regenerated",
+        certificate_secret_deleted,
+    ),
+    ("required_means_required", required_means_required),
 ];
 
-#[test]
-fn scenarios() {
-    if !injector_e2e::enabled() {
+/// The control plane and the operator every scenario shares. The operator is declared first:
+/// it is dropped (stopped) before the control plane.
+struct Cluster {
+    operator: Operator,
+    cp: ControlPlane,
+}
+
+impl Cluster {
+    /// Like a user: install the CRD, then start the operator.
+    fn start() -> anyhow::Result<Self> {
+        let cp = ControlPlane::start()?;
+        cp.apply_file(&workspace_root().join("crds"))
+            .context("kubectl apply -f crds/")?;
+        wait_crd_established(&cp)?;
+        let operator = Operator::start(&cp, OperatorOptions::default())?;
+        Ok(Cluster { operator, cp })
+    }
+}
+
+type Shared = Arc<Mutex<Option<Cluster>>>;
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    // One control plane and one operator serve every scenario: one scenario at a time.
+    args.test_threads = Some(1);
+    let enabled = injector_e2e::enabled();
+    if !enabled {
         eprintln!(
-            "[e2e] skipped: set {}=1 (or run `just e2e`) to start a local control plane and run \
-             the end-to-end scenarios",
+            "[e2e] scenarios ignored: set {}=1 (or run `just e2e`) to start a local control plane \
+             and run them",
             injector_e2e::ENABLE_VAR
         );
-        return;
     }
-    let started = Instant::now();
-    let filter: Option<Vec<String>> = std::env::var("SIDECAR_INJECTOR_E2E_SCENARIOS")
-        .ok()
-        .map(|v| v.split(',').map(str::to_owned).collect());
-
-    let cp = ControlPlane::start().expect("the control plane starts");
-    // Like a user: install the CRD, then start the operator.
-    cp.apply_file(&workspace_root().join("crds"))
-        .expect("kubectl apply -f crds/");
-    wait_crd_established(&cp).expect("the CRD is established");
-    let mut operator =
-        Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
-
-    let mut results = Vec::new();
-    for (name, scenario) in SCENARIOS {
-        if let Some(words) = &filter
-            && !words.iter().any(|w| name.contains(w.as_str()))
-        {
-            continue;
-        }
-        if SLOW.contains(&name) && !std::env::var(SLOW_VAR).is_ok_and(|v| v == "1") {
-            eprintln!("\n[e2e] ===== {name}: skipped (slow; set {SLOW_VAR}=1 to run it)");
-            continue;
-        }
-        eprintln!("\n[e2e] ===== {name}");
-        let t = Instant::now();
-        let mut env = Env {
-            cp: &cp,
-            operator: &mut operator,
-        };
-        let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&mut env))) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("{e:#}")),
-            Err(panic) => Err(panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "panicked".to_owned())),
-        };
-        let elapsed = t.elapsed();
-        match &outcome {
-            Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
-            Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
-        }
-        results.push((name, elapsed, outcome));
-        // A scenario that failed half-way must not leave the operator stopped for the next.
-        if operator.check_running().is_err() {
-            eprintln!("[e2e] restarting the operator after {name}");
-            let _ = operator.stop();
-            operator.restart().expect("the operator restarts");
-        }
-    }
-
-    eprintln!("\n[e2e] ===== summary ({:.1?} in all)", started.elapsed());
-    for (name, elapsed, outcome) in &results {
-        let verdict = if outcome.is_ok() { "PASS" } else { "FAIL" };
-        eprintln!("[e2e] {verdict} {name} ({elapsed:.1?})");
-    }
-    let failed: Vec<_> = results
+    let slow = std::env::var(SLOW_VAR).is_ok_and(|v| v == "1");
+    let shared: Shared = Arc::default();
+    let trials = SCENARIOS
         .iter()
-        .filter(|(_, _, outcome)| outcome.is_err())
-        .map(|(name, _, _)| *name)
+        .map(|&(name, scenario)| {
+            let shared = Arc::clone(&shared);
+            let ignored = !enabled || (SLOW.contains(&name) && !slow);
+            Trial::test(name, move || run(&shared, name, scenario)).with_ignored_flag(ignored)
+        })
         .collect();
-    if !failed.is_empty() {
-        // Dropping the operator and the control plane while panicking prints their logs' tails.
-        panic!("{} scenario(s) failed: {}", failed.len(), failed.join(", "));
+    let started = Instant::now();
+    let conclusion = libtest_mimic::run(&args, trials);
+    let cluster = shared.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(cluster) = cluster {
+        if conclusion.has_failed() {
+            eprintln!("{}", cluster.operator.log_tail(40));
+            cluster.cp.print_logs(40);
+        }
+        drop(cluster);
+        eprintln!("[e2e] scenarios done in {:.1?}", started.elapsed());
     }
-    assert!(!results.is_empty(), "no scenario matched the filter");
+    conclusion.exit_code()
+}
+
+/// Runs one scenario on the shared cluster, starting it first if no scenario has yet.
+fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
+    if !injector_e2e::enabled() {
+        return Err(format!("set {}=1 to run the scenarios", injector_e2e::ENABLE_VAR).into());
+    }
+    let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    if slot.is_none() {
+        *slot = Some(Cluster::start().map_err(|e| format!("the cluster does not start: {e:#}"))?);
+    }
+    let cluster = slot.as_mut().expect("started above");
+    eprintln!("\n[e2e] ===== {name}");
+    let started = Instant::now();
+    let mut env = Env {
+        cp: &cluster.cp,
+        operator: &mut cluster.operator,
+    };
+    let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&mut env))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".to_owned())),
+    };
+    let elapsed = started.elapsed();
+    match &outcome {
+        Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
+        Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
+    }
+    // A scenario that failed half-way must not leave the operator stopped for the next.
+    if cluster.operator.check_running().is_err() {
+        eprintln!("[e2e] restarting the operator after {name}");
+        let _ = cluster.operator.stop();
+        cluster
+            .operator
+            .restart()
+            .map_err(|e| format!("the operator does not restart: {e:#}"))?;
+    }
+    outcome.map_err(Failed::from)
 }
 
 // ---------------------------------------------------------------------------------------------
 // The scenarios
 // ---------------------------------------------------------------------------------------------
 
-/// a. The classic tutorial: the nginx-sidecar example's template, then its workload; the
+/// The classic tutorial: the nginx-sidecar example's template, then its workload; the
 /// Deployment's Pod (created by the controller manager, Pending forever) has the sidecar.
 fn tutorial_nginx_sidecar(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -200,7 +247,7 @@ fn tutorial_nginx_sidecar(env: &mut Env<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// b. A Pod in a namespace the template's namespaceSelector does not match gets nothing,
+/// A Pod in a namespace the template's namespaceSelector does not match gets nothing,
 /// while the same Pod in a matching namespace does.
 fn namespace_selector_non_match(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -217,7 +264,7 @@ fn namespace_selector_non_match(env: &mut Env<'_>) -> anyhow::Result<()> {
     assert_untouched(&pod, "web")
 }
 
-/// c. The opt-out annotation on a Pod and the opt-out label on a namespace.
+/// The opt-out annotation on a Pod and the opt-out label on a namespace.
 fn opt_out(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
     apply_template(cp, "nginx-sidecar")?;
@@ -248,7 +295,7 @@ fn opt_out(env: &mut Env<'_>) -> anyhow::Result<()> {
     assert_untouched(&pod, "web")
 }
 
-/// d. A template the CRD's schema accepts but the injector finds invalid: `Ready=False` with
+/// A template the CRD's schema accepts but the injector finds invalid: `Ready=False` with
 /// every message in its status, a Warning Event `Invalid` in namespace default, and it is never
 /// used.
 fn invalid_template(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -324,7 +371,7 @@ spec:
     Ok(())
 }
 
-/// e. Deleting the MutatingWebhookConfiguration: the operator puts it back within 20 s, with
+/// Deleting the MutatingWebhookConfiguration: the operator puts it back within 20 s, with
 /// the same entries, and injection works again.
 fn configuration_restored(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -374,7 +421,7 @@ fn configuration_restored(env: &mut Env<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// f. Pods in kube-system (and in the operator's own namespace) are never touched, even when
+/// Pods in kube-system (and in the operator's own namespace) are never touched, even when
 /// the namespace carries the labels a best-effort and a required template select.
 fn kube_system_never_touched(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -420,7 +467,7 @@ fn kube_system_never_touched(env: &mut Env<'_>) -> anyhow::Result<()> {
     result
 }
 
-/// g. The operator stopped (SIGTERM): a Pod a required template selects is rejected with the
+/// The operator stopped (SIGTERM): a Pod a required template selects is rejected with the
 /// API server's webhook error, a Pod only a best-effort template selects is admitted without
 /// the sidecar; the operator restarted: injection resumes.
 fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -489,7 +536,7 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     assert_untouched(&pod, "web-down")
 }
 
-/// h. `injection: OnRequest` (examples/native-proxy): a Pod annotated
+/// `injection: OnRequest` (examples/native-proxy): a Pod annotated
 /// `sidecar.dev/templates: native-proxy` gets the `proxy` init container as a native sidecar
 /// (`restartPolicy: Always`) with its placeholders rendered; a Pod without the annotation, in
 /// the same namespace, gets nothing.
@@ -560,7 +607,7 @@ fn on_request_native_proxy(env: &mut Env<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// i. examples/app-env with its StatefulSet: the Pod the controller manager creates has the
+/// examples/app-env with its StatefulSet: the Pod the controller manager creates has the
 /// env vars (placeholders rendered from its labels, annotations, name and namespace), envFrom
 /// and mount in container `app`, nothing in `metrics`, and `app`'s own LOG_LEVEL kept.
 fn app_env_named_containers(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -676,7 +723,7 @@ fn app_env_named_containers(env: &mut Env<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// j. Two best-effort templates add a container with the same name: the one of lower
+/// Two best-effort templates add a container with the same name: the one of lower
 /// priority applies first and wins (even though its name sorts last), the other is skipped,
 /// and `kubectl run` prints the webhook's warning naming it.
 fn priority_and_conflict(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -752,7 +799,7 @@ spec:
     result
 }
 
-/// k. Updating a template: new Pods get the new version (`name@<new generation>`, the new
+/// Updating a template: new Pods get the new version (`name@<new generation>`, the new
 /// image); deleting it: its entry leaves the configuration and new Pods are not injected.
 fn template_updated_then_deleted(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -838,7 +885,7 @@ spec:
     assert_untouched(&pod, "after-delete")
 }
 
-/// l. Two replicas with leader election (in their own namespace, so their own Lease and
+/// Two replicas with leader election (in their own namespace, so their own Lease and
 /// Secret; the main operator is stopped meanwhile): the leader writes the configuration with
 /// its URL; stopped (SIGTERM), the other becomes leader within the lease duration, and a Pod a
 /// required template selects, created right after, is injected and never admitted without it.
@@ -1015,7 +1062,7 @@ spec:
     result.and(restarted)
 }
 
-/// m. The log-shipper example: its Deployment's Pod gets the shipper, the shared emptyDir, and
+/// The log-shipper example: its Deployment's Pod gets the shipper, the shared emptyDir, and
 /// that volume mounted into the app container too; a Pod the pod selector excludes
 /// (`logging.sidecar.dev/ship=false`) is left alone.
 fn log_shipper_shared_volume(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -1096,7 +1143,7 @@ fn log_shipper_shared_volume(env: &mut Env<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// o. Deleting the certificate Secret: the leader notices and generates a new CA and
+/// Deleting the certificate Secret: the leader notices and generates a new CA and
 /// certificate within seconds (not at its next periodic check, a minute away), and injection
 /// works with them.
 fn certificate_secret_deleted(env: &mut Env<'_>) -> anyhow::Result<()> {
@@ -1298,4 +1345,236 @@ fn volumes(pod: &Value) -> Vec<String> {
 
 fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object["metadata"]["annotations"][key].as_str()
+}
+
+/// A required template whose containers and volumes use most fields the API server defaults
+/// or rewrites, so that a re-invocation (after the ServiceAccount plugin and a LimitRange
+/// have changed the Pod) must recognise them as the template's.
+const FORGED_TEMPLATE: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: e2e-forged
+spec:
+  namespaceSelector:
+    matchLabels: {e2e.sidecar.dev/scenario: forged}
+  failurePolicy: Fail
+  initContainers:
+    - name: guard
+      image: busybox:1.36
+      restartPolicy: Always
+      args: ["--pod", "{{ pod.name }}"]
+      startupProbe: {httpGet: {port: 9901}}
+  containers:
+    - name: agent
+      image: busybox:1.36
+      command: ["/agent"]
+      args: ["--namespace", "{{ pod.namespace }}"]
+      ports: [{containerPort: 9090, name: metrics}]
+      env:
+        - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+        - {name: CPU, valueFrom: {resourceFieldRef: {resource: limits.cpu, divisor: "1m"}}}
+        - {name: TEAM, value: "{{ pod.annotations['team'] }}"}
+      resources: {limits: {cpu: "0.5", memory: "1024Mi"}}
+      readinessProbe: {httpGet: {port: 9090, path: /ready}}
+      livenessProbe: {tcpSocket: {port: 9090}, periodSeconds: 20}
+      lifecycle: {preStop: {httpGet: {port: 9090}}}
+      volumeMounts:
+        - {name: agent-config, mountPath: /etc/agent}
+        - {name: agent-token, mountPath: /var/run/agent}
+  volumes:
+    - name: agent-config
+      configMap: {name: agent-config, optional: true}
+    - name: agent-secret
+      secret: {secretName: agent, optional: true}
+    - name: agent-token
+      projected:
+        sources:
+          - serviceAccountToken: {path: token, audience: agent}
+          - downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}
+    - name: agent-scratch
+      emptyDir: {sizeLimit: "1024Mi"}
+    - name: agent-host
+      hostPath: {path: /var/log}
+    - name: agent-info
+      downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}
+"#;
+
+/// Required means required, through the real API server: a Pod carrying a required
+/// template's defaulted, token-mounted, LimitRange-resourced containers is recognised on
+/// re-invocation (admitted once, nothing added twice); a Pod's claim in `sidecar.dev/injected`
+/// is not trusted; a look-alike of the sidecar, or its native sidecar placed after the Pod's own
+/// init container, is denied naming what differs; an opted-out Pod still gets it, with a
+/// warning.
+fn required_means_required(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-forged";
+    cp.apply_yaml(FORGED_TEMPLATE)?;
+    let result = (|| {
+        wait_served(cp, name)?;
+        let ns = cp.namespace("forged", &[("e2e.sidecar.dev/scenario", "forged")])?;
+        // The LimitRanger plugin then gives the injected containers resources on re-invocation.
+        cp.apply_yaml(&format!(
+            r#"
+apiVersion: v1
+kind: LimitRange
+metadata: {{name: defaults, namespace: {ns}}}
+spec:
+  limits:
+    - type: Container
+      default: {{cpu: 200m, memory: 64Mi}}
+      defaultRequest: {{cpu: 100m, memory: 32Mi}}
+"#
+        ))?;
+        let create = |manifest: Value| -> anyhow::Result<std::process::Output> {
+            cp.kubectl_with_stdin(&["create", "-f", "-", "-o", "json"], &manifest.to_string())
+        };
+        let pod = |pod_name: &str, annotations: Value, init: Value, extra: Value| {
+            let mut containers = vec![serde_json::json!({"name": "app", "image": "busybox:1.36"})];
+            if !extra.is_null() {
+                containers.push(extra);
+            }
+            let mut spec = serde_json::json!({"containers": containers});
+            if !init.is_null() {
+                spec["initContainers"] = init;
+            }
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": ns, "annotations": annotations},
+                "spec": spec,
+            })
+        };
+        let admitted = |out: &std::process::Output| -> anyhow::Result<Value> {
+            ensure!(
+                out.status.success(),
+                "kubectl create failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            Ok(serde_json::from_slice(&out.stdout)?)
+        };
+        let denied = |out: &std::process::Output, expected: &str| -> anyhow::Result<()> {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            ensure!(
+                !out.status.success(),
+                "admitted, expected a denial ({expected})"
+            );
+            ensure!(
+                stderr.contains(expected),
+                "denied, but not for {expected:?}: {stderr}"
+            );
+            eprintln!("[e2e] denied as expected: {}", stderr.trim());
+            Ok(())
+        };
+        let injected = |pod: &Value| -> anyhow::Result<()> {
+            ensure!(
+                containers(pod) == ["app", "agent"] && init_containers(pod) == ["guard"],
+                "containers {:?}, init containers {:?}",
+                containers(pod),
+                init_containers(pod)
+            );
+            let record = annotation(pod, INJECTED).unwrap_or_default();
+            ensure!(
+                record.starts_with(&format!("{name}@")),
+                "{INJECTED}: {record:?}"
+            );
+            Ok(())
+        };
+
+        // The API server defaults the injected containers, mounts the token into them and
+        // applies the LimitRange, then calls the webhook again: it must find its sidecar there.
+        // The first Pods may meet an API server whose configuration is not yet up to date.
+        poll(
+            Duration::from_secs(30),
+            "a plain Pod admitted and injected",
+            || {
+                let _ = cp.kubectl(&["delete", "pod", "plain", "-n", &ns, "--wait=false"]);
+                let out = create(pod(
+                    "plain",
+                    serde_json::json!({"team": "core"}),
+                    Value::Null,
+                    Value::Null,
+                ))?;
+                let pod = admitted(&out)?;
+                Ok(injected(&pod).is_ok().then_some(()))
+            },
+        )?;
+
+        // A claim is not trusted, whole or by name only.
+        for (pod_name, claim) in [
+            ("claims", format!("{name}@1")),
+            ("claims-name", name.to_owned()),
+        ] {
+            let out = create(pod(
+                pod_name,
+                serde_json::json!({INJECTED: claim}),
+                Value::Null,
+                Value::Null,
+            ))?;
+            injected(&admitted(&out)?)?;
+        }
+
+        // A look-alike of the sidecar: its name and image, another command.
+        let look_alike = serde_json::json!({"name": "agent", "image": "busybox:1.36", "command": ["sleep", "infinity"]});
+        let out = create(pod(
+            "look-alike",
+            serde_json::json!({INJECTED: format!("{name}@1")}),
+            Value::Null,
+            look_alike,
+        ))?;
+        denied(
+            &out,
+            "container \"agent\" already exists (in the pod) and is not the template's",
+        )?;
+
+        // The native sidecar, exactly, but after the Pod's own init container.
+        let guard = |pod_name: &str| {
+            serde_json::json!({
+                "name": "guard", "image": "busybox:1.36", "restartPolicy": "Always",
+                "args": ["--pod", pod_name], "startupProbe": {"httpGet": {"port": 9901}},
+            })
+        };
+        let own_init = serde_json::json!({"name": "migrate", "image": "busybox:1.36"});
+        let out = create(pod(
+            "late-guard",
+            serde_json::json!({}),
+            serde_json::json!([own_init, guard("late-guard")]),
+            Value::Null,
+        ))?;
+        denied(
+            &out,
+            "a native sidecar must come before the pod's own init containers",
+        )?;
+        // In its place it is the template's: nothing is added twice.
+        let out = create(pod(
+            "early-guard",
+            serde_json::json!({}),
+            serde_json::json!([guard("early-guard"), own_init]),
+            Value::Null,
+        ))?;
+        let pod_json = admitted(&out)?;
+        ensure!(
+            init_containers(&pod_json) == ["guard", "migrate"],
+            "init containers: {:?}",
+            init_containers(&pod_json)
+        );
+
+        // The opt-out does not apply to a required template; kubectl prints why.
+        let out = create(pod(
+            "opted-out",
+            serde_json::json!({"sidecar.dev/inject": "false"}),
+            Value::Null,
+            Value::Null,
+        ))?;
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        injected(&admitted(&out)?)?;
+        ensure!(
+            stderr.contains(
+                "is required: the pod's sidecar.dev/inject: \"false\" does not apply to it"
+            ),
+            "no warning about the opt-out: {stderr}"
+        );
+        Ok(())
+    })();
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    result
 }
