@@ -35,6 +35,15 @@ pub struct TemplateString {
     segments: Vec<Segment>,
 }
 
+/// A label or an annotation, by key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MetadataKey {
+    /// `metadata.labels[key]`.
+    Label(String),
+    /// `metadata.annotations[key]`.
+    Annotation(String),
+}
+
 /// How much of a rendered string a Pod author controls, from least to most.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reach {
@@ -111,13 +120,12 @@ impl TemplateString {
             .unwrap_or(Reach::Fixed)
     }
 
-    /// Whether it reads a label or an annotation (which templates may add to the Pod).
-    pub fn reads_metadata(&self) -> bool {
-        self.segments.iter().any(|s| {
-            matches!(
-                s,
-                Segment::Field(Field::Label(_)) | Segment::Field(Field::Annotation(_))
-            )
+    /// The labels and annotations it reads (which templates may add to the Pod).
+    pub fn metadata_reads(&self) -> impl Iterator<Item = MetadataKey> + '_ {
+        self.segments.iter().filter_map(|s| match s {
+            Segment::Field(Field::Label(key)) => Some(MetadataKey::Label(key.clone())),
+            Segment::Field(Field::Annotation(key)) => Some(MetadataKey::Annotation(key.clone())),
+            _ => None,
         })
     }
 

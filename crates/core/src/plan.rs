@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 use crate::defaulted::{ItemKind, difference};
 use crate::names::is_label_value;
 use crate::patch::{AddOperation, Patch, PatchValue};
-use crate::placeholder::PodFacts;
+use crate::placeholder::{MetadataKey, PodFacts};
 use crate::selector::Labels;
 use crate::template::{CompiledTemplate, Text};
 
@@ -386,9 +386,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         ordered: &[&CompiledTemplate],
         seen: &Seen,
     ) -> Option<Seen> {
-        let reads_metadata = ordered.iter().any(|t| t.reads_metadata);
-        let merged = |pod: Option<&Map<String, Value>>, added: &MapAdditions<'_>| {
-            (reads_metadata && !added.order.is_empty()).then(|| {
+        // Only what a placeholder reads matters: most passes add nothing that one reads.
+        let read = |key: MetadataKey| ordered.iter().any(|t| t.metadata_reads.contains(&key));
+        let merged = |pod: Option<&Map<String, Value>>,
+                      added: &MapAdditions<'_>,
+                      key: fn(String) -> MetadataKey| {
+            let reads_added = added.order.iter().any(|k| read(key(k.clone())));
+            reads_added.then(|| {
                 let mut map = pod.cloned().unwrap_or_default();
                 for (key, (value, _)) in &added.added {
                     map.insert(key.clone(), Value::String(value.clone()));
@@ -396,10 +400,20 @@ impl<'k, 't: 'k> Pass<'k, 't> {
                 map
             })
         };
+        // Which containers are the Pod's own only matters to `appContainers`.
+        let injected = if ordered.iter().any(|t| t.app.is_some()) {
+            self.builder.found_injected.clone()
+        } else {
+            seen.injected.clone()
+        };
         let next = Seen {
-            labels: merged(view.labels, &self.builder.labels),
-            annotations: merged(view.annotations, &self.builder.annotations),
-            injected: self.builder.found_injected.clone(),
+            labels: merged(view.labels, &self.builder.labels, MetadataKey::Label),
+            annotations: merged(
+                view.annotations,
+                &self.builder.annotations,
+                MetadataKey::Annotation,
+            ),
+            injected,
         };
         (next != *seen).then_some(next)
     }

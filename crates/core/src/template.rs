@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::error::{FieldError, ValidationErrors};
 use crate::group::GroupKey;
 use crate::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
-use crate::placeholder::{Node, PathStep, Reach, TemplateString, field_path};
+use crate::placeholder::{MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
 
 /// The generation recorded for a template that has none (one read from a file).
@@ -81,9 +81,9 @@ pub struct CompiledTemplate {
     pub labels: Vec<(String, Text)>,
     /// Annotations to add.
     pub annotations: Vec<(String, Text)>,
-    /// Whether a placeholder reads a label or an annotation: then what templates add to the
-    /// Pod's metadata can change what the template renders.
-    pub reads_metadata: bool,
+    /// The labels and annotations its placeholders read: when a template adds one, what this
+    /// template renders depends on it.
+    pub metadata_reads: Vec<MetadataKey>,
 }
 
 impl CompiledTemplate {
@@ -219,7 +219,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         None => (Vec::new(), Vec::new()),
     };
 
-    let reads_metadata = reads_metadata(
+    let metadata_reads = metadata_reads(
         containers
             .iter()
             .chain(&init_containers)
@@ -250,7 +250,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         app,
         labels,
         annotations,
-        reads_metadata,
+        metadata_reads,
     };
     if compiled.injects_nothing() {
         errors.push(FieldError::new(
@@ -467,16 +467,22 @@ fn text(value: &str, path: &str, errors: &mut Vec<FieldError>) -> Text {
     }
 }
 
-fn reads_metadata<'a>(
+fn metadata_reads<'a>(
     nodes: impl Iterator<Item = &'a Node>,
-    mut texts: impl Iterator<Item = &'a Text>,
-) -> bool {
-    let mut reads = false;
+    texts: impl Iterator<Item = &'a Text>,
+) -> Vec<MetadataKey> {
+    let mut reads = Vec::new();
     for node in nodes {
-        node.visit_templated(&mut |_, template| reads |= template.reads_metadata());
+        node.visit_templated(&mut |_, template| reads.extend(template.metadata_reads()));
     }
+    for text in texts {
+        if let Text::Templated(template) = text {
+            reads.extend(template.metadata_reads());
+        }
+    }
+    reads.sort();
+    reads.dedup();
     reads
-        || texts.any(|text| matches!(text, Text::Templated(template) if template.reads_metadata()))
 }
 
 /// The most a Pod author may choose of a string at `steps` in an injected container: nothing

@@ -558,3 +558,37 @@ fn a_name_given_twice_counts_once_and_the_newest_generation_wins() {
         );
     }
 }
+
+#[test]
+fn a_placeholder_reading_what_a_template_adds_renders_it_and_replanning_stays_empty() {
+    let pod = pod(APP_POD);
+    // "a-mesh" applies first and reads an annotation "z-version" (applied later) adds.
+    let mesh = template(
+        "metadata: {name: a-mesh}\nspec:\n  containers: [{name: proxy, image: p, env: [{name: V, value: \"{{ pod.annotations['mesh/version'] }}\"}]}]",
+    );
+    let version = template(
+        "metadata: {name: z-version}\nspec:\n  metadata:\n    annotations: {mesh/version: \"1.2\"}",
+    );
+    let templates = [mesh, version];
+    let plan = plan_in(&pod, &templates);
+    let out = apply(&pod, &plan);
+    assert_eq!(out["spec"]["containers"][1]["env"][0]["value"], "1.2");
+    let again = plan_in(&out, &templates);
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
+    assert!(again.denials.is_empty() && again.warnings.is_empty());
+}
+
+#[test]
+fn app_containers_never_reach_injected_containers_on_replanning() {
+    let pod = pod(APP_POD);
+    let env = template(
+        "metadata: {name: a-env}\nspec:\n  appContainers:\n    env: [{name: REGION, value: eu}]",
+    );
+    let sidecar =
+        template("metadata: {name: b-sidecar}\nspec:\n  containers: [{name: sidecar, image: s}]");
+    let templates = [env, sidecar];
+    let out = apply(&pod, &plan_in(&pod, &templates));
+    assert_eq!(out["spec"]["containers"][1].get("env"), None);
+    let again = plan_in(&out, &templates);
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
+}
