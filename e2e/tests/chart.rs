@@ -139,7 +139,10 @@ fn chart() {
 }
 
 /// `--set` values that turn every optional object on.
-const OPTIONALS: [&str; 2] = ["serviceMonitor.enabled=true", "networkPolicy.enabled=true"];
+const OPTIONALS: [&str; 2] = [
+    "serviceMonitor.enabled=true",
+    "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24",
+];
 
 fn step(what: &str) {
     eprintln!("\n[chart] ===== {what}");
