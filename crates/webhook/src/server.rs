@@ -258,12 +258,18 @@ async fn admission(
                 decision.warnings,
             );
             let applied: Vec<String> = decision.applied.iter().map(ToString::to_string).collect();
-            if decision.outcome == Outcome::UnknownGroup {
-                tracing::warn!(
+            match decision.outcome {
+                Outcome::UnknownGroup => tracing::warn!(
                     uid = %decision.uid,
                     path = %path,
-                    "admission request for a selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
-                );
+                    "admission request for a best-effort selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
+                ),
+                Outcome::UnknownRequiredGroup => tracing::warn!(
+                    uid = %decision.uid,
+                    path = %path,
+                    "admission request for a required selector group this replica does not know; denied (this replica is not in sync with the cluster's templates)"
+                ),
+                _ => {}
             }
             tracing::info!(
                 uid = %decision.uid,

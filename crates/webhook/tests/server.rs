@@ -282,12 +282,21 @@ async fn bad_input_gets_its_documented_answer_and_the_server_keeps_serving() {
             Some((true, false)),
         ),
         Case {
-            path: "/mutate/fail-0000000000000000",
+            path: "/mutate/ignore-0000000000000000",
             ..case(
-                "unknown group",
+                "unknown best-effort group",
                 good.clone(),
                 StatusCode::OK,
                 Some((true, false)),
+            )
+        },
+        Case {
+            path: "/mutate/fail-0000000000000000",
+            ..case(
+                "unknown required group",
+                good.clone(),
+                StatusCode::OK,
+                Some((false, false)),
             )
         },
         case(
@@ -350,6 +359,29 @@ async fn bad_input_gets_its_documented_answer_and_the_server_keeps_serving() {
     let (_, metrics) = server.admin_get("/metrics").await;
     assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
     assert!(metrics.contains("group=\"unknown\""), "{metrics}");
+    assert!(metrics.contains("outcome=\"unknown_group\""), "{metrics}");
+    assert!(
+        metrics.contains("outcome=\"unknown_required_group\""),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_required_group_is_denied_as_out_of_sync() {
+    let server = start(&[LOGGER]).await;
+    let good = serde_json::to_vec(&pod_review("admission.k8s.io/v1", "x", web_pod())).unwrap();
+    let mut client = server.client().await;
+    let (status, body) = client
+        .post("/mutate/fail-0123456789abcdef", good)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let response: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(response["response"]["allowed"], false, "{response}");
+    assert_eq!(response["response"]["status"]["code"], 503, "{response}");
+    let message = response["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("\"fail-0123456789abcdef\""), "{message}");
+    assert!(message.contains("not in sync"), "{message}");
 }
 
 #[tokio::test]
