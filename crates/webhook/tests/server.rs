@@ -467,6 +467,39 @@ async fn readiness_requires_synced_templates_and_a_certificate() {
 }
 
 #[tokio::test]
+async fn a_template_watch_failing_beyond_its_grace_period_is_not_ready_until_a_fresh_list() {
+    let server = start(&[LOGGER]).await;
+    let templates = &server.webhook.templates;
+    let grace = templates.watch_grace();
+    assert_eq!(grace, Duration::from_secs(60), "the default");
+    let now = tokio::time::Instant::now();
+    // A failure that just began is within the grace period.
+    assert!(templates.watch_failed(now));
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+    // One that began longer ago than the grace period is not.
+    templates.mark_synced();
+    let long_ago = now.checked_sub(grace + Duration::from_secs(1)).unwrap();
+    assert!(templates.watch_failed(long_ago));
+    let (status, reason) = server.admin_get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(reason.contains("SidecarTemplate watch"), "{reason}");
+    // Admission keeps answering from the last snapshot meanwhile; readiness only steers the
+    // Service away.
+    let mut client = server.client().await;
+    let (status, _) = client
+        .post(
+            "/mutate",
+            serde_json::to_vec(&pod_review("admission.k8s.io/v1", "s", web_pod())).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    // A fresh complete list makes it ready again.
+    templates.mark_synced();
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn certificate_rotation_fails_no_request() {
     let server = start(&[LOGGER]).await;
     let new_ca = common::Ca::new("rotated-ca");
