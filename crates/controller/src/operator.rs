@@ -525,7 +525,8 @@ impl Operator {
         }
     }
 
-    /// Leader: each template's status, and an Event when one is invalid.
+    /// Leader: each template's status, and an Event when one is invalid (`Invalid`, or
+    /// `InvalidGenerationKept` when a required template's last valid generation stays).
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
         let recorder = Recorder::new(
@@ -550,7 +551,12 @@ impl Operator {
                     let template = &observed.template;
                     let name = template.metadata.name.clone().unwrap_or_default();
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
-                    let desired = crate::status::desired_status(template, &observed.outcome, now());
+                    let desired = crate::status::desired_status_kept(
+                        template,
+                        &observed.outcome,
+                        observed.kept.as_ref(),
+                        now(),
+                    );
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
                             Ok(()) => self.metrics.record_reconcile("status", true),
@@ -566,8 +572,17 @@ impl Operator {
                             template.metadata.generation.unwrap_or_default(),
                         );
                         if !evented.contains(&key) {
-                            match crate::status::record_invalid(&recorder, template, &errors).await
-                            {
+                            let published = match &observed.kept {
+                                Some(kept) => {
+                                    crate::status::record_kept(&recorder, template, &errors, kept)
+                                        .await
+                                }
+                                None => {
+                                    crate::status::record_invalid(&recorder, template, &errors)
+                                        .await
+                                }
+                            };
+                            match published {
                                 Ok(()) => {
                                     evented.insert(key);
                                 }
