@@ -26,6 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
+use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
 use crate::sync::{ObservedTemplates, TemplateSync};
@@ -507,6 +508,7 @@ impl Operator {
                 continue;
             };
             tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
+            self.report_entry_cycles();
             let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
             match self.apply_desired(desired).await {
                 Ok(()) => {
@@ -522,6 +524,20 @@ impl Operator {
                     self.templates_changed.notify_one();
                 }
             }
+        }
+    }
+
+    /// Logs every dependency cycle among the templates' groups (their entries cannot all
+    /// come after the groups whose labels they select on) and sets the metric.
+    fn report_entry_cycles(&self) {
+        let snapshot = self.templates.snapshot();
+        let cycles = entry_order(&snapshot).cycles;
+        self.metrics.set_entry_cycles(cycles.len());
+        for templates in cycles {
+            tracing::warn!(
+                templates = %templates.join(","),
+                "these templates select on labels each other adds, in a cycle: their webhook entries are ordered by priority, and a Pod may miss a template whose entry comes before the label it selects on is added"
+            );
         }
     }
 

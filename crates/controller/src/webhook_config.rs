@@ -3,7 +3,9 @@
 //!
 //! [`desired_configuration`] turns a registry [`Snapshot`] into the configuration the leader
 //! applies with server-side apply: one entry per selector group, in the order the API server
-//! should call them (the group's lowest priority first), each pointing at `/mutate/<group>`
+//! should call them (a group whose pod selector mentions a label another group's template
+//! adds after that group, otherwise the group's lowest priority first: [`entry_order`]), each
+//! pointing at `/mutate/<group>`
 //! through the operator's Service (in a cluster) or a URL (out of cluster). Every entry
 //! excludes `kube-system`, `kube-public`, `kube-node-lease`, the operator's own namespace and
 //! namespaces labelled `sidecar.dev/injection=disabled`. With no templates the configuration
@@ -27,6 +29,8 @@ use injector_api::names::{
 };
 use injector_core::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
+
+use crate::entry_order::entry_order;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
@@ -269,7 +273,7 @@ pub fn entry_name(group_id: &GroupId) -> String {
 }
 
 /// The configuration the operator wants in the cluster: one entry per selector group of
-/// `snapshot`, in the snapshot's order, each trusting `ca_bundle_pem` (one or more PEM
+/// `snapshot`, in [`entry_order`], each trusting `ca_bundle_pem` (one or more PEM
 /// certificates; during a CA rotation, the old and the new CA). An empty bundle leaves
 /// `caBundle` out, so the API server falls back to its system trust roots.
 pub fn desired_configuration(
@@ -279,9 +283,9 @@ pub fn desired_configuration(
 ) -> MutatingWebhookConfiguration {
     let ca_bundle = (!ca_bundle_pem.is_empty()).then(|| ByteString(ca_bundle_pem.to_vec()));
     let namespace_exclusions = namespace_exclusions(&options.operator_namespace);
-    let webhooks = snapshot
-        .groups()
-        .iter()
+    let webhooks = entry_order(snapshot)
+        .groups
+        .into_iter()
         .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
         .collect();
     let mut labels = options.labels.clone();
@@ -782,6 +786,30 @@ mod tests {
                 entry_name(group_of(&snapshot, "db"))
             ]
         );
+    }
+
+    #[test]
+    fn an_entry_selecting_on_a_label_another_template_adds_comes_after_it() {
+        let snapshot = snapshot_of(&[
+            parse_template(
+                "metadata: {name: adds}\nspec:\n  priority: 50\n  podSelector: {matchLabels: {app: dep-web}}\n  metadata: {labels: {mesh: 'on'}}\n  containers: [{name: a, image: x}]",
+            ),
+            parse_template(
+                "metadata: {name: selects}\nspec:\n  priority: 10\n  podSelector: {matchLabels: {mesh: 'on'}}\n  containers: [{name: b, image: x}]",
+            ),
+        ]);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(
+            names(&config),
+            [
+                entry_name(group_of(&snapshot, "adds")),
+                entry_name(group_of(&snapshot, "selects"))
+            ],
+            "by priority alone, selects (10) would come first and never be called"
+        );
+        // Applying the same templates again gives the same order: no drift.
+        let again = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(drift(&config, &again), None);
     }
 
     fn snapshot_with_priorities(priorities: &[(&str, i32)]) -> Arc<Snapshot> {
