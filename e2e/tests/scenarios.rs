@@ -46,7 +46,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 16] = [
+const SCENARIOS: [(&str, Scenario); 19] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -96,6 +96,18 @@ const SCENARIOS: [(&str, Scenario); 16] = [
         certificate_secret_deleted,
     ),
     ("required_means_required", required_means_required),
+    (
+        "a_template_selecting_on_a_label_another_group_adds_is_called",
+        dependent_templates_across_groups,
+    ),
+    (
+        "an_unknown_required_group_is_denied_as_out_of_sync",
+        unknown_required_group_denied,
+    ),
+    (
+        "an_invalid_edit_keeps_a_required_templates_last_valid_generation",
+        invalid_required_template_keeps_last_valid,
+    ),
 ];
 
 /// The control plane and the operator every scenario shares. The operator is declared first:
@@ -1179,6 +1191,280 @@ fn certificate_secret_deleted(env: &mut Env<'_>) -> anyhow::Result<()> {
 /// `kubectl apply -f examples/NAME/sidecartemplate.yaml`, then waits until the template is
 /// `Ready=True` for its generation and its webhook entry is in the configuration; returns the
 /// entry's name.
+/// Template B selects on a label template A adds (issue 11, rule 7). B has the lower
+/// priority (10 against 50), so ordering entries by priority alone would put B's entry first:
+/// the API server would skip it (the Pod does not carry the label yet) and, as it only
+/// re-invokes webhooks it already called, never come back to it. Entries are ordered so that
+/// A's comes first, and a Pod selected by A gets both containers.
+fn dependent_templates_across_groups(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let (adds, selects) = ("e2e-dep-a", "e2e-dep-b");
+    cp.apply_yaml(&format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {adds}
+spec:
+  priority: 50
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: dependent}}
+  podSelector:
+    matchLabels: {{app: dep-web}}
+  metadata:
+    labels: {{mesh: "on"}}
+  containers:
+    - name: dep-a
+      image: busybox:1.36
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {selects}
+spec:
+  priority: 10
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: dependent}}
+  podSelector:
+    matchLabels: {{mesh: "on"}}
+  containers:
+    - name: dep-b
+      image: busybox:1.36
+"#
+    ))?;
+    let result = (|| {
+        let entry_a = wait_served(cp, adds)?;
+        let entry_b = wait_served(cp, selects)?;
+        let ns = cp.namespace("dependent", &[("e2e.sidecar.dev/scenario", "dependent")])?;
+        // Until the API server has both entries, a Pod may get A's container alone (dry runs
+        // for up to 30 s; with B's entry first it never gets B's).
+        wait_injected(cp, &ns, &["app=dep-web"], "dep-b")?;
+        let pod = run_pod(cp, &ns, "web", &["app=dep-web"], &[])?;
+        let got = containers(&pod);
+        ensure!(
+            got.contains(&"dep-a".to_owned()) && got.contains(&"dep-b".to_owned()),
+            "containers {got:?}: both templates must apply"
+        );
+        ensure!(
+            pod["metadata"]["labels"]["mesh"] == "on",
+            "labels: {}",
+            pod["metadata"]["labels"]
+        );
+        let injected = annotation(&pod, INJECTED).unwrap_or_default();
+        ensure!(
+            injected.contains(&format!("{adds}@")) && injected.contains(&format!("{selects}@")),
+            "{INJECTED}: {injected:?}"
+        );
+        let entries =
+            webhook_names(&cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?);
+        eprintln!("[e2e] entries: {entries:?}");
+        let position = |entry: &str| entries.iter().position(|e| e == entry);
+        ensure!(
+            position(&entry_a) < position(&entry_b),
+            "{entry_a} (adds mesh=on) must come before {entry_b} (selects it): {entries:?}"
+        );
+        Ok(())
+    })();
+    cp.kubectl_ok(&["delete", "sidecartemplate", adds, selects, "--wait=true"])?;
+    result
+}
+
+/// A replica that lags behind the cluster's templates is asked for a required group it does
+/// not know (issue 11, rule 6): it denies the Pod, saying it is not in sync, instead of
+/// admitting it without the required template. Played with a second webhook configuration
+/// whose one entry calls the operator at `/mutate/fail-<id>` for an id no template has; a
+/// best-effort id (`ignore-…`) at the same place is still allowed.
+fn unknown_required_group_denied(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    // The caBundle the operator's own configuration trusts; it needs an entry, so a template.
+    let name = "e2e-unknown-anchor";
+    cp.apply_yaml(&format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  failurePolicy: Ignore
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: unknown-anchor}}
+  containers:
+    - name: anchor
+      image: busybox:1.36
+"#
+    ))?;
+    let stale = "e2e-stale-replica";
+    let result = (|| {
+        wait_served(cp, name)?;
+        let configuration = cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
+        let ca_bundle = configuration["webhooks"][0]["clientConfig"]["caBundle"]
+            .as_str()
+            .context("no caBundle")?
+            .to_owned();
+        let base = env.operator.webhook_url();
+        let entry = |policy: &str, id: &str, value: &str| {
+            serde_json::json!({
+                "name": format!("{id}.stale.e2e.sidecar.dev"),
+                "clientConfig": {"url": format!("{base}/mutate/{id}"), "caBundle": ca_bundle},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                           "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchLabels": {"e2e.sidecar.dev/scenario": "unknown-group"}},
+                "objectSelector": {"matchLabels": {"stale": value}},
+                "failurePolicy": policy,
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            })
+        };
+        let stale_configuration = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": stale},
+            "webhooks": [
+                entry("Fail", "fail-00000000000000e2", "required"),
+                entry("Ignore", "ignore-00000000000000e2", "best-effort"),
+            ],
+        });
+        cp.apply_yaml(&stale_configuration.to_string())?;
+        let ns = cp.namespace(
+            "unknown-group",
+            &[("e2e.sidecar.dev/scenario", "unknown-group")],
+        )?;
+        // The API server picks a new configuration up within a moment: until then a Pod is
+        // admitted; wait for the denial with dry runs.
+        let denial = poll(
+            Duration::from_secs(30),
+            "a Pod for an unknown required group denied",
+            || {
+                let mut args = kubectl_run_args("probe", &ns, &["stale=required"], &[]);
+                args.extend(["--dry-run=server", "-o", "json"].map(str::to_owned));
+                let out = cp.kubectl(&args)?;
+                Ok((!out.status.success())
+                    .then(|| String::from_utf8_lossy(&out.stderr).into_owned()))
+            },
+        )?;
+        eprintln!("[e2e] denied: {}", denial.trim());
+        ensure!(
+            denial.contains("not in sync") && denial.contains("fail-00000000000000e2"),
+            "the denial says why: {denial}"
+        );
+        let pod = run_pod(cp, &ns, "best-effort", &["stale=best-effort"], &[])?;
+        assert_untouched(&pod, "best-effort")?;
+        let metrics = env.operator.metrics()?;
+        ensure!(
+            metrics.contains("outcome=\"unknown_required_group\""),
+            "no unknown_required_group outcome in the metrics"
+        );
+        Ok(())
+    })();
+    cp.kubectl_ok(&[
+        "delete",
+        "mutatingwebhookconfiguration",
+        stale,
+        "--ignore-not-found",
+    ])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    result
+}
+
+/// An edit that makes a required template invalid (issue 11, rule 6): its last valid
+/// generation stays in force, so a new Pod still gets the sidecar of that generation; the
+/// template says so with `Degraded=True`/`InvalidGenerationKept`, and a Warning event.
+fn invalid_required_template_keeps_last_valid(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-kept";
+    let template = |args: &str| {
+        format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  failurePolicy: Fail
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: kept}}
+  containers:
+    - name: kept-agent
+      image: busybox:1.36
+      args: ["{args}"]
+"#
+        )
+    };
+    cp.apply_yaml(&template("sleep"))?;
+    let result = (|| {
+        wait_served(cp, name)?;
+        let valid_generation =
+            cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"]
+                .as_i64()
+                .context("no generation")?;
+        let ns = cp.namespace("kept", &[("e2e.sidecar.dev/scenario", "kept")])?;
+        wait_injected(cp, &ns, &[], "kept-agent")?;
+
+        cp.apply_yaml(&template("{{ pod.nope }}"))?;
+        let degraded = poll(Duration::from_secs(30), "Degraded=True on e2e-kept", || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            if template["status"]["observedGeneration"] != template["metadata"]["generation"] {
+                return Ok(None);
+            }
+            Ok(template["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Degraded"))
+                .filter(|c| c["status"] == "True")
+                .cloned())
+        })?;
+        eprintln!("[e2e] degraded: {degraded}");
+        ensure!(
+            degraded["reason"] == "InvalidGenerationKept",
+            "reason: {}",
+            degraded["reason"]
+        );
+        let message = degraded["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains(&format!(
+                "the last valid generation, {valid_generation}, stays in force"
+            )) && message.contains("spec.containers[0].args[0]"),
+            "message: {message:?}"
+        );
+        let template_now = cp.get_json("sidecartemplate", None, name)?;
+        ensure!(
+            ready_condition(&template_now).is_some_and(|c| c["status"] == "False"),
+            "Ready: {:?}",
+            ready_condition(&template_now)
+        );
+        let event = poll(
+            Duration::from_secs(30),
+            "a Warning event InvalidGenerationKept on e2e-kept",
+            || {
+                Ok(cp
+                    .list_json("events.events.k8s.io", Some("default"), None)?
+                    .into_iter()
+                    .find(|e| {
+                        e["regarding"]["name"] == name
+                            && e["reason"] == "InvalidGenerationKept"
+                            && e["type"] == "Warning"
+                    }))
+            },
+        )?;
+        eprintln!("[e2e] event note: {}", event["note"]);
+
+        let pod = run_pod(cp, &ns, "app", &[], &[])?;
+        ensure!(
+            containers(&pod) == ["app", "kept-agent"],
+            "containers: {:?}",
+            containers(&pod)
+        );
+        let injected = annotation(&pod, INJECTED).unwrap_or_default();
+        ensure!(
+            injected == format!("{name}@{valid_generation}"),
+            "{INJECTED}: {injected:?}, want the last valid generation"
+        );
+        Ok(())
+    })();
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    result
+}
+
 fn apply_template(cp: &ControlPlane, name: &str) -> anyhow::Result<String> {
     cp.apply_file(&example(&format!("{name}/sidecartemplate.yaml")))?;
     wait_served(cp, name)

@@ -148,6 +148,10 @@ struct RunArgs {
     /// This replica's identity in the Lease. Default: $POD_NAME, else the host name and pid.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// How long the SidecarTemplate watch may keep failing before this replica reports not
+    /// ready (so the Service sends Pods to replicas that are in sync), such as 60s.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, env = "SIDECAR_INJECTOR_TEMPLATE_WATCH_GRACE")]
+    template_watch_grace: Duration,
     /// The webhook entries' timeoutSeconds (1 to 30).
     #[arg(long, default_value_t = 10, env = "SIDECAR_INJECTOR_TIMEOUT_SECONDS")]
     timeout_seconds: i32,
@@ -190,6 +194,7 @@ impl RunArgs {
             lease_name: self.lease_name,
             identity,
             timeout_seconds: self.timeout_seconds,
+            template_watch_grace: self.template_watch_grace,
             owner_cluster_role: self.owner_cluster_role,
             install_crd: self.install_crd,
         }

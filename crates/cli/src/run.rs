@@ -48,6 +48,8 @@ pub struct RunOptions {
     pub identity: String,
     /// The webhook's timeoutSeconds.
     pub timeout_seconds: i32,
+    /// How long the template watch may fail before the replica is not ready.
+    pub template_watch_grace: Duration,
     /// A ClusterRole to own the configuration, the Secret and the Lease, so deleting it
     /// (uninstalling the chart) deletes all three.
     pub owner_cluster_role: Option<String>,
@@ -140,7 +142,7 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
     let mut registry = MetricsRegistry::default();
     let controller_metrics = Arc::new(ControllerMetrics::register(&mut registry));
     let webhook = Arc::new(Webhook::new(
-        Templates::new(),
+        Templates::with_watch_grace(options.template_watch_grace),
         CertificateStore::new(),
         registry,
         Limits::default(),

@@ -10,6 +10,7 @@
 pub const FIELD_MANAGER: &str = "sidecar-injector";
 
 pub mod certs;
+pub mod entry_order;
 pub mod leader;
 pub mod metrics;
 pub mod operator;

@@ -33,6 +33,7 @@ pub struct ControllerMetrics {
     templates: Family<TemplateStateLabels, Gauge>,
     certificate_expiry: Gauge<i64, AtomicI64>,
     leader: Gauge,
+    entry_cycles: Gauge,
 }
 
 impl ControllerMetrics {
@@ -44,6 +45,7 @@ impl ControllerMetrics {
             templates: Family::default(),
             certificate_expiry: Gauge::default(),
             leader: Gauge::default(),
+            entry_cycles: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -71,7 +73,18 @@ impl ControllerMetrics {
             "1 when this replica is the leader (writes configuration, Secret and status)",
             metrics.leader.clone(),
         );
+        registry.register(
+            "webhook_entry_cycles",
+            "Cycles among templates that select on labels other templates add: their entries cannot all be ordered after the labels they need (set by the leader)",
+            metrics.entry_cycles.clone(),
+        );
         metrics
+    }
+
+    /// Sets how many dependency cycles the webhook configuration's entry order met.
+    pub fn set_entry_cycles(&self, cycles: usize) {
+        self.entry_cycles
+            .set(i64::try_from(cycles).unwrap_or(i64::MAX));
     }
 
     /// Counts one reconcile of `kind`, and whether it failed.
@@ -125,6 +138,7 @@ mod tests {
         });
         metrics.set_certificate_expiry(UNIX_EPOCH + std::time::Duration::from_secs(1_900_000_000));
         metrics.set_leader(true);
+        metrics.set_entry_cycles(1);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -134,6 +148,7 @@ mod tests {
             "sidecar_injector_templates{state=\"invalid\"} 1",
             "sidecar_injector_serving_certificate_expiry_timestamp_seconds 1900000000",
             "sidecar_injector_leader 1",
+            "sidecar_injector_webhook_entry_cycles 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

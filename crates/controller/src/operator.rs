@@ -22,9 +22,11 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
+use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
 use crate::sync::{ObservedTemplates, TemplateSync};
@@ -196,6 +198,65 @@ pub fn configuration_change(
     }
 }
 
+/// Feeds `sync` from the template watch that `start_watch` starts, until `stop` is cancelled
+/// or the watch ends; `report` hears of every event (whether it changed the registry) and
+/// every error.
+///
+/// A failing watch is recorded in `templates`, whose readiness turns false once it has failed
+/// for longer than its grace period; a complete list ends the failures. The watcher retries on
+/// its own, but when it recovers by resuming its watch nothing tells us so; so half a grace
+/// period into a run of failures the watch is started again, and its fresh list (as soon as
+/// the API server answers) ends the run, before the replica turns not ready when the failure
+/// was a blip.
+pub async fn watch_templates<W, S>(
+    mut start_watch: W,
+    mut sync: TemplateSync,
+    templates: &Templates,
+    stop: CancellationToken,
+    mut report: impl FnMut(&TemplateSync, Result<bool, &watcher::Error>),
+) where
+    W: FnMut() -> S,
+    S: futures::Stream<Item = Result<Event<SidecarTemplate>, watcher::Error>> + Unpin,
+{
+    let mut events = start_watch();
+    let mut restart_at: Option<Instant> = None;
+    loop {
+        let restart = async {
+            match restart_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = restart => {
+                restart_at = None;
+                tracing::warn!("the SidecarTemplate watch keeps failing; starting it again to list every template");
+                events = start_watch();
+                continue;
+            }
+            event = events.next() => event,
+        };
+        match event {
+            Some(Ok(event)) => {
+                if matches!(event, Event::InitDone) {
+                    restart_at = None;
+                }
+                let changed = sync.handle(event);
+                report(&sync, Ok(changed));
+            }
+            Some(Err(error)) => {
+                let now = Instant::now();
+                if templates.watch_failed(now) {
+                    restart_at = Some(now + templates.watch_grace() / 2);
+                }
+                report(&sync, Err(&error));
+            }
+            None => return,
+        }
+    }
+}
+
 /// The shared state of the operator's loops.
 pub struct Operator {
     client: Client,
@@ -264,19 +325,16 @@ impl Operator {
     /// Every replica: SidecarTemplates into the registry the webhook serves from.
     async fn sync_templates(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
-        let mut sync = TemplateSync::new(Arc::clone(&self.templates), Arc::clone(&self.observed));
-        let mut events = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => return,
-                event = events.next() => event,
-            };
-            match event {
-                Some(Ok(event)) => {
-                    let changed = sync.handle(event);
-                    self.metrics.set_templates(sync.counts());
+        let sync = TemplateSync::new(Arc::clone(&self.templates), Arc::clone(&self.observed));
+        let start_watch = || {
+            watcher::watcher(api.clone(), watcher::Config::default())
+                .default_backoff()
+                .boxed()
+        };
+        watch_templates(start_watch, sync, &self.templates, stop, |sync, outcome| {
+            self.metrics.set_templates(sync.counts());
+            match outcome {
+                Ok(changed) => {
                     if changed {
                         self.templates_changed.notify_one();
                     }
@@ -284,13 +342,13 @@ impl Operator {
                     // invalid template, a new generation of one).
                     self.metrics.record_reconcile("templates", true);
                 }
-                Some(Err(error)) => {
+                Err(error) => {
                     self.metrics.record_reconcile("templates", false);
                     tracing::warn!(%error, "watching SidecarTemplates failed; retrying");
                 }
-                None => return,
             }
-        }
+        })
+        .await;
     }
 
     /// Every replica: the serving certificate from the Secret, reloaded on every change.
@@ -450,6 +508,7 @@ impl Operator {
                 continue;
             };
             tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
+            self.report_entry_cycles();
             let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
             match self.apply_desired(desired).await {
                 Ok(()) => {
@@ -468,7 +527,22 @@ impl Operator {
         }
     }
 
-    /// Leader: each template's status, and an Event when one is invalid.
+    /// Logs every dependency cycle among the templates' groups (their entries cannot all
+    /// come after the groups whose labels they select on) and sets the metric.
+    fn report_entry_cycles(&self) {
+        let snapshot = self.templates.snapshot();
+        let cycles = entry_order(&snapshot).cycles;
+        self.metrics.set_entry_cycles(cycles.len());
+        for templates in cycles {
+            tracing::warn!(
+                templates = %templates.join(","),
+                "these templates select on labels each other adds, in a cycle: their webhook entries are ordered by priority, and a Pod may miss a template whose entry comes before the label it selects on is added"
+            );
+        }
+    }
+
+    /// Leader: each template's status, and an Event when one is invalid (`Invalid`, or
+    /// `InvalidGenerationKept` when a required template's last valid generation stays).
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
         let recorder = Recorder::new(
@@ -493,7 +567,12 @@ impl Operator {
                     let template = &observed.template;
                     let name = template.metadata.name.clone().unwrap_or_default();
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
-                    let desired = crate::status::desired_status(template, &observed.outcome, now());
+                    let desired = crate::status::desired_status_kept(
+                        template,
+                        &observed.outcome,
+                        observed.kept.as_ref(),
+                        now(),
+                    );
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
                             Ok(()) => self.metrics.record_reconcile("status", true),
@@ -509,8 +588,17 @@ impl Operator {
                             template.metadata.generation.unwrap_or_default(),
                         );
                         if !evented.contains(&key) {
-                            match crate::status::record_invalid(&recorder, template, &errors).await
-                            {
+                            let published = match &observed.kept {
+                                Some(kept) => {
+                                    crate::status::record_kept(&recorder, template, &errors, kept)
+                                        .await
+                                }
+                                None => {
+                                    crate::status::record_invalid(&recorder, template, &errors)
+                                        .await
+                                }
+                            };
+                            match published {
                                 Ok(()) => {
                                     evented.insert(key);
                                 }

@@ -3,12 +3,15 @@
 //! [`desired_status`] turns the outcome of compiling a template into the status the controller
 //! wants: one `Ready` condition, `True`/`Valid` naming the webhook entry that serves the
 //! template, or `False`/`Invalid` with every validation message, both stamped with the
-//! generation they describe. [`needs_update`] tells whether that status differs from the one in
+//! generation they describe. A required template whose current generation is invalid but whose
+//! last valid generation stays in force also gets `Degraded=True`/`InvalidGenerationKept`,
+//! naming that generation and every validation message. [`needs_update`] tells whether that status differs from the one in
 //! the cluster on anything but `lastTransitionTime`, so that a resync of an unchanged template
 //! writes nothing. Both are pure.
 //!
 //! [`write_status`] applies a status to the `status` subresource, and [`record_invalid`]
-//! publishes a `Warning` event on an invalid template (`kubectl describe` shows it). They are
+//! publishes a `Warning` event on an invalid template (`kubectl describe` shows it), reason
+//! `Invalid`, or `InvalidGenerationKept` when its last valid generation stays in force. They are
 //! the only functions here that talk to the API server.
 
 use std::fmt;
@@ -21,10 +24,21 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource};
 use serde::Serialize;
 
+use crate::sync::Kept;
 use crate::webhook_config::entry_name;
 
 /// The type of the condition the controller owns.
 pub const READY: &str = "Ready";
+
+/// The type of the condition saying an invalid required template's last valid generation is
+/// still in force.
+pub const DEGRADED: &str = "Degraded";
+
+/// The reason of a `Degraded=True` condition, and of the event on such a template.
+pub const REASON_INVALID_GENERATION_KEPT: &str = "InvalidGenerationKept";
+
+/// The condition types the controller owns: one it no longer wants is removed.
+const OWNED: [&str; 2] = [READY, DEGRADED];
 
 /// The reason of a `Ready=True` condition.
 pub const REASON_VALID: &str = "Valid";
@@ -58,6 +72,18 @@ pub fn desired_status<G: fmt::Display>(
     outcome: &Result<G, ValidationErrors>,
     now: Time,
 ) -> SidecarTemplateStatus {
+    desired_status_kept(template, outcome, None, now)
+}
+
+/// [`desired_status`], for a required template whose invalid generation did not replace the
+/// last valid one: `kept` is that generation (still in force), which adds `Degraded=True`,
+/// reason `InvalidGenerationKept`, with every validation message.
+pub fn desired_status_kept<G: fmt::Display>(
+    template: &SidecarTemplate,
+    outcome: &Result<G, ValidationErrors>,
+    kept: Option<&Kept>,
+    now: Time,
+) -> SidecarTemplateStatus {
     let generation = template.metadata.generation;
     let (status, reason, message) = match outcome {
         Ok(group) => (
@@ -74,30 +100,64 @@ pub fn desired_status<G: fmt::Display>(
             truncate(invalid_message(errors), CONDITION_MESSAGE_MAX_BYTES),
         ),
     };
-    let last_transition_time = template
-        .status
-        .as_ref()
-        .and_then(ready_condition)
-        .filter(|existing| existing.status == status)
-        .map_or(now, |existing| existing.last_transition_time.clone());
-    SidecarTemplateStatus {
-        conditions: vec![Condition {
-            type_: READY.to_owned(),
-            status: status.to_owned(),
-            reason: reason.to_owned(),
-            message,
-            last_transition_time,
+    let existing = |type_: &str| {
+        template
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+    };
+    let since = |type_: &str, status: &str| {
+        existing(type_)
+            .filter(|existing| existing.status == status)
+            .map_or(now.clone(), |existing| {
+                existing.last_transition_time.clone()
+            })
+    };
+    let mut conditions = vec![Condition {
+        type_: READY.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: since(READY, status),
+        observed_generation: generation,
+    }];
+    if let (Some(kept), Err(errors)) = (kept, outcome) {
+        conditions.push(Condition {
+            type_: DEGRADED.to_owned(),
+            status: "True".to_owned(),
+            reason: REASON_INVALID_GENERATION_KEPT.to_owned(),
+            message: truncate(
+                kept_message(template, errors, kept),
+                CONDITION_MESSAGE_MAX_BYTES,
+            ),
+            last_transition_time: since(DEGRADED, "True"),
             observed_generation: generation,
-        }],
+        });
+    }
+    SidecarTemplateStatus {
+        conditions,
         observed_generation: generation,
     }
+}
+
+/// What a `Degraded` condition and its event say: the generation in force, then every
+/// validation message (last, so that cutting a long message keeps the generation).
+fn kept_message(template: &SidecarTemplate, errors: &ValidationErrors, kept: &Kept) -> String {
+    format!(
+        "generation {} is invalid; the last valid generation, {}, stays in force (webhook entry {}) until the template is fixed or deleted: {}",
+        template.metadata.generation.unwrap_or_default(),
+        kept.generation,
+        entry_name(&GroupId::from(kept.group.as_str())),
+        invalid_message(errors)
+    )
 }
 
 /// Whether `desired` should be written over `existing` (the status in the cluster).
 ///
 /// Only what the controller owns is compared: `observedGeneration` and the conditions of
-/// `desired`, each with the existing condition of the same type, `lastTransitionTime` left out.
-/// Conditions of other types, which other writers may own, do not count.
+/// `desired`, each with the existing condition of the same type, `lastTransitionTime` left out,
+/// and whether a condition type the controller owns (`Ready`, `Degraded`) is there but no
+/// longer wanted. Conditions of other types, which other writers may own, do not count.
 pub fn needs_update(
     existing: Option<&SidecarTemplateStatus>,
     desired: &SidecarTemplateStatus,
@@ -112,6 +172,12 @@ pub fn needs_update(
                 .iter()
                 .find(|have| have.type_ == want.type_)
                 .is_none_or(|have| !same_but_time(have, want))
+        })
+        // A condition the controller owns and no longer wants (Degraded, once fixed): the
+        // apply removes it.
+        || existing.conditions.iter().any(|have| {
+            OWNED.contains(&have.type_.as_str())
+                && !desired.conditions.iter().any(|want| want.type_ == have.type_)
         })
 }
 
@@ -178,12 +244,38 @@ pub async fn record_invalid(
     recorder.publish(&event, &regarding).await
 }
 
+/// Publishes a `Warning` event, reason `InvalidGenerationKept`, action `Validate`, on a
+/// required `template` whose invalid generation did not replace the last valid one, `kept`;
+/// its note names that generation and every validation message (cut to [`NOTE_MAX_BYTES`]).
+/// Folded like [`record_invalid`]'s.
+pub async fn record_kept(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    errors: &ValidationErrors,
+    kept: &Kept,
+) -> Result<(), kube::Error> {
+    let mut regarding = template.object_ref(&());
+    regarding.resource_version = template.metadata.resource_version.clone();
+    let event = Event {
+        type_: EventType::Warning,
+        reason: REASON_INVALID_GENERATION_KEPT.to_owned(),
+        note: Some(truncate(
+            kept_message(template, errors, kept),
+            NOTE_MAX_BYTES,
+        )),
+        action: ACTION_VALIDATE.to_owned(),
+        secondary: None,
+    };
+    recorder.publish(&event, &regarding).await
+}
+
 /// Every validation message (`path: message`), joined with `; `.
 fn invalid_message(errors: &ValidationErrors) -> String {
     errors.messages().join("; ")
 }
 
 /// The `Ready` condition of `status`, if it has one.
+#[cfg(test)]
 fn ready_condition(status: &SidecarTemplateStatus) -> Option<&Condition> {
     status.conditions.iter().find(|c| c.type_ == READY)
 }
@@ -334,6 +426,92 @@ mod tests {
         let status = desired_status(&template, &outcome(&template), at(100));
         assert_eq!(status.observed_generation, None);
         assert_eq!(ready(&status).observed_generation, None);
+    }
+
+    /// `invalid()` with generation 3 of `valid()` still in force.
+    fn kept_status(now: Time) -> (SidecarTemplate, SidecarTemplateStatus) {
+        let template = invalid();
+        let kept = Kept {
+            generation: 3,
+            group: outcome(&valid()).unwrap().to_string(),
+        };
+        let status = desired_status_kept(&template, &outcome(&template), Some(&kept), now);
+        (template, status)
+    }
+
+    #[test]
+    fn a_kept_generation_is_degraded_with_every_message_and_the_generation_in_force() {
+        let (template, status) = kept_status(at(100));
+        assert_eq!(status.conditions.len(), 2, "{status:?}");
+        let ready = ready_condition(&status).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Invalid"),
+            "Ready keeps its meaning: this generation is invalid"
+        );
+        let degraded = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Degraded")
+            .unwrap();
+        assert_eq!(degraded.status, "True");
+        assert_eq!(degraded.reason, "InvalidGenerationKept");
+        assert_eq!(degraded.observed_generation, Some(4));
+        assert_eq!(degraded.last_transition_time, at(100));
+        let entry = entry_name(&outcome(&valid()).unwrap());
+        assert_eq!(
+            degraded.message,
+            format!(
+                "generation 4 is invalid; the last valid generation, 3, stays in force (webhook \
+                 entry {entry}) until the template is fixed or deleted: \
+                 spec.containers[0].image: is required; spec.containers[0].restartPolicy: is \
+                 only allowed on initContainers (use it there for a native sidecar)"
+            )
+        );
+        // Written once, then a resync writes nothing and keeps the time.
+        let written = with_status(template, status.clone());
+        assert!(!needs_update(written.status.as_ref(), &status));
+        let again = desired_status_kept(
+            &written,
+            &outcome(&written),
+            Some(&Kept {
+                generation: 3,
+                group: outcome(&valid()).unwrap().to_string(),
+            }),
+            at(200),
+        );
+        assert_eq!(again, status);
+        // Without a kept generation (a best-effort template), no Degraded condition.
+        let plain = desired_status(&invalid(), &outcome(&invalid()), at(100));
+        assert_eq!(plain.conditions.len(), 1);
+    }
+
+    #[test]
+    fn a_degraded_condition_no_longer_wanted_is_removed() {
+        let (template, degraded) = kept_status(at(100));
+        // Fixed: the Ready condition flips and Degraded must go.
+        let mut fixed = with_status(valid(), degraded.clone());
+        fixed.metadata.generation = Some(4);
+        let desired = desired_status(&fixed, &outcome(&fixed), at(200));
+        assert!(desired.conditions.iter().all(|c| c.type_ != "Degraded"));
+        assert!(needs_update(fixed.status.as_ref(), &desired));
+        // Same generation, same Ready, but Degraded there and unwanted (a new leader that
+        // never saw the valid generation): still written, so the status does not claim a
+        // generation is in force when it is not.
+        let template = with_status(template, degraded);
+        let desired = desired_status(&template, &outcome(&template), at(200));
+        assert!(needs_update(template.status.as_ref(), &desired));
+        // A condition of another writer is left alone.
+        let mut other = desired.clone();
+        other.conditions.push(Condition {
+            type_: "Audited".into(),
+            status: "True".into(),
+            reason: "Ok".into(),
+            message: String::new(),
+            last_transition_time: at(1),
+            observed_generation: None,
+        });
+        assert!(!needs_update(Some(&other), &desired));
     }
 
     #[test]
@@ -640,6 +818,38 @@ mod tests {
             assert_eq!(event["reportingInstance"], "sidecar-injector-0");
         });
         let result = record_invalid(&recorder(client), &template, &errors).await;
+        api_server.await.unwrap();
+        result.unwrap();
+    }
+
+    #[tokio::test]
+    async fn record_kept_posts_a_warning_event_naming_the_generation_in_force() {
+        let (client, mut server) = mock_client();
+        let template = invalid();
+        let errors = compile(&template).unwrap_err();
+        let kept = Kept {
+            generation: 3,
+            group: outcome(&valid()).unwrap().to_string(),
+        };
+        let api_server = tokio::spawn(async move {
+            let event = expect_event(&mut server, Method::POST).await;
+            assert_eq!(event["type"], "Warning");
+            assert_eq!(event["reason"], "InvalidGenerationKept");
+            assert_eq!(event["action"], "Validate");
+            let note = event["note"].as_str().unwrap();
+            assert!(
+                note.starts_with(
+                    "generation 4 is invalid; the last valid generation, 3, stays in force"
+                ),
+                "{note}"
+            );
+            assert!(
+                note.contains("spec.containers[0].image: is required"),
+                "{note}"
+            );
+            assert_eq!(event["regarding"]["name"], "log-shipper");
+        });
+        let result = record_kept(&recorder(client), &template, &errors, &kept).await;
         api_server.await.unwrap();
         result.unwrap();
     }

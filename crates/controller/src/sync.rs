@@ -5,12 +5,18 @@
 //! webhook after every change, and marks the webhook synced after the first complete list.
 //! After a watch gap the watcher lists again (`Init` … `InitDone`); the registry is then
 //! replaced whole, so templates deleted during the gap disappear too.
+//!
+//! A template that becomes invalid leaves the registry, unless it is required: then its last
+//! valid generation stays in force until the template is fixed or deleted (issue 11, rule 6),
+//! because dropping it would silently admit Pods without a sidecar they must have. That
+//! generation is only known to a replica that saw it: one started while the template is
+//! invalid has nothing to keep.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, Registry, ValidationErrors, compile};
+use injector_api::{FailurePolicy, SidecarTemplate};
+use injector_core::{CompiledTemplate, Registry, Snapshot, ValidationErrors, compile};
 use injector_webhook::Templates;
 use kube::runtime::watcher::Event;
 
@@ -21,6 +27,31 @@ pub struct Observed {
     pub template: Arc<SidecarTemplate>,
     /// What compiling it gave: the webhook entry's group id, or every validation error.
     pub outcome: Result<String, ValidationErrors>,
+    /// When it is invalid but required: the last valid generation, still in force.
+    pub kept: Option<Kept>,
+}
+
+/// The last valid generation of a required template whose current generation is invalid.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// The generation in force.
+    pub generation: i64,
+    /// The id of the selector group that serves it.
+    pub group: String,
+}
+
+impl Kept {
+    /// What `snapshot` holds of the template `name`, when it is required and so must stay.
+    fn from_snapshot(snapshot: &Snapshot, name: &str) -> Option<(Self, Arc<CompiledTemplate>)> {
+        let current = snapshot
+            .get(name)
+            .filter(|t| t.failure_policy == FailurePolicy::Fail)?;
+        let kept = Kept {
+            generation: current.generation,
+            group: current.group.id().to_string(),
+        };
+        Some((kept, Arc::clone(current)))
+    }
 }
 
 /// Every template seen, by name: what the status writer works from. Shared between the sync
@@ -74,14 +105,21 @@ impl TemplateSync {
             }
             Event::InitDone => {
                 let listed = self.listing.take().unwrap_or_default();
+                let previous = self.registry.snapshot();
                 let mut compiled = Vec::with_capacity(listed.len());
                 let mut observed = BTreeMap::new();
                 for template in listed {
-                    let (valid, record) = compile_one(template);
-                    if let Some(valid) = valid {
-                        compiled.push(valid);
+                    let (valid, (name, mut record)) = compile_one(template);
+                    match valid {
+                        Some(valid) => compiled.push(valid),
+                        None => {
+                            if let Some((kept, current)) = Kept::from_snapshot(&previous, &name) {
+                                compiled.push(current.as_ref().clone());
+                                record.kept = Some(kept);
+                            }
+                        }
                     }
-                    observed.insert(record.0, record.1);
+                    observed.insert(name, record);
                 }
                 self.registry.reset(compiled);
                 *self.observed.lock().unwrap_or_else(PoisonError::into_inner) = observed;
@@ -108,7 +146,7 @@ impl TemplateSync {
     }
 
     fn apply(&mut self, template: SidecarTemplate) -> bool {
-        let (valid, (name, record)) = compile_one(template);
+        let (valid, (name, mut record)) = compile_one(template);
         let changed = match valid {
             Some(compiled) => {
                 let unchanged = self
@@ -122,12 +160,21 @@ impl TemplateSync {
                 }
                 !unchanged
             }
-            None => {
-                if let Err(errors) = &record.outcome {
-                    tracing::warn!(template = %name, %errors, "template invalid; not in use");
+            None => match Kept::from_snapshot(&self.registry.snapshot(), &name) {
+                Some((kept, _)) => {
+                    if let Err(errors) = &record.outcome {
+                        tracing::warn!(template = %name, %errors, generation = kept.generation, "required template invalid; its last valid generation stays in force");
+                    }
+                    record.kept = Some(kept);
+                    false
                 }
-                self.registry.delete(&name)
-            }
+                None => {
+                    if let Err(errors) = &record.outcome {
+                        tracing::warn!(template = %name, %errors, "template invalid; not in use");
+                    }
+                    self.registry.delete(&name)
+                }
+            },
         };
         self.observed
             .lock()
@@ -168,6 +215,7 @@ fn compile_one(template: SidecarTemplate) -> (Option<CompiledTemplate>, (String,
     let record = Observed {
         template: Arc::new(template),
         outcome,
+        kept: None,
     };
     (valid, (name, record))
 }
@@ -194,6 +242,16 @@ mod tests {
             "spec": {"containers": [{"name": "Bad Name"}]},
         }))
         .unwrap()
+    }
+
+    /// `template` made best-effort.
+    fn best_effort(mut template: SidecarTemplate) -> SidecarTemplate {
+        template.spec.failure_policy = FailurePolicy::Ignore;
+        template
+    }
+
+    fn kept(observed: &ObservedTemplates, name: &str) -> Option<Kept> {
+        observed.lock().unwrap()[name].kept.clone()
     }
 
     fn names(webhook: &Templates) -> Vec<String> {
@@ -263,8 +321,10 @@ mod tests {
                 .any(|m| m.starts_with("spec.containers[0].name"))
         );
 
-        assert!(sync.handle(Event::Apply(invalid("good"))));
-        assert!(names(&webhook).is_empty());
+        sync.handle(Event::Apply(best_effort(template("good", 2, "x"))));
+        assert!(sync.handle(Event::Apply(best_effort(invalid("good")))));
+        assert!(names(&webhook).is_empty(), "a best-effort template leaves");
+        assert_eq!(kept(&observed, "good"), None);
         assert_eq!(
             sync.counts(),
             TemplateCounts {
@@ -293,5 +353,89 @@ mod tests {
         );
         sync.handle(Event::InitDone);
         assert_eq!(names(&webhook), ["b", "c"]);
+    }
+
+    #[test]
+    fn a_required_template_made_invalid_keeps_its_last_valid_generation_until_fixed() {
+        let webhook = Templates::new();
+        let observed = ObservedTemplates::default();
+        let mut sync = TemplateSync::new(webhook.clone(), observed.clone());
+        sync.handle(Event::Init);
+        sync.handle(Event::InitDone);
+        sync.handle(Event::Apply(template("agent", 1, "agent:1")));
+        let group = webhook
+            .snapshot()
+            .get("agent")
+            .unwrap()
+            .group
+            .id()
+            .to_string();
+
+        assert!(
+            !sync.handle(Event::Apply(invalid("agent"))),
+            "the registry does not change"
+        );
+        let in_force = webhook.snapshot().get("agent").cloned().unwrap();
+        assert_eq!(in_force.generation, 1);
+        assert_eq!(
+            kept(&observed, "agent"),
+            Some(Kept {
+                generation: 1,
+                group: group.clone()
+            })
+        );
+        assert!(observed.lock().unwrap()["agent"].outcome.is_err());
+        assert_eq!(
+            sync.counts(),
+            TemplateCounts {
+                valid: 1,
+                invalid: 1
+            }
+        );
+
+        // A relist keeps it too.
+        sync.handle(Event::Init);
+        sync.handle(Event::InitApply(invalid("agent")));
+        sync.handle(Event::InitDone);
+        assert_eq!(webhook.snapshot().get("agent").unwrap().generation, 1);
+        assert_eq!(kept(&observed, "agent").unwrap().generation, 1);
+
+        // Fixed: the new generation replaces it and nothing is kept any more.
+        assert!(sync.handle(Event::Apply(template("agent", 3, "agent:3"))));
+        assert_eq!(webhook.snapshot().get("agent").unwrap().generation, 3);
+        assert_eq!(kept(&observed, "agent"), None);
+    }
+
+    #[test]
+    fn a_kept_required_template_leaves_when_deleted() {
+        let webhook = Templates::new();
+        let observed = ObservedTemplates::default();
+        let mut sync = TemplateSync::new(webhook.clone(), observed.clone());
+        sync.handle(Event::Init);
+        sync.handle(Event::InitApply(template("agent", 1, "agent:1")));
+        sync.handle(Event::InitDone);
+        sync.handle(Event::Apply(invalid("agent")));
+        assert_eq!(names(&webhook), ["agent"]);
+        assert!(sync.handle(Event::Delete(invalid("agent"))));
+        assert!(names(&webhook).is_empty());
+        assert!(observed.lock().unwrap().is_empty());
+        // Deleted during a watch gap: the relist drops it as well.
+        sync.handle(Event::Apply(template("agent", 1, "agent:1")));
+        sync.handle(Event::Apply(invalid("agent")));
+        sync.handle(Event::Init);
+        sync.handle(Event::InitDone);
+        assert!(names(&webhook).is_empty());
+    }
+
+    #[test]
+    fn a_required_template_invalid_from_the_start_has_nothing_to_keep() {
+        let webhook = Templates::new();
+        let observed = ObservedTemplates::default();
+        let mut sync = TemplateSync::new(webhook.clone(), observed.clone());
+        sync.handle(Event::Init);
+        sync.handle(Event::InitApply(invalid("agent")));
+        sync.handle(Event::InitDone);
+        assert!(names(&webhook).is_empty());
+        assert_eq!(kept(&observed, "agent"), None);
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! [`desired_configuration`] turns a registry [`Snapshot`] into the configuration the leader
 //! applies with server-side apply: one entry per selector group, in the order the API server
-//! should call them (the group's lowest priority first), each pointing at `/mutate/<group>`
+//! should call them (a group whose pod selector mentions a label another group's template
+//! adds after that group, otherwise the group's lowest priority first: [`entry_order`]), each
+//! pointing at `/mutate/<group>`
 //! through the operator's Service (in a cluster) or a URL (out of cluster). Every entry
 //! excludes `kube-system`, `kube-public`, `kube-node-lease`, the operator's own namespace and
 //! namespaces labelled `sidecar.dev/injection=disabled`. With no templates the configuration
@@ -20,12 +22,15 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::ops::RangeInclusive;
 
+use injector_api::FailurePolicy;
 use injector_api::names::{
     ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTION_DISABLED, INJECTION_LABEL,
     NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
 };
 use injector_core::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
+
+use crate::entry_order::entry_order;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations,
@@ -268,7 +273,7 @@ pub fn entry_name(group_id: &GroupId) -> String {
 }
 
 /// The configuration the operator wants in the cluster: one entry per selector group of
-/// `snapshot`, in the snapshot's order, each trusting `ca_bundle_pem` (one or more PEM
+/// `snapshot`, in [`entry_order`], each trusting `ca_bundle_pem` (one or more PEM
 /// certificates; during a CA rotation, the old and the new CA). An empty bundle leaves
 /// `caBundle` out, so the API server falls back to its system trust roots.
 pub fn desired_configuration(
@@ -278,9 +283,9 @@ pub fn desired_configuration(
 ) -> MutatingWebhookConfiguration {
     let ca_bundle = (!ca_bundle_pem.is_empty()).then(|| ByteString(ca_bundle_pem.to_vec()));
     let namespace_exclusions = namespace_exclusions(&options.operator_namespace);
-    let webhooks = snapshot
-        .groups()
-        .iter()
+    let webhooks = entry_order(snapshot)
+        .groups
+        .into_iter()
         .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
         .collect();
     let mut labels = options.labels.clone();
@@ -360,22 +365,29 @@ fn entry(
                 .timeout_seconds
                 .clamp(*TIMEOUT_SECONDS_RANGE.start(), *TIMEOUT_SECONDS_RANGE.end()),
         ),
-        match_conditions: Some(match_conditions(group)),
+        match_conditions: Some(match_conditions(group)).filter(|c| !c.is_empty()),
     }
 }
 
 /// CEL conditions the API server checks before calling the webhook. They matter most while
-/// the operator is down: a Pod that opted out, or one that did not ask for an `OnRequest`
-/// template, is then admitted instead of failing a required entry it would never have been
-/// injected by.
+/// the operator is down: a Pod that did not ask for an `OnRequest` template is then admitted
+/// instead of failing a required entry it would never have been injected by, and a Pod that
+/// opted out skips a best-effort entry.
+///
+/// The opt-out condition is on best-effort (`Ignore`) entries only: a Pod's opt-out does not
+/// apply to required templates (issue 11, rule 3), so a required entry is called for an
+/// opted-out Pod too, and fails closed while the operator is down.
 fn match_conditions(group: &Group) -> Vec<MatchCondition> {
     let annotations = "object.metadata.annotations";
-    let mut conditions = vec![MatchCondition {
-        name: "not-opted-out".to_owned(),
-        expression: format!(
-            "!(has(object.metadata.annotations) && '{INJECT_ANNOTATION}' in {annotations} && {annotations}['{INJECT_ANNOTATION}'].trim().lowerAscii() == 'false')"
-        ),
-    }];
+    let mut conditions = Vec::new();
+    if group.key.failure_policy == FailurePolicy::Ignore {
+        conditions.push(MatchCondition {
+            name: "not-opted-out".to_owned(),
+            expression: format!(
+                "!(has(object.metadata.annotations) && '{INJECT_ANNOTATION}' in {annotations} && {annotations}['{INJECT_ANNOTATION}'].trim().lowerAscii() == 'false')"
+            ),
+        });
+    }
     let on_request_only = group
         .templates
         .iter()
@@ -776,6 +788,30 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_entry_selecting_on_a_label_another_template_adds_comes_after_it() {
+        let snapshot = snapshot_of(&[
+            parse_template(
+                "metadata: {name: adds}\nspec:\n  priority: 50\n  podSelector: {matchLabels: {app: dep-web}}\n  metadata: {labels: {mesh: 'on'}}\n  containers: [{name: a, image: x}]",
+            ),
+            parse_template(
+                "metadata: {name: selects}\nspec:\n  priority: 10\n  podSelector: {matchLabels: {mesh: 'on'}}\n  containers: [{name: b, image: x}]",
+            ),
+        ]);
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(
+            names(&config),
+            [
+                entry_name(group_of(&snapshot, "adds")),
+                entry_name(group_of(&snapshot, "selects"))
+            ],
+            "by priority alone, selects (10) would come first and never be called"
+        );
+        // Applying the same templates again gives the same order: no drift.
+        let again = desired_configuration(&snapshot, &service_options(), CA);
+        assert_eq!(drift(&config, &again), None);
+    }
+
     fn snapshot_with_priorities(priorities: &[(&str, i32)]) -> Arc<Snapshot> {
         snapshot_of(
             &priorities
@@ -914,10 +950,31 @@ mod tests {
             assert_eq!(webhook.reinvocation_policy.as_deref(), Some("IfNeeded"));
             assert_eq!(webhook.match_policy.as_deref(), Some("Equivalent"));
             assert_eq!(webhook.timeout_seconds, Some(DEFAULT_TIMEOUT_SECONDS));
-            let conditions = webhook.match_conditions.as_ref().unwrap();
-            assert_eq!(conditions[0].name, "not-opted-out");
-            assert!(conditions[0].expression.contains("'sidecar.dev/inject'"));
-            assert_eq!(conditions.len(), 1, "no OnRequest-only group here");
+        }
+    }
+
+    #[test]
+    fn only_best_effort_entries_let_an_opted_out_pod_through() {
+        let snapshot = three_groups();
+        let config = desired_configuration(&snapshot, &service_options(), CA);
+        for webhook in webhooks(&config) {
+            let names: Vec<&str> = webhook
+                .match_conditions
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
+            match webhook.failure_policy.as_deref() {
+                Some("Ignore") => {
+                    assert_eq!(names, ["not-opted-out"], "no OnRequest-only group here");
+                    let expression = &webhook.match_conditions.as_ref().unwrap()[0].expression;
+                    assert!(expression.contains("'sidecar.dev/inject'"));
+                }
+                _ => assert_eq!(
+                    webhook.match_conditions, None,
+                    "a required entry is called for an opted-out Pod too"
+                ),
+            }
         }
     }
 
@@ -951,15 +1008,16 @@ mod tests {
             .find(|w| w.failure_policy.as_deref() == Some("Fail"))
             .unwrap();
         let requested = conditions(fail);
-        assert_eq!(requested.len(), 2);
+        assert_eq!(requested.len(), 1, "required: no opt-out condition");
         assert!(
-            requested[1].ends_with(
+            requested[0].ends_with(
                 "['sidecar.dev/templates'].split(',').exists(n, n.trim() in ['mesh', 'proxy'])"
             ),
             "{}",
-            requested[1]
+            requested[0]
         );
-        // A group with an Automatic template is called for every selected Pod.
+        // A group with an Automatic template (agent and logs share one) is called for every
+        // selected Pod that did not opt out.
         let ignore = webhooks(&config)
             .iter()
             .find(|w| w.failure_policy.as_deref() == Some("Ignore"))
@@ -1143,7 +1201,11 @@ mod tests {
                 entry["failurePolicy"].as_str(),
                 Some("Fail" | "Ignore")
             ));
-            assert_eq!(entry["matchConditions"][0]["name"], "not-opted-out");
+            if entry["failurePolicy"] == "Ignore" {
+                assert_eq!(entry["matchConditions"][0]["name"], "not-opted-out");
+            } else {
+                assert!(entry.get("matchConditions").is_none(), "{entry}");
+            }
         }
         let first = &entries[0];
         assert!(first["name"].as_str().unwrap().starts_with("ignore-"));
@@ -1443,6 +1505,38 @@ mod tests {
         assert_eq!(
             edit_entry(&|w| w.match_policy = Some("Exact".into())),
             field("matchPolicy")
+        );
+        // The second entry is required (web, Fail): an opt-out condition added by hand would
+        // let opted-out Pods skip it.
+        assert_eq!(desired.webhooks.as_ref().unwrap()[1].match_conditions, None);
+        assert_eq!(
+            edit_entry(&|w| {
+                w.match_conditions = Some(vec![MatchCondition {
+                    name: "not-opted-out".into(),
+                    expression: "true".into(),
+                }])
+            }),
+            field("matchConditions")
+        );
+        // The first entry is best-effort (db, Ignore): its opt-out condition removed or
+        // changed is drift too.
+        let first = Some(Drift::Entry {
+            entry: entry_names[0].clone(),
+            field: "matchConditions",
+        });
+        assert_eq!(
+            edited(&|c| c.webhooks.as_mut().unwrap()[0].match_conditions = None),
+            first
+        );
+        assert_eq!(
+            edited(&|c| {
+                c.webhooks.as_mut().unwrap()[0]
+                    .match_conditions
+                    .as_mut()
+                    .unwrap()[0]
+                    .expression = "true".into()
+            }),
+            first
         );
 
         // The operator's label.

@@ -54,6 +54,19 @@ impl GroupKey {
     }
 }
 
+/// The `failurePolicy` a group id says its entry has (`fail-…` or `ignore-…`), `None` when it
+/// is not shaped like an id. Lets a replica that does not know a group (it lags behind the
+/// leader) still tell whether the entry that called it is a required one.
+pub fn policy_of_id(id: &str) -> Option<FailurePolicy> {
+    if id.starts_with("fail-") {
+        Some(FailurePolicy::Fail)
+    } else if id.starts_with("ignore-") {
+        Some(FailurePolicy::Ignore)
+    } else {
+        None
+    }
+}
+
 impl GroupId {
     /// The id as it appears in the path.
     pub fn as_str(&self) -> &str {
@@ -83,5 +96,22 @@ impl std::borrow::Borrow<str> for GroupId {
 impl From<&str> for GroupId {
     fn from(id: &str) -> Self {
         GroupId(id.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn the_policy_is_read_back_from_an_id() {
+        for policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
+            let key = GroupKey::new(&Selector::default(), &Selector::default(), policy);
+            assert_eq!(policy_of_id(key.id().as_str()), Some(policy));
+        }
+        assert_eq!(policy_of_id("failed"), None);
+        assert_eq!(policy_of_id(""), None);
     }
 }

@@ -85,8 +85,9 @@ impl Snapshot {
         self.groups.get(id)
     }
 
-    /// Every group, ordered by their templates' lowest priority: the order of the webhook
-    /// configuration's entries.
+    /// Every group, ordered by their templates' lowest priority, then id: the order of the
+    /// webhook configuration's entries unless templates select on labels others add (the
+    /// controller then orders those after).
     pub fn groups(&self) -> &[Arc<Group>] {
         &self.groups_in_order
     }

@@ -4,13 +4,16 @@
 //! * [`review`] decides one AdmissionReview (pure: bytes in, bytes out);
 //! * [`tls`] holds the serving certificate behind an atomic pointer and reloads it;
 //! * [`server`] runs the admission and admin servers with their limits and graceful shutdown;
-//! * [`metrics`] are the Prometheus metrics.
+//! * [`metrics`] are the Prometheus metrics;
+//! * [`freshness`] tells whether the template watch failed for too long to stay ready.
 
+pub mod freshness;
 pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
 
+pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 pub use review::{Decision, Outcome, Target, decide};
 pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission, serve_both};
 pub use tls::CertificateStore;

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
+use injector_api::FailurePolicy;
+use injector_core::group::policy_of_id;
 use injector_core::{Applied, CompiledTemplate, NamespaceInfo, Snapshot, plan};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -35,8 +37,11 @@ pub enum Outcome {
     Denied,
     /// Allowed unchanged: not a Pod CREATE.
     Ignored,
-    /// Allowed unchanged: the path names a group this replica does not know.
+    /// Allowed unchanged: the path names a best-effort group this replica does not know.
     UnknownGroup,
+    /// Denied: the path names a required group (`fail-…`) this replica does not know; it lags
+    /// behind the cluster's templates, and admitting the Pod could skip a required template.
+    UnknownRequiredGroup,
     /// The request was not a valid AdmissionReview (answered with HTTP 4xx).
     BadRequest,
 }
@@ -50,6 +55,7 @@ impl Outcome {
             Outcome::Denied => "denied",
             Outcome::Ignored => "ignored",
             Outcome::UnknownGroup => "unknown_group",
+            Outcome::UnknownRequiredGroup => "unknown_required_group",
             Outcome::BadRequest => "bad_request",
         }
     }
@@ -228,6 +234,16 @@ pub fn decide(body: &[u8], target: Target<'_>, snapshot: &Snapshot) -> Result<De
     Ok(decision)
 }
 
+/// The denial of a request for a required group this replica does not know.
+fn unknown_required_group(id: &str) -> String {
+    format!(
+        "sidecar-injector: this webhook replica does not know the required selector group {id:?}: \
+         it is not in sync with the cluster's SidecarTemplates (it lags behind the webhook \
+         configuration), so it cannot tell which required templates apply; retry the request \
+         (another replica, or this one once in sync, will serve it)"
+    )
+}
+
 fn answer_pod(
     request: &RequestIn,
     target: Target<'_>,
@@ -258,6 +274,11 @@ fn answer_pod(
         }
         Target::Group(id) => match snapshot.group(id) {
             Some(group) => &group.templates,
+            None if policy_of_id(id) == Some(FailurePolicy::Fail) => {
+                decision.outcome = Outcome::UnknownRequiredGroup;
+                deny(response, 503, unknown_required_group(id));
+                return;
+            }
             None => {
                 decision.outcome = Outcome::UnknownGroup;
                 return;
@@ -306,5 +327,73 @@ fn answer_pod(
                 format!("sidecar-injector: cannot encode the patch: {error}"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod_create() -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "CREATE",
+                "namespace": "default",
+                "object": {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+            },
+        }))
+        .unwrap()
+    }
+
+    fn answer(decision: &Decision) -> Value {
+        serde_json::from_slice::<Value>(&decision.body).unwrap()["response"].clone()
+    }
+
+    #[test]
+    fn an_unknown_required_group_is_denied_and_an_unknown_best_effort_group_allowed() {
+        let snapshot = Snapshot::default();
+        let required = decide(
+            &pod_create(),
+            Target::Group("fail-00000000000000ff"),
+            &snapshot,
+        )
+        .unwrap();
+        assert_eq!(required.outcome, Outcome::UnknownRequiredGroup);
+        assert_eq!(required.outcome.as_str(), "unknown_required_group");
+        let response = answer(&required);
+        assert_eq!(response["allowed"], false);
+        assert_eq!(response["status"]["code"], 503);
+        let message = response["status"]["message"].as_str().unwrap();
+        assert!(message.contains("not in sync"), "{message}");
+
+        for id in ["ignore-00000000000000ff", "not-a-group-id"] {
+            let decision = decide(&pod_create(), Target::Group(id), &snapshot).unwrap();
+            assert_eq!(decision.outcome, Outcome::UnknownGroup, "{id}");
+            let response = answer(&decision);
+            assert_eq!(response["allowed"], true, "{id}");
+            assert!(response.get("patch").is_none(), "{id}");
+        }
+    }
+
+    #[test]
+    fn only_a_pod_create_is_denied_for_an_unknown_required_group() {
+        let mut body: Value = serde_json::from_slice(&pod_create()).unwrap();
+        body["request"]["operation"] = "UPDATE".into();
+        let decision = decide(
+            &serde_json::to_vec(&body).unwrap(),
+            Target::Group("fail-00000000000000ff"),
+            &Snapshot::default(),
+        )
+        .unwrap();
+        assert_eq!(decision.outcome, Outcome::Ignored);
+        assert_eq!(answer(&decision)["allowed"], true);
     }
 }

@@ -6,9 +6,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -24,9 +24,11 @@ use injector_core::Snapshot;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, Target, decide};
 use crate::tls::CertificateStore;
@@ -61,19 +63,28 @@ impl Default for Limits {
     }
 }
 
-/// What the webhook serves from: the template snapshot and whether it is complete.
+/// What the webhook serves from: the template snapshot, whether it is complete, and whether
+/// the watch feeding it is healthy.
 #[derive(Debug)]
 pub struct Templates {
     snapshot: ArcSwap<Snapshot>,
     synced: AtomicBool,
+    watch: Mutex<WatchHealth>,
 }
 
 impl Templates {
-    /// No templates yet, not synced.
+    /// No templates yet, not synced; the default grace period for watch failures.
     pub fn new() -> Arc<Self> {
+        Self::with_watch_grace(DEFAULT_WATCH_GRACE)
+    }
+
+    /// No templates yet, not synced; a template watch failing for longer than `grace` makes
+    /// the replica not ready.
+    pub fn with_watch_grace(grace: Duration) -> Arc<Self> {
         Arc::new(Self {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             synced: AtomicBool::new(false),
+            watch: Mutex::new(WatchHealth::new(grace)),
         })
     }
 
@@ -82,14 +93,35 @@ impl Templates {
         self.snapshot.store(snapshot);
     }
 
-    /// Marks the snapshot complete (the first full list was applied).
+    /// Marks the snapshot complete (a full list was applied); this also ends a run of watch
+    /// failures.
     pub fn mark_synced(&self) {
         self.synced.store(true, Ordering::Release);
+        self.watch_health().listed();
     }
 
     /// Whether the first full list was applied.
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Acquire)
+    }
+
+    /// The template watch failed at `now`; whether this begins a new run of failures.
+    pub fn watch_failed(&self, now: Instant) -> bool {
+        self.watch_health().failed(now)
+    }
+
+    /// How long the template watch may fail before the replica is not ready.
+    pub fn watch_grace(&self) -> Duration {
+        self.watch_health().grace()
+    }
+
+    /// `Ok` unless the template watch has been failing for longer than the grace period.
+    pub fn freshness(&self, now: Instant) -> Result<(), &'static str> {
+        self.watch_health().check(now)
+    }
+
+    fn watch_health(&self) -> std::sync::MutexGuard<'_, WatchHealth> {
+        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The current snapshot.
@@ -132,10 +164,13 @@ impl Webhook {
         }
     }
 
-    /// Ready means correct: templates synced and a certificate loaded.
+    /// Ready means correct: templates synced, the template watch not failing for longer
+    /// than its grace period, and a certificate loaded.
     pub fn readiness(&self) -> Result<(), &'static str> {
         if !self.templates.is_synced() {
             Err("templates not synced yet")
+        } else if let Err(stale) = self.templates.freshness(Instant::now()) {
+            Err(stale)
         } else if !self.certificates.is_loaded() {
             Err("no serving certificate loaded")
         } else {
@@ -171,7 +206,7 @@ async fn admission(
     request: Request<Incoming>,
     webhook: Arc<Webhook>,
 ) -> Result<Response<Body>, Infallible> {
-    let started = Instant::now();
+    let started = std::time::Instant::now();
     let path = request.uri().path().to_owned();
     let target = match path.as_str() {
         "/mutate" => Target::All,
@@ -258,12 +293,18 @@ async fn admission(
                 decision.warnings,
             );
             let applied: Vec<String> = decision.applied.iter().map(ToString::to_string).collect();
-            if decision.outcome == Outcome::UnknownGroup {
-                tracing::warn!(
+            match decision.outcome {
+                Outcome::UnknownGroup => tracing::warn!(
                     uid = %decision.uid,
                     path = %path,
-                    "admission request for a selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
-                );
+                    "admission request for a best-effort selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
+                ),
+                Outcome::UnknownRequiredGroup => tracing::warn!(
+                    uid = %decision.uid,
+                    path = %path,
+                    "admission request for a required selector group this replica does not know; denied (this replica is not in sync with the cluster's templates)"
+                ),
+                _ => {}
             }
             tracing::info!(
                 uid = %decision.uid,

@@ -282,12 +282,21 @@ async fn bad_input_gets_its_documented_answer_and_the_server_keeps_serving() {
             Some((true, false)),
         ),
         Case {
-            path: "/mutate/fail-0000000000000000",
+            path: "/mutate/ignore-0000000000000000",
             ..case(
-                "unknown group",
+                "unknown best-effort group",
                 good.clone(),
                 StatusCode::OK,
                 Some((true, false)),
+            )
+        },
+        Case {
+            path: "/mutate/fail-0000000000000000",
+            ..case(
+                "unknown required group",
+                good.clone(),
+                StatusCode::OK,
+                Some((false, false)),
             )
         },
         case(
@@ -350,6 +359,29 @@ async fn bad_input_gets_its_documented_answer_and_the_server_keeps_serving() {
     let (_, metrics) = server.admin_get("/metrics").await;
     assert!(metrics.contains("outcome=\"bad_request\""), "{metrics}");
     assert!(metrics.contains("group=\"unknown\""), "{metrics}");
+    assert!(metrics.contains("outcome=\"unknown_group\""), "{metrics}");
+    assert!(
+        metrics.contains("outcome=\"unknown_required_group\""),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_required_group_is_denied_as_out_of_sync() {
+    let server = start(&[LOGGER]).await;
+    let good = serde_json::to_vec(&pod_review("admission.k8s.io/v1", "x", web_pod())).unwrap();
+    let mut client = server.client().await;
+    let (status, body) = client
+        .post("/mutate/fail-0123456789abcdef", good)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let response: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(response["response"]["allowed"], false, "{response}");
+    assert_eq!(response["response"]["status"]["code"], 503, "{response}");
+    let message = response["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("\"fail-0123456789abcdef\""), "{message}");
+    assert!(message.contains("not in sync"), "{message}");
 }
 
 #[tokio::test]
@@ -432,6 +464,39 @@ async fn readiness_requires_synced_templates_and_a_certificate() {
     webhook.templates.mark_synced();
     assert_eq!(webhook.readiness(), Err("no serving certificate loaded"));
     assert_eq!(server.webhook.readiness(), Ok(()));
+}
+
+#[tokio::test]
+async fn a_template_watch_failing_beyond_its_grace_period_is_not_ready_until_a_fresh_list() {
+    let server = start(&[LOGGER]).await;
+    let templates = &server.webhook.templates;
+    let grace = templates.watch_grace();
+    assert_eq!(grace, Duration::from_secs(60), "the default");
+    let now = tokio::time::Instant::now();
+    // A failure that just began is within the grace period.
+    assert!(templates.watch_failed(now));
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
+    // One that began longer ago than the grace period is not.
+    templates.mark_synced();
+    let long_ago = now.checked_sub(grace + Duration::from_secs(1)).unwrap();
+    assert!(templates.watch_failed(long_ago));
+    let (status, reason) = server.admin_get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(reason.contains("SidecarTemplate watch"), "{reason}");
+    // Admission keeps answering from the last snapshot meanwhile; readiness only steers the
+    // Service away.
+    let mut client = server.client().await;
+    let (status, _) = client
+        .post(
+            "/mutate",
+            serde_json::to_vec(&pod_review("admission.k8s.io/v1", "s", web_pod())).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    // A fresh complete list makes it ready again.
+    templates.mark_synced();
+    assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
 }
 
 #[tokio::test]
