@@ -1459,6 +1459,22 @@ spec:
             injected == format!("{name}@{valid_generation}"),
             "{INJECTED}: {injected:?}, want the last valid generation"
         );
+        let recorded = &template_now["status"]["lastValid"];
+        ensure!(
+            recorded["generation"] == valid_generation,
+            "status.lastValid: {recorded}"
+        );
+
+        // An operator started now never saw the valid generation: it keeps the one the
+        // status records.
+        env.operator.stop()?;
+        env.operator.restart()?;
+        let pod = run_pod(cp, &ns, "after-restart", &[], &[])?;
+        ensure!(
+            containers(&pod) == ["after-restart", "kept-agent"],
+            "after a restart, containers: {:?}",
+            containers(&pod)
+        );
         Ok(())
     })();
     cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;

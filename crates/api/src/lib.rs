@@ -257,6 +257,32 @@ pub struct SidecarTemplateStatus {
     /// The `metadata.generation` that the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+
+    /// A required template's last valid generation and its spec, written by the operator. When
+    /// an edit makes the template invalid, this generation stays in force, also in operator
+    /// replicas started after the edit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_valid: Option<LastValid>,
+}
+
+/// A generation of a template and its spec, as the operator last found it valid.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastValid {
+    /// The template's `metadata.generation` then.
+    pub generation: i64,
+    /// The template's `spec` then, as it was applied (validated by the operator, not by the
+    /// API server: only the operator writes status).
+    #[schemars(schema_with = "any_object")]
+    pub spec: serde_json::Value,
+}
+
+/// An object whose fields the schema leaves open (and the API server keeps as written).
+fn any_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 /// The CustomResourceDefinition of [`SidecarTemplate`], as the API server receives it.

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use injector_api::{SidecarTemplate, SidecarTemplateStatus};
+use injector_api::{FailurePolicy, LastValid, SidecarTemplate, SidecarTemplateStatus};
 use injector_core::{GroupId, ValidationErrors};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
@@ -137,7 +137,26 @@ pub fn desired_status_kept<G: fmt::Display>(
     SidecarTemplateStatus {
         conditions,
         observed_generation: generation,
+        last_valid: last_valid(template, outcome.is_ok(), kept.is_some()),
     }
+}
+
+/// What `status.lastValid` should say: for a valid required template, this generation and its
+/// spec; for an invalid one whose last valid generation stays in force, what the status says
+/// already (so that replicas started later keep it too); otherwise nothing.
+fn last_valid(template: &SidecarTemplate, valid: bool, kept: bool) -> Option<LastValid> {
+    if valid {
+        let required = template.spec.failure_policy == FailurePolicy::Fail;
+        let spec = serde_json::to_value(&template.spec).ok()?;
+        return required.then(|| LastValid {
+            generation: template.metadata.generation.unwrap_or_default(),
+            spec,
+        });
+    }
+    if kept {
+        return template.status.as_ref()?.last_valid.clone();
+    }
+    None
 }
 
 /// What a `Degraded` condition and its event say: the generation in force, then every
@@ -166,6 +185,7 @@ pub fn needs_update(
         return true;
     };
     existing.observed_generation != desired.observed_generation
+        || existing.last_valid != desired.last_valid
         || desired.conditions.iter().any(|want| {
             existing
                 .conditions
@@ -437,6 +457,37 @@ mod tests {
         };
         let status = desired_status_kept(&template, &outcome(&template), Some(&kept), now);
         (template, status)
+    }
+
+    #[test]
+    fn a_required_templates_last_valid_generation_is_recorded_and_kept_while_invalid() {
+        let template = valid();
+        let status = desired_status(&template, &outcome(&template), at(100));
+        let recorded = status.last_valid.clone().unwrap();
+        assert_eq!(recorded.generation, 3);
+        assert_eq!(recorded.spec, serde_json::to_value(&template.spec).unwrap());
+        assert!(needs_update(
+            Some(&SidecarTemplateStatus {
+                last_valid: None,
+                ..status.clone()
+            }),
+            &status
+        ));
+
+        // Made invalid: what the status records stays, so that a replica started now keeps it.
+        let invalid = with_status(invalid(), status);
+        let kept = Kept {
+            generation: 3,
+            group: outcome(&template).unwrap().to_string(),
+        };
+        let status = desired_status_kept(&invalid, &outcome(&invalid), Some(&kept), at(200));
+        assert_eq!(status.last_valid, Some(recorded));
+
+        // A best-effort template records nothing.
+        let mut best_effort = valid();
+        best_effort.spec.failure_policy = injector_api::FailurePolicy::Ignore;
+        let status = desired_status(&best_effort, &outcome(&best_effort), at(100));
+        assert_eq!(status.last_valid, None);
     }
 
     #[test]

@@ -8,9 +8,9 @@
 //!
 //! A template that becomes invalid leaves the registry, unless it is required: then its last
 //! valid generation stays in force until the template is fixed or deleted (issue 11, rule 6),
-//! because dropping it would silently admit Pods without a sidecar they must have. That
-//! generation is only known to a replica that saw it: one started while the template is
-//! invalid has nothing to keep.
+//! because dropping it would silently admit Pods without a sidecar they must have. A replica
+//! that saw that generation keeps it from its registry; one started while the template is
+//! invalid takes it from the template's `status.lastValid`, which the leader writes.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -41,6 +41,35 @@ pub struct Kept {
 }
 
 impl Kept {
+    /// The last valid generation of the invalid template `template` that must stay in force:
+    /// the one in `snapshot`, else the one its status records.
+    fn find(
+        snapshot: &Snapshot,
+        template: &SidecarTemplate,
+    ) -> Option<(Self, Arc<CompiledTemplate>)> {
+        let name = template.metadata.name.as_deref().unwrap_or_default();
+        Self::from_snapshot(snapshot, name).or_else(|| Self::from_status(template))
+    }
+
+    /// The generation `template.status.lastValid` records, compiled, when it is required.
+    fn from_status(template: &SidecarTemplate) -> Option<(Self, Arc<CompiledTemplate>)> {
+        let last_valid = template.status.as_ref()?.last_valid.as_ref()?;
+        let mut recorded = SidecarTemplate::new(
+            template.metadata.name.as_deref().unwrap_or_default(),
+            serde_json::from_value(last_valid.spec.clone()).ok()?,
+        );
+        recorded.metadata.generation = Some(last_valid.generation);
+        let compiled = compile(&recorded).ok()?;
+        if compiled.failure_policy != FailurePolicy::Fail {
+            return None;
+        }
+        let kept = Kept {
+            generation: compiled.generation,
+            group: compiled.group.id().to_string(),
+        };
+        Some((kept, Arc::new(compiled)))
+    }
+
     /// What `snapshot` holds of the template `name`, when it is required and so must stay.
     fn from_snapshot(snapshot: &Snapshot, name: &str) -> Option<(Self, Arc<CompiledTemplate>)> {
         let current = snapshot
@@ -113,7 +142,7 @@ impl TemplateSync {
                     match valid {
                         Some(valid) => compiled.push(valid),
                         None => {
-                            if let Some((kept, current)) = Kept::from_snapshot(&previous, &name) {
+                            if let Some((kept, current)) = Kept::find(&previous, &record.template) {
                                 compiled.push(current.as_ref().clone());
                                 record.kept = Some(kept);
                             }
@@ -160,13 +189,21 @@ impl TemplateSync {
                 }
                 !unchanged
             }
-            None => match Kept::from_snapshot(&self.registry.snapshot(), &name) {
-                Some((kept, _)) => {
+            None => match Kept::find(&self.registry.snapshot(), &record.template) {
+                Some((kept, current)) => {
                     if let Err(errors) = &record.outcome {
                         tracing::warn!(template = %name, %errors, generation = kept.generation, "required template invalid; its last valid generation stays in force");
                     }
                     record.kept = Some(kept);
-                    false
+                    let known = self
+                        .registry
+                        .snapshot()
+                        .get(&name)
+                        .is_some_and(|t| t.as_ref() == current.as_ref());
+                    if !known {
+                        self.registry.apply(current.as_ref().clone());
+                    }
+                    !known
                 }
                 None => {
                     if let Err(errors) = &record.outcome {
@@ -404,6 +441,69 @@ mod tests {
         assert!(sync.handle(Event::Apply(template("agent", 3, "agent:3"))));
         assert_eq!(webhook.snapshot().get("agent").unwrap().generation, 3);
         assert_eq!(kept(&observed, "agent"), None);
+    }
+
+    /// `invalid(name)` whose status records generation 1 of `template(name, 1, image)`.
+    fn invalid_with_last_valid(name: &str, image: &str) -> SidecarTemplate {
+        let mut template = invalid(name);
+        template.status = Some(injector_api::SidecarTemplateStatus {
+            last_valid: Some(injector_api::LastValid {
+                generation: 1,
+                spec: serde_json::to_value(self::template(name, 1, image).spec).unwrap(),
+            }),
+            ..Default::default()
+        });
+        template
+    }
+
+    #[test]
+    fn a_replica_started_while_a_required_template_is_invalid_keeps_what_its_status_records() {
+        for listed in [true, false] {
+            let webhook = Templates::new();
+            let observed = ObservedTemplates::default();
+            let mut sync = TemplateSync::new(webhook.clone(), observed.clone());
+            sync.handle(Event::Init);
+            if listed {
+                sync.handle(Event::InitApply(invalid_with_last_valid(
+                    "agent", "agent:1",
+                )));
+                sync.handle(Event::InitDone);
+            } else {
+                sync.handle(Event::InitDone);
+                assert!(sync.handle(Event::Apply(invalid_with_last_valid("agent", "agent:1"))));
+            }
+            let in_force = webhook.snapshot().get("agent").cloned().unwrap();
+            assert_eq!(in_force.generation, 1);
+            assert_eq!(
+                in_force.containers[0].body.render(&facts())["image"],
+                "agent:1"
+            );
+            assert_eq!(kept(&observed, "agent").unwrap().generation, 1);
+        }
+
+        // Not for a best-effort template, nor without a record.
+        let webhook = Templates::new();
+        let mut sync = TemplateSync::new(webhook.clone(), ObservedTemplates::default());
+        sync.handle(Event::Init);
+        let mut best_effort_record = invalid_with_last_valid("logs", "logs:1");
+        if let Some(status) = &mut best_effort_record.status {
+            let spec = best_effort(template("logs", 1, "logs:1")).spec;
+            status.last_valid.as_mut().unwrap().spec = serde_json::to_value(spec).unwrap();
+        }
+        sync.handle(Event::InitApply(best_effort_record));
+        sync.handle(Event::InitApply(invalid("plain")));
+        sync.handle(Event::InitDone);
+        assert!(names(&webhook).is_empty(), "{:?}", names(&webhook));
+    }
+
+    fn facts() -> injector_core::placeholder::PodFacts<'static> {
+        injector_core::placeholder::PodFacts {
+            name: "p",
+            namespace: "n",
+            service_account_name: "default",
+            labels: None,
+            annotations: None,
+        }
     }
 
     #[test]
