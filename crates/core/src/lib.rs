@@ -8,13 +8,19 @@
 pub mod defaulted;
 pub mod error;
 pub mod group;
-pub mod names;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
 pub mod registry;
 pub mod selector;
+pub mod syntax;
 pub mod template;
+
+/// The old path of [`syntax`], kept while `controller/src/webhook_config.rs` still imports it.
+// TODO(issue 14): remove once webhook_config.rs imports syntax
+pub mod names {
+    pub use crate::syntax::*;
+}
 
 pub use error::{FieldError, ValidationErrors};
 pub use group::{GroupId, GroupKey};
