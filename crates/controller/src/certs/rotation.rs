@@ -66,8 +66,9 @@ pub struct Reconciled {
 ///   thirds of its lifetime → a new serving certificate from the current CA;
 /// * otherwise nothing changes.
 ///
-/// Errors only when generating fails (or `lifetimes` are shorter than [`MIN_LIFETIME`](super::MIN_LIFETIME), or
-/// `names` are empty); a broken bundle is replaced, not reported as an error.
+/// Errors only when generating fails (or `lifetimes` are shorter than
+/// [`MIN_LIFETIME`](super::MIN_LIFETIME), or `names` are empty); a broken bundle is replaced,
+/// not reported as an error.
 ///
 /// CPU work when something is generated: call it from a blocking thread in async code.
 pub fn reconcile(
