@@ -16,10 +16,6 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The API group of every resource this project defines.
-pub const GROUP: &str = "sidecar.dev";
-/// The version of [`SidecarTemplate`].
-pub const VERSION: &str = "v1alpha1";
 /// The default of `spec.priority`.
 pub const DEFAULT_PRIORITY: i32 = 100;
 

@@ -39,6 +39,16 @@ impl Document {
     }
 }
 
+/// The tail of a "found nothing usable" message: the objects (`Document::describe`) a file
+/// does hold, so the reader sees what was there instead.
+pub(crate) fn found_kinds(kinds: &[String]) -> String {
+    if kinds.is_empty() {
+        " (the file holds no object)".to_owned()
+    } else {
+        format!(" (found {})", kinds.join(", "))
+    }
+}
+
 /// A file that cannot be read as Kubernetes objects.
 #[derive(Debug, thiserror::Error)]
 pub enum DocumentError {

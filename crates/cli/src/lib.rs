@@ -1,7 +1,9 @@
 //! The commands of the `sidecar-injector` binary, as a library so tests drive them directly.
-//! `main` only parses flags and calls in here.
+//! `main` only parses flags ([`args`]) and hands over to [`process`].
 
+pub mod args;
 pub mod documents;
+pub mod process;
 pub mod render;
 pub mod run;
 pub mod serve;

@@ -12,7 +12,7 @@ use injector_api::names::NAMESPACE_NAME_LABEL;
 use injector_core::{CompiledTemplate, NamespaceInfo, Plan, plan};
 use serde_json::{Map, Value};
 
-use crate::documents::{Document, DocumentError, read_documents};
+use crate::documents::{Document, DocumentError, found_kinds, read_documents};
 use crate::templates::{TemplateFileError, load_templates};
 
 /// What to print on standard output.
@@ -84,14 +84,6 @@ pub enum RenderError {
         /// What is wrong.
         message: String,
     },
-}
-
-pub(crate) fn found_kinds(kinds: &[String]) -> String {
-    if kinds.is_empty() {
-        " (the file holds no object)".to_owned()
-    } else {
-        format!(" (found {})", kinds.join(", "))
-    }
 }
 
 /// Where each pod-bearing kind keeps its pod template, as a JSON pointer.
@@ -364,10 +356,10 @@ pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
                 .split_once('=')
                 .ok_or_else(|| format!("{pair:?} is not key=value"))?;
             let (key, value) = (key.trim(), value.trim());
-            if !injector_core::names::is_qualified_name(key) {
+            if !injector_core::syntax::is_qualified_name(key) {
                 return Err(format!("{key:?} is not a valid label key"));
             }
-            if !injector_core::names::is_label_value(value) {
+            if !injector_core::syntax::is_label_value(value) {
                 return Err(format!("{value:?} is not a valid label value"));
             }
             Ok((key.to_owned(), value.to_owned()))

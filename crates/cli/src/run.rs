@@ -16,7 +16,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, PatchParams};
 use prometheus_client::registry::Registry as MetricsRegistry;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// What `run` needs.
@@ -78,36 +80,103 @@ pub enum RunError {
 pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), RunError> {
     let client = kube::Client::try_default().await?;
     if options.install_crd {
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        let crd = injector_api::crd();
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &kube::api::Patch::Apply(&crd),
-        )
-        .await?;
-        tracing::info!(%name, "CRD applied (--install-crd)");
+        install_crd(&client).await?;
     }
     let owner = match &options.owner_cluster_role {
         None => None,
-        Some(name) => {
-            let roles: Api<ClusterRole> = Api::all(client.clone());
-            let role = roles
-                .get_opt(name)
-                .await?
-                .ok_or_else(|| RunError::Owner(name.clone()))?;
-            Some(OwnerReference {
-                api_version: "rbac.authorization.k8s.io/v1".into(),
-                kind: "ClusterRole".into(),
-                name: name.clone(),
-                uid: role.metadata.uid.unwrap_or_default(),
-                block_owner_deletion: None,
-                controller: None,
-            })
-        }
+        Some(name) => Some(owner_reference(&client, name).await?),
     };
+    let operator_options = operator_options(&options, owner)?;
 
+    let mut registry = MetricsRegistry::default();
+    let controller_metrics = Arc::new(ControllerMetrics::register(&mut registry));
+    let webhook = Arc::new(Webhook::new(
+        Templates::with_watch_grace(options.template_watch_grace),
+        CertificateStore::new(),
+        registry,
+        Limits::default(),
+    ));
+
+    let (leading_tx, leading) = watch::channel(!options.leader_election);
+    let mut tasks = Vec::new();
+    if options.leader_election {
+        let config = LeaderElectionConfig {
+            owner: operator_options.webhook.owner.clone(),
+            ..LeaderElectionConfig::new(&options.lease_name, &options.namespace, &options.identity)
+        };
+        tasks.push(spawn_leader_election(
+            client.clone(),
+            config,
+            leading_tx,
+            stop.clone(),
+        ));
+    } else {
+        controller_metrics.set_leader(true);
+    }
+    tasks.push(spawn_leader_gauge(
+        Arc::clone(&controller_metrics),
+        leading.clone(),
+        stop.clone(),
+    ));
+    let operator = Operator::new(
+        client,
+        operator_options,
+        Arc::clone(&webhook.templates),
+        Arc::clone(&webhook.certificates),
+        controller_metrics,
+        leading,
+    );
+    tasks.push(tokio::spawn(operator.run(stop.clone())));
+
+    let (admission, admin) = bind(&options).await?;
+    let result = serve_both(admission, admin, webhook, stop).await;
+    for task in tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+    tracing::info!("stopped");
+    Ok(result?)
+}
+
+/// `--install-crd`: applies the SidecarTemplate CRD (server-side, as the operator's field
+/// manager).
+async fn install_crd(client: &kube::Client) -> Result<(), RunError> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = injector_api::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &kube::api::Patch::Apply(&crd),
+    )
+    .await?;
+    tracing::info!(%name, "CRD applied (--install-crd)");
+    Ok(())
+}
+
+/// `--owner-cluster-role`: the reference that makes the ClusterRole `name` own what the
+/// operator creates.
+async fn owner_reference(client: &kube::Client, name: &str) -> Result<OwnerReference, RunError> {
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role = roles
+        .get_opt(name)
+        .await?
+        .ok_or_else(|| RunError::Owner(name.to_owned()))?;
+    Ok(OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: "ClusterRole".into(),
+        name: name.to_owned(),
+        uid: role.metadata.uid.unwrap_or_default(),
+        block_owner_deletion: None,
+        controller: None,
+    })
+}
+
+/// The operator's options: where the API server reaches the webhook (a Service, or a URL
+/// out of cluster, whose certificate then also covers 127.0.0.1), validated.
+fn operator_options(
+    options: &RunOptions,
+    owner: Option<OwnerReference>,
+) -> Result<OperatorOptions, RunError> {
     let (endpoint, url_mode_ip) = match &options.webhook_url {
         Some(base) => (
             Endpoint::Url { base: base.clone() },
@@ -127,7 +196,7 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
     webhook_options.timeout_seconds = options.timeout_seconds;
     webhook_options.owner = owner;
     webhook_options.validate()?;
-    let operator_options = OperatorOptions {
+    Ok(OperatorOptions {
         namespace: options.namespace.clone(),
         secret_name: options.secret_name.clone(),
         serving_names: ServingNames::for_service(
@@ -137,58 +206,42 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
         ),
         lifetimes: options.lifetimes,
         webhook: webhook_options,
-    };
+    })
+}
 
-    let mut registry = MetricsRegistry::default();
-    let controller_metrics = Arc::new(ControllerMetrics::register(&mut registry));
-    let webhook = Arc::new(Webhook::new(
-        Templates::with_watch_grace(options.template_watch_grace),
-        CertificateStore::new(),
-        registry,
-        Limits::default(),
-    ));
+/// Takes part in the election until `stop`; `leading` follows whether this replica leads.
+fn spawn_leader_election(
+    client: kube::Client,
+    config: LeaderElectionConfig,
+    leading: watch::Sender<bool>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = leader::run(client, config, leading, stop).await {
+            tracing::error!(%error, "leader election stopped");
+        }
+    })
+}
 
-    let (leading_tx, leading) = watch::channel(!options.leader_election);
-    let mut tasks = Vec::new();
-    if options.leader_election {
-        let config = LeaderElectionConfig {
-            owner: operator_options.webhook.owner.clone(),
-            ..LeaderElectionConfig::new(&options.lease_name, &options.namespace, &options.identity)
-        };
-        let client = client.clone();
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            if let Err(error) = leader::run(client, config, leading_tx, stop).await {
-                tracing::error!(%error, "leader election stopped");
+/// Keeps the leader gauge equal to `leading` until `stop`.
+fn spawn_leader_gauge(
+    metrics: Arc<ControllerMetrics>,
+    mut leading: watch::Receiver<bool>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            metrics.set_leader(*leading.borrow());
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = leading.changed() => if changed.is_err() { return },
             }
-        }));
-    } else {
-        controller_metrics.set_leader(true);
-    }
-    {
-        let metrics = Arc::clone(&controller_metrics);
-        let mut leading = leading.clone();
-        let stop = stop.clone();
-        tasks.push(tokio::spawn(async move {
-            loop {
-                metrics.set_leader(*leading.borrow());
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    changed = leading.changed() => if changed.is_err() { return },
-                }
-            }
-        }));
-    }
-    let operator = Operator::new(
-        client,
-        operator_options,
-        Arc::clone(&webhook.templates),
-        Arc::clone(&webhook.certificates),
-        controller_metrics,
-        leading,
-    );
-    tasks.push(tokio::spawn(operator.run(stop.clone())));
+        }
+    })
+}
 
+/// Binds the admission and the admin listener.
+async fn bind(options: &RunOptions) -> Result<(TcpListener, TcpListener), RunError> {
     let admission = injector_webhook::server::bind(options.listen).await?;
     let admin = injector_webhook::server::bind(options.admin_listen).await?;
     tracing::info!(
@@ -198,10 +251,5 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
         leader_election = options.leader_election,
         "serving"
     );
-    let result = serve_both(admission, admin, webhook, stop).await;
-    for task in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
-    }
-    tracing::info!("stopped");
-    Ok(result?)
+    Ok((admission, admin))
 }

@@ -6,8 +6,7 @@ use injector_api::SidecarTemplate;
 use injector_core::{CompiledTemplate, compile};
 use serde::Deserialize;
 
-use crate::documents::{Document, DocumentError, read_documents};
-use crate::render::found_kinds;
+use crate::documents::{Document, DocumentError, found_kinds, read_documents};
 
 /// A template file that cannot be used. Each names the file and the problem.
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use injector_api::names::{
     ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTION_DISABLED, INJECTION_LABEL,
     NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
 };
-use injector_core::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
+use injector_core::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
 
 use crate::entry_order::entry_order;

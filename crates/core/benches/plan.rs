@@ -20,27 +20,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, compile, plan};
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, plan};
 use serde_json::{Map, Value, json};
+
+// The templates and the small Pod are built as the integration tests build theirs.
+#[path = "../tests/common/fixtures.rs"]
+mod fixtures;
+
+use fixtures::{APP_POD, compile_json, template};
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 // ---------------------------------------------------------------------------------------------
-
-/// A template from its JSON (apiVersion and kind are filled in).
-fn compile_json(mut value: Value) -> CompiledTemplate {
-    value["apiVersion"] = "sidecar.dev/v1alpha1".into();
-    value["kind"] = "SidecarTemplate".into();
-    let template: SidecarTemplate = serde_json::from_value(value).unwrap();
-    compile(&template).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// A template from YAML (apiVersion and kind are filled in).
-fn template(yaml: &str) -> Arc<CompiledTemplate> {
-    let value: Value = serde_yaml::from_str(yaml).unwrap();
-    Arc::new(compile_json(value))
-}
 
 /// Namespace "shop", already selected by the API server (as for a webhook entry).
 const NAMESPACE: NamespaceInfo<'static> = NamespaceInfo {
@@ -64,19 +55,6 @@ fn check_plan(label: &str, plan: &Plan, applied: usize, warnings: usize) {
     assert!(plan.denials.is_empty(), "{label}: {:?}", plan.denials);
     assert!(!plan.patch.is_empty(), "{label}: empty patch");
 }
-
-const SMALL_POD: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web-1
-  namespace: shop
-  labels: {app: web}
-spec:
-  containers:
-  - name: app
-    image: nginx
-"#;
 
 const SMALL_TEMPLATE: &str = r#"
 metadata: {name: logger, generation: 3}
@@ -149,7 +127,7 @@ fn env_template() -> Arc<CompiledTemplate> {
 fn bench_plan(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan");
 
-    let small = serde_yaml::from_str::<Value>(SMALL_POD).unwrap();
+    let small = serde_yaml::from_str::<Value>(APP_POD).unwrap();
     let small_templates = [template(SMALL_TEMPLATE)];
     check_plan("small_pod", &run(&small, &small_templates), 1, 0);
     group.bench_function("small_pod", |b| {

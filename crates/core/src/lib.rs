@@ -8,12 +8,12 @@
 pub mod defaulted;
 pub mod error;
 pub mod group;
-pub mod names;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
 pub mod registry;
 pub mod selector;
+pub mod syntax;
 pub mod template;
 
 pub use error::{FieldError, ValidationErrors};

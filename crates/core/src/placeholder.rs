@@ -274,11 +274,6 @@ impl Node {
         }
     }
 
-    /// Whether rendering can differ from Pod to Pod.
-    pub fn is_templated(&self) -> bool {
-        !matches!(self, Node::Fixed(_))
-    }
-
     /// Calls `visit` with every string holding placeholders and its path below this node
     /// (`args[1]`, `env[0].value`, …).
     pub fn visit_templated(&self, visit: &mut impl FnMut(&[PathStep<'_>], &TemplateString)) {
@@ -426,9 +421,9 @@ mod tests {
             "spec",
             &mut errors,
         );
-        assert!(!node.is_templated());
+        assert!(matches!(node, Node::Fixed(_)));
         let node = Node::parse(&json!({"a": [1, "{{ pod.bogus }}"]}), "spec", &mut errors);
-        assert!(!node.is_templated());
+        assert!(matches!(node, Node::Fixed(_)));
         assert_eq!(errors.len(), 1);
         assert_eq!(errors[0].path, "spec.a[1]");
     }

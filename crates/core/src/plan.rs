@@ -19,10 +19,10 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::defaulted::{ItemKind, difference};
-use crate::names::is_label_value;
 use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::{MetadataKey, PodFacts};
 use crate::selector::Labels;
+use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Text};
 
 /// The namespace a Pod is created in, as far as the caller knows it.

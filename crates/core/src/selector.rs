@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use serde_json::{Map, Value};
 
 use crate::error::FieldError;
-use crate::names::{is_label_value, is_qualified_name};
+use crate::syntax::{is_label_value, is_qualified_name};
 
 /// Anything that can answer "what is the value of label `key`?".
 pub trait Labels {

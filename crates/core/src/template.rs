@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use crate::error::{FieldError, ValidationErrors};
 use crate::group::GroupKey;
-use crate::names::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use crate::placeholder::{MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
+use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 
 /// The generation recorded for a template that has none (one read from a file).
 pub const FILE_GENERATION: i64 = 1;

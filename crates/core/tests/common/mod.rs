@@ -4,21 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, NamespaceInfo, Plan, compile, plan};
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, plan};
 use serde_json::Value;
 
-/// A template from YAML (apiVersion and kind are filled in).
-pub fn template(yaml: &str) -> Arc<CompiledTemplate> {
-    Arc::new(compile(&parse_template(yaml)).unwrap_or_else(|e| panic!("{e}")))
-}
+pub mod fixtures;
 
-pub fn parse_template(yaml: &str) -> SidecarTemplate {
-    let mut value: Value = serde_yaml::from_str(yaml).unwrap();
-    value["apiVersion"] = "sidecar.dev/v1alpha1".into();
-    value["kind"] = "SidecarTemplate".into();
-    serde_json::from_value(value).unwrap()
-}
+pub use fixtures::*;
 
 pub fn pod(yaml: &str) -> Value {
     serde_yaml::from_str(yaml).unwrap()
@@ -75,16 +66,3 @@ pub fn names(list: &Value) -> Vec<&str> {
         .map(|items| items.iter().map(|i| i["name"].as_str().unwrap()).collect())
         .unwrap_or_default()
 }
-
-pub const APP_POD: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata:
-  name: web-1
-  namespace: shop
-  labels: {app: web}
-spec:
-  containers:
-  - name: app
-    image: nginx
-"#;

@@ -1,0 +1,97 @@
+//! The process around a command: logging, the async runtime, the signals that stop it, and
+//! the exit status.
+
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::args::{Cli, Command, LogFormat, LogOptions};
+use crate::render::render;
+use crate::serve::serve;
+
+/// Exit status when a required template cannot be applied (the Pod would be denied).
+const EXIT_DENIED: u8 = 3;
+
+impl Cli {
+    /// Runs the command; an error is for `main` to print.
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        match self.command {
+            Command::Render(args) => {
+                let rendered = render(&args.into_request())?;
+                eprint!("{}", rendered.stderr);
+                print!("{}", rendered.stdout);
+                if let Some(denied) = rendered.denied {
+                    eprintln!("denied: {denied}");
+                    return Ok(ExitCode::from(EXIT_DENIED));
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Serve(args) => {
+                init_logging(&args.log)?;
+                let options = args.into_options();
+                until_signalled(|stop| async move { Ok(serve(options, stop, |_| {}).await?) })?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Run(args) => {
+                init_logging(&args.log)?;
+                let options = args.into_options();
+                until_signalled(|stop| async move { Ok(crate::run::run(options, stop).await?) })?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Crd => {
+                print!(
+                    "{}",
+                    injector_api::crd_yaml().context("cannot print the CRD")?
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+fn init_logging(options: &LogOptions) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&options.log)
+        .with_context(|| format!("invalid --log filter {:?}", options.log))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    let result = match options.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+}
+
+/// Runs `work` on a multi-threaded runtime; SIGTERM or SIGINT cancels the token it gets.
+fn until_signalled<F, Fut>(work: F) -> anyhow::Result<()>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let stop = CancellationToken::new();
+        cancel_on_signals(stop.clone())?;
+        work(stop).await
+    })
+}
+
+/// Cancels `stop` on SIGTERM or SIGINT.
+fn cancel_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: finishing requests in flight, then stopping"),
+            _ = interrupt.recv() => tracing::info!("SIGINT: finishing requests in flight, then stopping"),
+        }
+        stop.cancel();
+    });
+    Ok(())
+}
