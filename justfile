@@ -85,8 +85,12 @@ bench-e2e:
     SIDECAR_INJECTOR_BIN="$PWD/target/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
 
 # End-to-end scenarios and chart tests against a local control plane (the first build of its binaries takes ~15 minutes); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
-e2e:
+e2e: node-packages
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
+
+# Install the node's host packages (containerd, runc, CNI plugins, iptables, busybox-static) from Debian when missing (needs root)
+node-packages:
+    bash e2e/node/host-packages.sh
 
 # Build (or find in the cache) the local control plane's binaries and print their paths
 control-plane:
