@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, from Debian packages, what the e2e node runs on the host: containerd (with ctr),
-# runc, the CNI plugins, iptables, and busybox-static (the stand-in images are made of it).
+# runc, the CNI plugins, iptables (and nft, to remove the empty tables iptables-nft leaves),
+# and busybox-static (the stand-in images are made of it).
 # Nothing is installed when everything is already there, so a second run is instant.
 #
 # Usage: host-packages.sh         install what is missing (needs root and apt-get)
@@ -19,6 +20,7 @@ wanted=(
   "containernetworking-plugins /usr/lib/cni/portmap"
   "containernetworking-plugins /usr/lib/cni/loopback"
   "iptables /usr/sbin/iptables"
+  "nftables /usr/sbin/nft"
   "busybox-static /bin/busybox"
 )
 
