@@ -84,8 +84,8 @@ bench-e2e:
     cargo build --release --quiet -p injector-cli --bin sidecar-injector
     SIDECAR_INJECTOR_BIN="$PWD/target/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
 
-# End-to-end scenarios and chart tests against a local control plane (the first build of its binaries takes ~15 minutes); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
-e2e: node-packages
+# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the image ~9); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
+e2e: node-packages image
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
 
 # Install the node's host packages (containerd, runc, CNI plugins, iptables, busybox-static) from Debian when missing (needs root)

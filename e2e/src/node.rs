@@ -187,6 +187,11 @@ impl Cluster {
         )
     }
 
+    /// Imports the OCI archive `archive` (such as `just image`'s) into the node's containerd.
+    pub fn import_image(&self, archive: &Path) -> anyhow::Result<()> {
+        self.node.import(archive)
+    }
+
     /// The node's directory (containerd's root and state, the kubelet's, the node's logs).
     pub fn node_dir(&self) -> &Path {
         &self.node.dir
@@ -430,14 +435,19 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 
     fn import_images(&self) -> anyhow::Result<()> {
         for archive in images::build_all(&self.path("images"))? {
-            let archive = archive.display().to_string();
-            let out = self.ctr(&["images", "import", &archive])?;
-            if !out.status.success() {
-                bail!(
-                    "ctr images import {archive} failed: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-            }
+            self.import(&archive)?;
+        }
+        Ok(())
+    }
+
+    fn import(&self, archive: &Path) -> anyhow::Result<()> {
+        let archive = archive.display().to_string();
+        let out = self.ctr(&["images", "import", &archive])?;
+        if !out.status.success() {
+            bail!(
+                "ctr images import {archive} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         Ok(())
     }

@@ -25,7 +25,10 @@ use serde_json::{Value, json};
 
 type Scenario = fn(&Cluster) -> anyhow::Result<()>;
 
-const SCENARIOS: [(&str, Scenario); 6] = [
+/// The last scenario: it replaces the operator out of cluster with the chart's.
+const CHART: &str = "g-chart-installed-from-the-image";
+
+const SCENARIOS: [(&str, Scenario); 7] = [
     ("a-fence-and-no-registry", fence_and_no_registry),
     (
         "b-kubernetes-service-from-a-pod",
@@ -41,6 +44,7 @@ const SCENARIOS: [(&str, Scenario); 6] = [
         job_with_native_sidecar,
     ),
     ("f-log-shipper-reads-the-app-log", log_shipper),
+    (CHART, chart_from_the_image),
 ];
 
 #[test]
@@ -64,7 +68,7 @@ fn node() {
         .apply_file(&workspace_root().join("crds"))
         .expect("kubectl apply -f crds/");
     wait_crd_established(&cluster).expect("the CRD is established");
-    let operator =
+    let mut operator =
         Operator::start(&cluster, OperatorOptions::default()).expect("the operator starts");
 
     let mut results = Vec::new();
@@ -73,6 +77,14 @@ fn node() {
             && !words.iter().any(|w| name.contains(w.as_str()))
         {
             continue;
+        }
+        if name == CHART {
+            // The chart's operator replaces the one out of cluster (and its configuration,
+            // which would point the API server at a stopped process).
+            let _ = operator.stop();
+            cluster
+                .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
+                .expect("the out-of-cluster operator's configuration is deleted");
         }
         eprintln!("\n[e2e] ===== {name}");
         let t = Instant::now();
@@ -475,6 +487,122 @@ fn log_shipper(cluster: &Cluster) -> anyhow::Result<()> {
         Ok(logs.lines().any(|l| l.trim() == first_line).then_some(()))
     })?;
     eprintln!("[e2e] the shipper printed the app's line {first_line:?}");
+    Ok(())
+}
+
+/// g. The chart installed for real from `just image`'s image: 2 replicas Ready, the
+/// certificate and the configuration created by the operator in the cluster (a Service, not a
+/// URL), and a Pod injected through it (the API server calls the webhook through the
+/// Service), running 2/2; then `helm uninstall`.
+fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
+    let archive = std::env::var_os("SIDECAR_INJECTOR_IMAGE").map_or_else(
+        || workspace_root().join("target/sidecar-injector-image.tar"),
+        std::path::PathBuf::from,
+    );
+    ensure!(
+        archive.exists(),
+        "{} does not exist: run `just image` first (just e2e does)",
+        archive.display()
+    );
+    let started = Instant::now();
+    cluster.import_image(&archive)?;
+    let helm = injector_e2e::tool("helm")?;
+    let home = cluster.dir().join("helm");
+    let run_helm = |args: &[&str]| -> anyhow::Result<String> {
+        let out = std::process::Command::new(&helm)
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .env("KUBECONFIG", cluster.kubeconfig_path())
+            .args(args)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "helm {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let chart = workspace_root().join("charts/sidecar-injector");
+    run_helm(&[
+        "install",
+        "chart",
+        &chart.display().to_string(),
+        "--namespace",
+        "chart-system",
+        "--create-namespace",
+        "--set",
+        "image.repository=sidecar-injector.invalid/sidecar-injector",
+        "--set",
+        "image.tag=dev",
+        "--set",
+        "image.pullPolicy=Never",
+        "--wait",
+        "--timeout=3m",
+    ])?;
+    let deployment =
+        cluster.get_json("deployment", Some("chart-system"), "chart-sidecar-injector")?;
+    ensure!(
+        deployment["status"]["readyReplicas"] == 2,
+        "ready replicas: {}",
+        deployment["status"]
+    );
+    eprintln!(
+        "[e2e] chart installed, 2 replicas Ready, {:.1?} after the import",
+        started.elapsed()
+    );
+    let configuration = poll(
+        Duration::from_secs(60),
+        "the chart's webhook configuration",
+        || {
+            Ok(cluster
+                .try_get_json(
+                    "mutatingwebhookconfiguration",
+                    None,
+                    "chart-sidecar-injector",
+                )?
+                .filter(|c| c["webhooks"].as_array().is_some_and(|w| !w.is_empty())))
+        },
+    )?;
+    let client = &configuration["webhooks"][0]["clientConfig"];
+    ensure!(
+        client["service"]["name"] == "chart-sidecar-injector"
+            && client["url"].is_null()
+            && client["caBundle"].as_str().is_some_and(|b| !b.is_empty()),
+        "clientConfig: {client}"
+    );
+    cluster.get_json("secret", Some("chart-system"), "chart-sidecar-injector-tls")?;
+
+    let ns = cluster.namespace("chart-web", &[("sidecar.dev/example", "nginx-sidecar")])?;
+    // The only webhook configuration now is the chart's: an injection is a call through the
+    // Service.
+    wait_injected(cluster, &ns, &["app=web"], "nginx-sidecar")?;
+    cluster.apply_yaml(&with_stand_ins(
+        &read_example("nginx-sidecar/workload.yaml")?.replace("nginx-demo", &ns),
+    ))?;
+    let pod = poll(Duration::from_secs(90), "a web Pod 2/2 Ready", || {
+        Ok(cluster
+            .list_json("pods", Some(&ns), Some("app=web"))?
+            .into_iter()
+            .find(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.len() == 2 && s.iter().all(|c| c["ready"] == true))
+            }))
+    })?;
+    ensure!(
+        containers(&pod) == ["web", "nginx-sidecar"],
+        "containers: {:?}",
+        containers(&pod)
+    );
+    run_helm(&[
+        "uninstall",
+        "chart",
+        "--namespace",
+        "chart-system",
+        "--wait",
+    ])?;
     Ok(())
 }
 
