@@ -71,8 +71,8 @@ fuzz seconds="60":
 render template pod *args:
     cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
 
-# Cluster demo: a local control plane and the operator, examples/nginx-sidecar, a Pod in a selected and one in an unselected namespace; left running (stop it with `just down`)
-demo:
+# Cluster demo on a real node: a local control plane, a node and the operator, examples/nginx-sidecar's Deployment 2/2 Ready and its sidecar answering, and an unselected namespace; left running (stop it with `just down`; needs root)
+demo: node-packages
     cargo run --quiet -p injector-e2e --bin demo
 
 # Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation (figures go in BENCHMARKS.md)
@@ -115,7 +115,8 @@ down:
     state=target/sidecar-injector-demo.state
     if [[ ! -f "$state" ]]; then echo "no demo running ($state not found)"; exit 0; fi
     dir=$(awk -F'\t' '$1 == "dir" {print $2}' "$state")
-    # Newest first: the operator, then the controller manager, the API server, etcd.
+    # Newest first. The node's demo is one process, which stops everything it started and
+    # puts the machine back on SIGTERM.
     grep -v '^dir' "$state" | tac | while IFS=$'\t' read -r pid name; do
         # Only a process still running the recorded program (a pid may have been reused).
         argv0=$(tr '\0' '\n' 2>/dev/null < "/proc/$pid/cmdline" | head -n 1 || true)
