@@ -4,7 +4,8 @@
 #
 #   ${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/bin/<name>-<version>
 #
-# for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform.
+# for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform,
+# and the node's kubelet, kube-scheduler and kube-proxy.
 # A binary already in the cache is not rebuilt, so a second run is instant.
 # Go's module and build caches also live under the cache directory (unless
 # GOMODCACHE / GOCACHE are already set), so CI on the same machine reuses them.
@@ -188,7 +189,7 @@ build_kubeconform() { # name out
 version_of() {
   case "$1" in
     etcd) echo "$ETCD_VERSION" ;;
-    kube-apiserver | kube-controller-manager | kubectl) echo "$KUBE_VERSION" ;;
+    kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler | kube-proxy) echo "$KUBE_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
     *) die "unknown binary '$1' (known: ${all_names[*]})" ;;
@@ -198,13 +199,13 @@ version_of() {
 builder_of() {
   case "$1" in
     etcd) echo build_etcd ;;
-    kube-apiserver | kube-controller-manager | kubectl) echo build_kube ;;
+    kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler | kube-proxy) echo build_kube ;;
     helm) echo build_helm ;;
     kubeconform) echo build_kubeconform ;;
   esac
 }
 
-all_names=(etcd kube-apiserver kube-controller-manager kubectl helm kubeconform)
+all_names=(etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy helm kubeconform)
 
 tmp_out=""
 cleanup() { if [[ -n "$tmp_out" ]]; then rm -f "$tmp_out"; fi; }

@@ -50,6 +50,27 @@ impl ControlPlaneBinaries {
     }
 }
 
+/// The paths of the node's Kubernetes binaries (of the API server's version).
+#[derive(Debug, Clone)]
+pub struct NodeBinaries {
+    /// kubelet.
+    pub kubelet: PathBuf,
+    /// kube-scheduler.
+    pub kube_scheduler: PathBuf,
+    /// kube-proxy.
+    pub kube_proxy: PathBuf,
+}
+
+/// Runs `build.sh kubelet kube-scheduler kube-proxy` (built once, like the control plane's).
+pub fn node_binaries() -> anyhow::Result<NodeBinaries> {
+    let out = build_sh(&["kubelet", "kube-scheduler", "kube-proxy"])?;
+    Ok(NodeBinaries {
+        kubelet: find_in_output(&out, "kubelet")?,
+        kube_scheduler: find_in_output(&out, "kube-scheduler")?,
+        kube_proxy: find_in_output(&out, "kube-proxy")?,
+    })
+}
+
 /// Runs `bash e2e/control-plane/build.sh NAMES...`, which builds what is missing from the cache
 /// (the first build of the control plane takes about 15 minutes; later runs are instant), and
 /// returns what it prints: one path per line.

@@ -2,6 +2,7 @@
 //! server's serving certificate, the admin client certificate (`O=system:masters`) and the
 //! service-account token signing key pair.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -22,10 +23,18 @@ pub(crate) struct CertFiles {
     pub sa_private: PathBuf,
 }
 
-/// Generates every certificate and key into `dir`.
-pub(crate) fn write(dir: &Path) -> anyhow::Result<CertFiles> {
+/// The CA certificate's file name in the directory.
+pub(crate) const CA_CERT: &str = "ca.crt";
+
+/// The `kubernetes` Service's ClusterIP (the first of 10.96.0.0/24), which in-cluster clients
+/// connect to.
+const KUBERNETES_SERVICE_IP: &str = "10.96.0.1";
+
+/// Generates every certificate and key into `dir`; the API server's certificate is also valid
+/// for `address` and the `kubernetes` Service's ClusterIP.
+pub(crate) fn write(dir: &Path, address: Ipv4Addr) -> anyhow::Result<CertFiles> {
     let files = CertFiles {
-        ca_cert: dir.join("ca.crt"),
+        ca_cert: dir.join(CA_CERT),
         apiserver_cert: dir.join("apiserver.crt"),
         apiserver_key: dir.join("apiserver.key"),
         admin_cert: dir.join("admin.crt"),
@@ -49,17 +58,20 @@ pub(crate) fn write(dir: &Path) -> anyhow::Result<CertFiles> {
     let issuer = Issuer::new(ca_params, ca_key);
 
     let apiserver_key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(
-        [
-            "127.0.0.1",
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-        ]
-        .map(String::from)
-        .to_vec(),
-    )?;
+    let mut names: Vec<String> = [
+        "127.0.0.1",
+        "localhost",
+        "kubernetes",
+        "kubernetes.default",
+        "kubernetes.default.svc",
+        KUBERNETES_SERVICE_IP,
+    ]
+    .map(String::from)
+    .to_vec();
+    if !address.is_loopback() {
+        names.push(address.to_string());
+    }
+    let mut params = CertificateParams::new(names)?;
     params
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");

@@ -3,6 +3,7 @@
 
 use std::ffi::OsStr;
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
@@ -33,6 +34,7 @@ const KUBECTL_REQUEST_TIMEOUT: &str = "--request-timeout=30s";
 #[derive(Debug)]
 pub struct ControlPlane {
     dir: PathBuf,
+    address: Ipv4Addr,
     binaries: ControlPlaneBinaries,
     kubeconfig: PathBuf,
     api_port: u16,
@@ -42,17 +44,39 @@ pub struct ControlPlane {
     operators: AtomicU32,
 }
 
+/// Where a [`ControlPlane`] serves.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// The API server's bind and advertise address: 127.0.0.1, or the node's bridge address
+    /// so that Pods reach it through the `kubernetes` Service.
+    pub address: Ipv4Addr,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            address: Ipv4Addr::LOCALHOST,
+        }
+    }
+}
+
 impl ControlPlane {
     /// Builds (when not cached) or finds the binaries, generates certificates, starts etcd,
     /// kube-apiserver and kube-controller-manager on free ports, and waits until the API server
     /// is ready and the controller manager has created the `default` ServiceAccount.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(ControlPlaneOptions::default())
+    }
+
+    /// [`ControlPlane::start`] with the API server on `options.address`.
+    pub fn start_with(options: ControlPlaneOptions) -> anyhow::Result<Self> {
         let binaries = ControlPlaneBinaries::locate()?;
         let started = Instant::now();
         let dir = temp_dir()?;
         let mut plane = Self {
             kubeconfig: dir.join("admin.kubeconfig"),
             dir,
+            address: options.address,
             binaries,
             api_port: 0,
             processes: Mutex::new(Vec::new()),
@@ -64,16 +88,16 @@ impl ControlPlane {
             return Err(e.context("the control plane did not start"));
         }
         eprintln!(
-            "[e2e] control plane ready in {:.1?} at https://127.0.0.1:{} (dir {})",
+            "[e2e] control plane ready in {:.1?} at {} (dir {})",
             started.elapsed(),
-            plane.api_port,
+            plane.server_url(),
             plane.dir.display()
         );
         Ok(plane)
     }
 
     fn boot(&mut self) -> anyhow::Result<()> {
-        let certs = certs::write(&self.dir)?;
+        let certs = certs::write(&self.dir, self.address)?;
         let [etcd_port, peer_port, api_port, kcm_port] = free_ports::<4>()?;
         self.api_port = api_port;
         let path = |p: &Path| p.display().to_string();
@@ -109,37 +133,50 @@ impl ControlPlane {
                 .map(|_| ()))
         })?;
 
+        let address = self.address;
+        let mut apiserver_args = vec![
+            format!("--bind-address={address}"),
+            format!("--secure-port={api_port}"),
+            format!("--advertise-address={address}"),
+        ];
+        if address.is_loopback() {
+            // The `kubernetes` Service may not have a loopback endpoint: without Pods, it needs
+            // none. On the node's bridge address, the default reconciler publishes it.
+            apiserver_args.push("--endpoint-reconciler-type=none".to_owned());
+        }
+        apiserver_args.extend([
+            format!("--etcd-servers={etcd_url}"),
+            format!("--client-ca-file={}", path(&certs.ca_cert)),
+            format!("--tls-cert-file={}", path(&certs.apiserver_cert)),
+            format!("--tls-private-key-file={}", path(&certs.apiserver_key)),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            format!("--service-account-key-file={}", path(&certs.sa_public)),
+            format!(
+                "--service-account-signing-key-file={}",
+                path(&certs.sa_private)
+            ),
+            "--service-cluster-ip-range=10.96.0.0/24".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            // As in OpenShift: changing an object's owner references needs the right to
+            // delete it, which the chart's RBAC must allow for the operator's adoptions.
+            "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            // Reach a kubelet by its Node's InternalIP, never by resolving its host name,
+            // and authenticate to it with the admin's certificate.
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
+            format!("--kubelet-client-certificate={}", path(&certs.admin_cert)),
+            format!("--kubelet-client-key={}", path(&certs.admin_key)),
+        ]);
         self.spawn(
             "kube-apiserver",
             &self.binaries.kube_apiserver.clone(),
-            vec![
-                "--bind-address=127.0.0.1".to_owned(),
-                format!("--secure-port={api_port}"),
-                "--advertise-address=127.0.0.1".to_owned(),
-                "--endpoint-reconciler-type=none".to_owned(),
-                format!("--etcd-servers={etcd_url}"),
-                format!("--client-ca-file={}", path(&certs.ca_cert)),
-                format!("--tls-cert-file={}", path(&certs.apiserver_cert)),
-                format!("--tls-private-key-file={}", path(&certs.apiserver_key)),
-                "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
-                format!("--service-account-key-file={}", path(&certs.sa_public)),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    path(&certs.sa_private)
-                ),
-                "--service-cluster-ip-range=10.96.0.0/24".to_owned(),
-                "--authorization-mode=RBAC".to_owned(),
-                // As in OpenShift: changing an object's owner references needs the right to
-                // delete it, which the chart's RBAC must allow for the operator's adoptions.
-                "--enable-admission-plugins=OwnerReferencesPermissionEnforcement".to_owned(),
-                "--allow-privileged=true".to_owned(),
-            ],
+            apiserver_args,
         )?;
         let kubeconfig = json!({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "e2e", "cluster": {
-                "server": format!("https://127.0.0.1:{api_port}"),
+                "server": self.server_url(),
                 "certificate-authority": path(&certs.ca_cert),
             }}],
             "users": [{"name": "admin", "user": {
@@ -261,7 +298,12 @@ impl ControlPlane {
 
     /// The API server's URL.
     pub fn server_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.api_port)
+        format!("https://{}:{}", self.address, self.api_port)
+    }
+
+    /// The cluster's CA certificate (it signed the API server's and the admin's).
+    pub fn ca_cert_path(&self) -> PathBuf {
+        self.dir.join(certs::CA_CERT)
     }
 
     /// A `kubectl` command with `KUBECONFIG` set to the admin kubeconfig and a request

@@ -21,6 +21,9 @@
 mod binaries;
 mod certs;
 mod control_plane;
+pub mod host;
+pub mod images;
+pub mod node;
 mod operator;
 pub mod pod;
 mod process;
@@ -30,9 +33,11 @@ pub mod steps;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use binaries::{ControlPlaneBinaries, operator_binary, tool};
-pub use control_plane::ControlPlane;
+pub use binaries::{ControlPlaneBinaries, NodeBinaries, node_binaries, operator_binary, tool};
+pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use node::Cluster;
 pub use operator::{Operator, OperatorOptions, READY_POLL};
+pub use process::http_get_at;
 
 /// The environment variable that turns the end-to-end scenarios on (`1`).
 pub const ENABLE_VAR: &str = "SIDECAR_INJECTOR_E2E";

@@ -168,13 +168,24 @@ pub(crate) fn free_ports<const N: usize>() -> anyhow::Result<[u16; N]> {
 
 /// `GET path` over plain HTTP/1.1: the status code and the body.
 pub(crate) fn http_get(port: u16, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    http_get_at(SocketAddr::from(([127, 0, 0, 1], port)), path, timeout)
+}
+
+/// `GET path` over plain HTTP/1.1 from `addr` (such as a Pod's IP on the node's bridge): the
+/// status code and the body.
+pub fn http_get_at(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> anyhow::Result<(u16, String)> {
+    let port = addr.port();
+    let ip = addr.ip();
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nConnection: close\r\n\r\n"
     )?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response)?;

@@ -1,27 +1,51 @@
-//! `just demo`: a local cluster demo. Starts the control plane (etcd, kube-apiserver,
-//! kube-controller-manager) and the operator, applies examples/nginx-sidecar, creates one Pod
-//! in a namespace the template selects and one in a namespace it does not, prints the
-//! containers each Pod ended up with, and leaves everything running: the process ids go to a
-//! state file that `just down` reads to stop it all.
+//! `just demo`: a local cluster with a real node. Starts the control plane, the node
+//! (containerd, kubelet, kube-scheduler, kube-proxy; see `injector_e2e::node`) and the operator,
+//! applies examples/nginx-sidecar (its images replaced by local stand-ins), waits until the
+//! Deployment's Pods are 2/2 Ready, shows `kubectl get pods` and the sidecar answering, and
+//! leaves everything running.
+//!
+//! The node must put the machine back when it stops, so one process owns it all: `demo`
+//! starts `demo --serve` in its own session, waits for it to be ready, prints what it saw, and
+//! returns. `just down` sends it SIGTERM (its pid is in the state file); it then stops
+//! everything and puts the machine back.
 
 use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use injector_e2e::images::with_stand_ins;
 use injector_e2e::pod::containers;
-use injector_e2e::steps::wait_crd_established;
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
-use serde_json::Value;
+use injector_e2e::steps::{CONFIGURATION, wait_crd_established, wait_injected, wait_served};
+use injector_e2e::{Cluster, Operator, OperatorOptions, http_get_at, poll, workspace_root};
 
-/// Where the process ids and the directory of a running demo are written (read by `just down`).
+/// Where the demo's process id and directory are written (read by `just down`).
 fn state_file() -> PathBuf {
     workspace_root()
         .join("target")
         .join("sidecar-injector-demo.state")
 }
 
+/// What the demo saw, printed by the foreground `demo` once the background one is ready.
+fn summary_file() -> PathBuf {
+    workspace_root()
+        .join("target")
+        .join("sidecar-injector-demo.summary")
+}
+
+/// The background process's output.
+fn log_file() -> PathBuf {
+    workspace_root()
+        .join("target")
+        .join("sidecar-injector-demo.log")
+}
+
 fn main() -> anyhow::Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("--serve") {
+        return serve();
+    }
     let state = state_file();
     if state.exists() {
         bail!(
@@ -29,148 +53,204 @@ fn main() -> anyhow::Result<()> {
             state.display()
         );
     }
-    let cp = ControlPlane::start()?;
-    cp.apply_file(&workspace_root().join("crds"))?;
-    wait_crd_established(&cp)?;
-    let operator = Operator::start(&cp, OperatorOptions::default())?;
-
-    let template = workspace_root().join("examples/nginx-sidecar/sidecartemplate.yaml");
-    cp.apply_file(&template)?;
-    poll(Duration::from_secs(30), "nginx-sidecar Ready=True", || {
-        let t = cp.get_json("sidecartemplate", None, "nginx-sidecar")?;
-        let ready = t["status"]["observedGeneration"] == t["metadata"]["generation"]
-            && t["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        Ok(ready.then_some(()))
-    })?;
-    let selected = "demo-selected";
-    let unselected = "demo-unselected";
-    cp.kubectl_ok(&["create", "namespace", selected])?;
-    cp.kubectl_ok(&[
-        "label",
-        "namespace",
-        selected,
-        "sidecar.dev/example=nginx-sidecar",
-    ])?;
-    cp.kubectl_ok(&["create", "namespace", unselected])?;
-    for ns in [selected, unselected] {
-        cp.wait_for_service_account(ns)?;
-    }
-    // The API server picks the webhook configuration up asynchronously: probe with a server
-    // side dry run until it injects, so the real Pod cannot race it.
-    poll(
-        Duration::from_secs(30),
-        "the webhook to inject in demo-selected",
-        || {
-            let out = cp.kubectl_ok(&[
-                "run",
-                "probe",
-                "--image=httpd:2.4",
-                "--labels=app=web",
-                "--restart=Never",
-                "--dry-run=server",
-                "-o",
-                "json",
-                "-n",
-                selected,
-            ])?;
-            let pod: Value = serde_json::from_str(&out)?;
-            Ok((containers(&pod).len() > 1).then_some(()))
-        },
-    )?;
-
-    println!();
-    println!(
-        "Applied examples/nginx-sidecar (selects namespaces labelled sidecar.dev/example=nginx-sidecar, Pods labelled app=web)."
+    let _ = std::fs::remove_file(summary_file());
+    let log = std::fs::File::create(log_file())
+        .with_context(|| format!("cannot create {}", log_file().display()))?;
+    // Its own session: a Ctrl-C in this terminal must not kill it half-way, without cleanup.
+    let mut child = Command::new("setsid")
+        .arg(std::env::current_exe()?)
+        .arg("--serve")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot start the demo in the background (setsid)")?;
+    eprintln!(
+        "[demo] starting the cluster, its node and the operator (log: {})",
+        log_file().display()
     );
-    println!();
-    for ns in [selected, unselected] {
-        cp.kubectl_ok(&[
-            "run",
-            "web",
-            "--image=httpd:2.4",
-            "--labels=app=web",
-            "--restart=Never",
-            "-n",
-            ns,
-        ])?;
-        let pod = cp.get_json("pod", Some(ns), "web")?;
-        println!("{}", describe(&pod));
+    let started = Instant::now();
+    loop {
+        if let Ok(summary) = std::fs::read_to_string(summary_file()) {
+            print!("{summary}");
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let log = std::fs::read_to_string(log_file()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            bail!("the demo stopped ({status}):\n{}", tail.join("\n"));
+        }
+        if started.elapsed() > Duration::from_secs(30 * 60) {
+            bail!(
+                "the demo was not ready after 30 minutes (see {})",
+                log_file().display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
+}
 
-    let pids = cp
-        .pids()
-        .into_iter()
-        .chain(
-            operator
-                .pid()
-                .map(|pid| ("sidecar-injector".to_owned(), pid)),
-        )
-        .collect::<Vec<_>>();
-    let mut contents = format!("dir\t{}\n", cp.dir().display());
-    for (name, pid) in &pids {
-        writeln!(contents, "{pid}\t{name}")?;
+/// The background process: starts everything, writes the summary and the state file, then
+/// waits for SIGTERM (`just down`) or SIGINT, and stops it all.
+fn serve() -> anyhow::Result<()> {
+    let cluster = Cluster::start()?;
+    cluster.apply_file(&workspace_root().join("crds"))?;
+    wait_crd_established(&cluster)?;
+    let operator = Operator::start(&cluster, OperatorOptions::default())?;
+    let result = show(&cluster, &operator);
+    if let Err(e) = &result {
+        eprintln!("[demo] failed: {e:#}");
+        return result;
     }
-    if let Some(parent) = state.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&state, contents)
-        .with_context(|| format!("cannot write {}", state.display()))?;
-
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let kubectl = cp.kubectl_path().display().to_string();
-    println!();
-    println!("Everything keeps running:");
-    for (name, pid) in &pids {
-        println!("  {name:<24} pid {pid}");
-    }
-    println!();
-    println!("Use it:");
-    println!("  export KUBECONFIG={kubeconfig}");
-    println!("  alias kubectl={kubectl}   # or your own kubectl");
-    println!("  kubectl get sidecartemplates");
-    println!("  kubectl get pods -A -o wide");
-    println!("  kubectl run web2 --image=httpd:2.4 --labels=app=web -n {selected}");
-    println!(
-        "  kubectl get pod web2 -n {selected} -o jsonpath='{{.spec.containers[*].name}}{{\"\\n\"}}'"
-    );
-    println!();
-    println!("Logs: {}", cp.dir().display());
-    println!("State: {}", state.display());
-    println!("Stop it all: just down");
-
-    // Leave every process running: dropping these would kill them and remove the directory.
-    std::mem::forget(operator);
-    std::mem::forget(cp);
+    wait_for_stop()?;
+    eprintln!("[demo] stopping");
+    drop(operator);
+    drop(cluster);
+    let _ = std::fs::remove_file(state_file());
+    let _ = std::fs::remove_file(summary_file());
     Ok(())
 }
 
-/// `namespace/name`, then its init containers, containers (with images) and injection record.
-fn describe(pod: &Value) -> String {
-    let mut out = format!(
-        "Pod {}/{}:\n",
-        pod["metadata"]["namespace"].as_str().unwrap_or("?"),
-        pod["metadata"]["name"].as_str().unwrap_or("?")
-    );
-    for (kind, key) in [
-        ("init container", "initContainers"),
-        ("container", "containers"),
-    ] {
-        for c in pod["spec"][key].as_array().into_iter().flatten() {
-            let _ = writeln!(
-                out,
-                "  {kind:<15} {:<16} {}",
-                c["name"].as_str().unwrap_or("?"),
-                c["image"].as_str().unwrap_or("?")
-            );
+fn show(cluster: &Cluster, operator: &Operator) -> anyhow::Result<()> {
+    let example = |file: &str| -> anyhow::Result<String> {
+        let path = workspace_root().join("examples/nginx-sidecar").join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(with_stand_ins(&text))
+    };
+    cluster.apply_yaml(&example("sidecartemplate.yaml")?)?;
+    wait_served(cluster, "nginx-sidecar", CONFIGURATION)?;
+    let probe = cluster.namespace("probe", &[("sidecar.dev/example", "nginx-sidecar")])?;
+    wait_injected(cluster, &probe, &["app=web"], "nginx-sidecar")?;
+    cluster.kubectl_ok(&["delete", "namespace", &probe, "--wait=false"])?;
+
+    cluster.apply_yaml(&example("workload.yaml")?)?;
+    cluster.kubectl_ok(&[
+        "scale",
+        "deployment/web",
+        "-n",
+        "nginx-demo",
+        "--replicas=2",
+    ])?;
+    let unselected = "demo-unselected";
+    cluster.kubectl_ok(&["create", "namespace", unselected])?;
+    cluster.wait_for_service_account(unselected)?;
+    cluster.kubectl_ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=stand-in.invalid/httpd:2.4",
+        "-n",
+        unselected,
+    ])?;
+    let pods = poll(Duration::from_secs(120), "the web Pods 2/2 Ready", || {
+        let pods = cluster.list_json("pods", Some("nginx-demo"), Some("app=web"))?;
+        let ready = pods.len() == 2
+            && pods.iter().all(|p| {
+                p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.len() == 2 && s.iter().all(|c| c["ready"] == true))
+            });
+        Ok(ready.then_some(pods))
+    })?;
+    poll(Duration::from_secs(60), "the unselected Pod Ready", || {
+        let pods = cluster.list_json("pods", Some(unselected), Some("app=web"))?;
+        Ok(pods
+            .iter()
+            .any(|p| p["status"]["containerStatuses"][0]["ready"] == true)
+            .then_some(()))
+    })?;
+
+    let mut out = String::new();
+    writeln!(
+        out,
+        "\nApplied examples/nginx-sidecar (images replaced by local stand-ins): namespace \
+         nginx-demo is selected, {unselected} is not.\n"
+    )?;
+    writeln!(out, "$ kubectl get pods -A -l app=web -o wide")?;
+    out.push_str(&cluster.kubectl_ok(&["get", "pods", "-A", "-l", "app=web", "-o", "wide"])?);
+    writeln!(out)?;
+    for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().unwrap_or("?");
+        let ip = pod["status"]["podIP"].as_str().unwrap_or("?");
+        writeln!(
+            out,
+            "Pod nginx-demo/{name}: containers {:?}",
+            containers(pod)
+        )?;
+        let answer = ip
+            .parse::<IpAddr>()
+            .map_err(anyhow::Error::from)
+            .and_then(|ip| {
+                http_get_at(
+                    SocketAddr::new(ip, 8080),
+                    "/default.conf",
+                    Duration::from_secs(5),
+                )
+            });
+        match answer {
+            Ok((status, body)) => {
+                writeln!(
+                    out,
+                    "  GET http://{ip}:8080/default.conf (the sidecar) -> {status}, its ConfigMap:"
+                )?;
+                for line in body.lines() {
+                    writeln!(out, "    {line}")?;
+                }
+            }
+            Err(e) => writeln!(out, "  GET http://{ip}:8080/ failed: {e:#}")?,
         }
     }
-    let injected = pod["metadata"]["annotations"]["sidecar.dev/injected"]
-        .as_str()
-        .unwrap_or("(nothing injected)");
-    let _ = writeln!(out, "  sidecar.dev/injected: {injected}");
-    out
+
+    let pid = std::process::id();
+    let state = state_file();
+    std::fs::write(
+        &state,
+        format!("dir\t{}\n{pid}\tdemo\n", cluster.dir().display()),
+    )
+    .with_context(|| format!("cannot write {}", state.display()))?;
+    let kubeconfig = cluster.kubeconfig_path().display().to_string();
+    let kubectl = cluster.kubectl_path().display().to_string();
+    writeln!(
+        out,
+        "\nEverything keeps running (one process, pid {pid}; the operator's webhook is {}).",
+        operator.webhook_url()
+    )?;
+    writeln!(out, "\nUse it:")?;
+    writeln!(out, "  export KUBECONFIG={kubeconfig}")?;
+    writeln!(out, "  alias kubectl={kubectl}   # or your own kubectl")?;
+    writeln!(out, "  kubectl get sidecartemplates")?;
+    writeln!(out, "  kubectl get pods -A -o wide")?;
+    writeln!(
+        out,
+        "  kubectl logs -n nginx-demo deploy/web -c nginx-sidecar"
+    )?;
+    writeln!(
+        out,
+        "\nLogs: {} (and {})",
+        cluster.dir().display(),
+        log_file().display()
+    )?;
+    writeln!(out, "Stop it all and put the machine back: just down")?;
+    std::fs::write(summary_file(), out)
+        .with_context(|| format!("cannot write {}", summary_file().display()))?;
+    Ok(())
+}
+
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_stop() -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        Ok(())
+    })
 }
