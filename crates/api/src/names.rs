@@ -7,8 +7,9 @@ pub const INJECT_ANNOTATION: &str = "sidecar.dev/inject";
 /// Pod annotation: a comma-separated list of `OnRequest` template names to apply.
 pub const TEMPLATES_ANNOTATION: &str = "sidecar.dev/templates";
 
-/// Pod annotation written by the injector: the templates applied, as `name@generation`
-/// separated by commas. A template listed here is never applied again to the same Pod.
+/// Pod annotation written by the injector: the templates found in the Pod by their content, as
+/// `name@generation` separated by commas. A record, never read as input: a Pod claiming a
+/// template it does not carry gets it.
 pub const INJECTED_ANNOTATION: &str = "sidecar.dev/injected";
 
 /// The prefix of every label and annotation key the injector reads or writes. A template may not

@@ -25,10 +25,25 @@ pub enum ItemKind {
 /// Where the ServiceAccount admission plugin mounts the API token into every container.
 const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
+/// What of the Pod around an item its comparison depends on.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Surroundings<'a> {
+    /// `spec.hostNetwork`: the API server then defaults each port's `hostPort`.
+    pub host_network: bool,
+    /// The Pod's volumes holding a ServiceAccount token (projected, with a
+    /// `serviceAccountToken` source): the only ones the ServiceAccount plugin mounts.
+    pub token_volumes: &'a [&'a str],
+}
+
 /// The first field in which `theirs` (an item of the Pod) is not `ours` (the item a template
 /// adds) up to the API server's defaults, as a path relative to the item (`command`,
 /// `env[1].value`, …); `None` when they are the same.
-pub fn difference(ours: &Value, theirs: &Value, kind: ItemKind) -> Option<String> {
+pub fn difference(
+    ours: &Value,
+    theirs: &Value,
+    kind: ItemKind,
+    pod: &Surroundings<'_>,
+) -> Option<String> {
     let (Value::Object(ours), Value::Object(theirs)) = (ours, theirs) else {
         return (ours != theirs).then(String::new);
     };
@@ -36,13 +51,15 @@ pub fn difference(ours: &Value, theirs: &Value, kind: ItemKind) -> Option<String
         ItemKind::Container => Context::Container,
         ItemKind::Volume => Context::Volume,
     };
-    object_difference(ours, theirs, context, "")
+    object_difference(ours, theirs, context, "", pod)
 }
 
 /// Which defaults apply to the keys of the object being compared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Context {
     Container,
+    /// An entry of a container's `volumeMounts`.
+    Mount,
     Port,
     Probe,
     HttpGet,
@@ -59,6 +76,8 @@ enum Context {
     /// A `secret`, `configMap`, `downwardAPI` or `projected` volume source.
     ModedSource,
     HostPath,
+    Iscsi,
+    ImageSource,
     Projection,
     TokenProjection,
     ClaimSpec,
@@ -80,6 +99,8 @@ fn child_context(parent: Context, key: &str) -> Context {
         (EnvSource, "fileKeyRef") => FileKeyRef,
         (Volume, "secret" | "configMap" | "downwardAPI" | "projected") => ModedSource,
         (Volume, "hostPath") => HostPath,
+        (Volume, "iscsi") => Iscsi,
+        (Volume, "image") => ImageSource,
         (Volume, "emptyDir") => Quantities,
         (EnvSource | ModedSource, "resourceFieldRef") => Quantities,
         (ClaimSpec, "resources") => Resources,
@@ -100,7 +121,13 @@ fn child_context(parent: Context, key: &str) -> Context {
 
 /// Whether the API server (or an admission plugin it always runs) puts `key: value` into an
 /// object of this context when the template left the key out. `ours` is the template's object.
-fn is_filled_in(context: Context, key: &str, value: &Value, ours: &Map<String, Value>) -> bool {
+fn is_filled_in(
+    context: Context,
+    key: &str,
+    value: &Value,
+    ours: &Map<String, Value>,
+    pod: &Surroundings<'_>,
+) -> bool {
     use Context::*;
     if is_empty(value) {
         // Go's encoder writes some unset structs (`resources: {}`).
@@ -122,10 +149,10 @@ fn is_filled_in(context: Context, key: &str, value: &Value, ours: &Map<String, V
         (Container, "resources") => true,
         (Container, "volumeMounts") => value
             .as_array()
-            .is_some_and(|mounts| mounts.iter().all(is_service_account_mount)),
+            .is_some_and(|mounts| mounts.iter().all(|m| is_service_account_mount(m, pod))),
         (Port, "protocol") => value == "TCP",
         // A hostNetwork Pod's ports are defaulted to listen on the host.
-        (Port, "hostPort") => Some(value) == ours.get("containerPort"),
+        (Port, "hostPort") => pod.host_network && Some(value) == ours.get("containerPort"),
         (Probe, "timeoutSeconds") => value == 1,
         (Probe, "periodSeconds") => value == 10,
         (Probe, "successThreshold") => value == 1,
@@ -138,10 +165,49 @@ fn is_filled_in(context: Context, key: &str, value: &Value, ours: &Map<String, V
         (Volume, "emptyDir") => !ours.keys().any(|k| k != "name"),
         (ModedSource, "defaultMode") => value == 420,
         (HostPath, "type") => value == "",
+        (Iscsi, "iscsiInterface") => value == "default",
+        (ImageSource, "pullPolicy") => {
+            Some(value.as_str().unwrap_or_default())
+                == ours
+                    .get("reference")
+                    .and_then(Value::as_str)
+                    .map(default_pull_policy)
+        }
         (TokenProjection, "expirationSeconds") => value == 3600,
         (ClaimSpec, "volumeMode") => value == "Filesystem",
         _ => false,
     }
+}
+
+/// Whether the API server drops `key` when the template sets it to `ours`, a zero value: Go
+/// leaves out an `omitempty` field that is not a pointer, so `readOnly: false` comes back as
+/// no `readOnly` (where the field is a pointer, as in a `securityContext`, `false` stays and
+/// its absence is a difference).
+fn is_dropped_zero(context: Context, key: &str, ours: &Value) -> bool {
+    use Context::*;
+    let zero = ours == false || ours == 0;
+    zero && matches!(
+        (context, key),
+        (Container, "stdin" | "stdinOnce" | "tty")
+            | (Mount, "readOnly")
+            | (Port, "hostPort")
+            | (Probe, "initialDelaySeconds")
+    )
+}
+
+/// Whether the API server replaces the zero value `ours` of `key` by `theirs`: a probe's zero
+/// timings, an `httpGet`'s empty path and scheme are defaulted as if left out.
+fn is_defaulted_zero(context: Context, key: &str, ours: &Value, theirs: &Value) -> bool {
+    use Context::*;
+    let defaulted = match (context, key) {
+        (Probe, "timeoutSeconds" | "successThreshold") => 1,
+        (Probe, "periodSeconds") => 10,
+        (Probe, "failureThreshold") => 3,
+        (HttpGet, "path") => return ours == "" && theirs == "/",
+        (HttpGet, "scheme") => return ours == "" && theirs == "HTTP",
+        _ => return false,
+    };
+    ours == 0 && theirs == defaulted
 }
 
 /// The pull policy the API server gives a container with this image and none of its own.
@@ -159,12 +225,22 @@ fn default_pull_policy(image: &str) -> &'static str {
     }
 }
 
-fn is_service_account_mount(mount: &Value) -> bool {
-    mount.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
-        && mount
-            .get("name")
-            .and_then(Value::as_str)
-            .is_some_and(|name| name.starts_with("kube-api-access-"))
+/// The mount the ServiceAccount admission plugin adds: read-only, at the token's path, of a
+/// `kube-api-access-*` volume of the Pod that holds a ServiceAccount token, and nothing else
+/// (a Pod author's own volume mounted there would hand the sidecar a token of their choice).
+fn is_service_account_mount(mount: &Value, pod: &Surroundings<'_>) -> bool {
+    let Some(mount) = mount.as_object() else {
+        return false;
+    };
+    let name = mount
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    mount.len() == 3
+        && mount.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
+        && mount.get("readOnly") == Some(&Value::Bool(true))
+        && name.starts_with("kube-api-access-")
+        && pod.token_volumes.contains(&name)
 }
 
 fn is_empty(value: &Value) -> bool {
@@ -178,8 +254,8 @@ fn is_empty(value: &Value) -> bool {
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
+    if path.is_empty() || key.is_empty() {
+        format!("{path}{key}")
     } else {
         format!("{path}.{key}")
     }
@@ -190,64 +266,109 @@ fn object_difference(
     theirs: &Map<String, Value>,
     context: Context,
     path: &str,
+    pod: &Surroundings<'_>,
 ) -> Option<String> {
     for (key, value) in ours {
-        let here = join(path, key);
         let child = child_context(context, key);
         let found = match theirs.get(key) {
             Some(found) => found,
-            // A key the template sets to nothing may be left out.
-            None if is_empty(value) => continue,
-            None => return Some(here),
+            // A key the template sets to nothing may be left out, and so may a zero value
+            // the API server drops.
+            None if is_empty(value) || is_dropped_zero(context, key, value) => continue,
+            None => return Some(join(path, key)),
         };
+        if is_defaulted_zero(context, key, value, found)
+            // The AlwaysPullImages admission plugin, where enabled, overrides any policy.
+            || (context == Context::Container && key == "imagePullPolicy" && found == "Always")
+        {
+            continue;
+        }
         if context == Context::Container && key == "volumeMounts" {
-            if let Some(difference) = mounts_difference(value, found, &here) {
+            if let Some(difference) = mounts_difference(value, found, &join(path, key), pod) {
                 return Some(difference);
             }
             continue;
         }
-        if let Some(difference) = value_difference(value, found, child, &here) {
+        if let Some(difference) = value_difference(value, found, child, path, key, pod) {
             return Some(difference);
         }
     }
     theirs
         .iter()
-        .find(|(key, value)| !ours.contains_key(*key) && !is_filled_in(context, key, value, ours))
+        .find(|(key, value)| {
+            !ours.contains_key(*key) && !is_filled_in(context, key, value, ours, pod)
+        })
         .map(|(key, _)| join(path, key))
 }
 
-fn value_difference(ours: &Value, theirs: &Value, context: Context, path: &str) -> Option<String> {
+/// The difference between `ours` and `theirs`, the values of `key` in an object at `parent`;
+/// the path is built only when they differ.
+fn value_difference(
+    ours: &Value,
+    theirs: &Value,
+    context: Context,
+    parent: &str,
+    key: &str,
+    pod: &Surroundings<'_>,
+) -> Option<String> {
+    let here = || join(parent, key);
     match (ours, theirs) {
         (Value::Object(ours), Value::Object(theirs)) => {
-            object_difference(ours, theirs, context, path)
+            object_difference(ours, theirs, context, &here(), pod)
         }
         (Value::Array(ours), Value::Array(theirs)) => {
             if ours.len() != theirs.len() {
-                return Some(path.to_owned());
+                return Some(here());
             }
+            let position = ours.iter().zip(theirs).position(|(a, b)| a != b)?;
+            let base = here();
             ours.iter()
                 .zip(theirs)
                 .enumerate()
-                .find_map(|(i, (a, b))| value_difference(a, b, context, &format!("{path}[{i}]")))
+                .skip(position)
+                .find_map(|(i, (a, b))| {
+                    item_difference(a, b, context, &format!("{base}[{i}]"), pod)
+                })
         }
         (Value::String(a), Value::String(b))
             if matches!(context, Context::Resources | Context::Quantities) =>
         {
-            (!same_quantity(a, b)).then(|| path.to_owned())
+            (!same_quantity(a, b)).then(here)
         }
-        _ => (ours != theirs).then(|| path.to_owned()),
+        _ => (ours != theirs).then(here),
+    }
+}
+
+/// The difference between two items of a list, at `path`.
+fn item_difference(
+    ours: &Value,
+    theirs: &Value,
+    context: Context,
+    path: &str,
+    pod: &Surroundings<'_>,
+) -> Option<String> {
+    match (ours, theirs) {
+        (Value::Object(ours), Value::Object(theirs)) => {
+            object_difference(ours, theirs, context, path, pod)
+        }
+        _ => value_difference(ours, theirs, context, path, "", pod),
     }
 }
 
 /// The container's mounts: the template's, in order, with the ServiceAccount token's mount
 /// allowed anywhere among them.
-fn mounts_difference(ours: &Value, theirs: &Value, path: &str) -> Option<String> {
+fn mounts_difference(
+    ours: &Value,
+    theirs: &Value,
+    path: &str,
+    pod: &Surroundings<'_>,
+) -> Option<String> {
     let (Some(ours), Some(theirs)) = (ours.as_array(), theirs.as_array()) else {
         return (ours != theirs).then(|| path.to_owned());
     };
     let theirs: Vec<&Value> = theirs
         .iter()
-        .filter(|m| !is_service_account_mount(m) || ours.contains(m))
+        .filter(|m| !is_service_account_mount(m, pod) || ours.contains(m))
         .collect();
     if ours.len() != theirs.len() {
         return Some(path.to_owned());
@@ -255,7 +376,7 @@ fn mounts_difference(ours: &Value, theirs: &Value, path: &str) -> Option<String>
     ours.iter()
         .zip(theirs)
         .enumerate()
-        .find_map(|(i, (a, b))| value_difference(a, b, Context::Other, &format!("{path}[{i}]")))
+        .find_map(|(i, (a, b))| item_difference(a, b, Context::Mount, &format!("{path}[{i}]"), pod))
 }
 
 /// Whether two resource quantities are the same amount. The API server rewrites quantities in

@@ -4,7 +4,7 @@
 //! what the Pod already has once, and then checks each addition in constant time: the cost is
 //! linear in the size of the Pod and of the templates, never quadratic.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -18,12 +18,12 @@ use json_patch::jsonptr::PointerBuf;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::defaulted::{ItemKind, difference};
+use crate::defaulted::{ItemKind, Surroundings, difference};
 use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::{MetadataKey, PodFacts};
 use crate::selector::Labels;
 use crate::syntax::is_label_value;
-use crate::template::{CompiledTemplate, Text};
+use crate::template::{CompiledTemplate, Item, Text};
 
 /// The namespace a Pod is created in, as far as the caller knows it.
 #[derive(Clone, Copy, Debug)]
@@ -187,6 +187,20 @@ pub fn plan<'t>(
     namespace: &NamespaceInfo<'_>,
     templates: &'t [Arc<CompiledTemplate>],
 ) -> Result<Plan<'t>, MalformedPod> {
+    plan_among(pod, namespace, templates, templates)
+}
+
+/// [`plan`], where `templates` are some of `known`, every template in force (one webhook
+/// entry's among the registry's). The others are not applied, but what they injected is
+/// recognised: a container of theirs is not one of the Pod's own (`appContainers` leaves it
+/// alone) and an init container of theirs may come before a native sidecar. Otherwise another
+/// entry's additions, made between two calls of this one, would look like the Pod author's.
+pub fn plan_among<'t>(
+    pod: &Value,
+    namespace: &NamespaceInfo<'_>,
+    templates: &'t [Arc<CompiledTemplate>],
+    known: &[Arc<CompiledTemplate>],
+) -> Result<Plan<'t>, MalformedPod> {
     let view = PodView::parse(pod)?;
     let ordered = in_application_order(templates);
 
@@ -210,16 +224,36 @@ pub fn plan<'t>(
     // may read, and a re-invocation sees the containers the first call injected among the
     // Pod's. So passes repeat, each seeing what the one before found, until nothing changes:
     // then planning the result again sees just what the last pass saw, and adds nothing.
+    let recognised = Recognised::find(&view, namespace, namespace_name, known);
     let mut seen = Seen::first(&view);
-    let mut pass = Pass::run(&view, &ordered, namespace, namespace_name, &seen);
+    let mut pass = Pass::run(
+        &view,
+        &ordered,
+        namespace,
+        namespace_name,
+        &seen,
+        &recognised,
+    );
     for _ in 1..MAX_PASSES {
         match pass.seen_after(&view, &ordered, &seen) {
             Some(next) => {
                 seen = next;
-                pass = Pass::run(&view, &ordered, namespace, namespace_name, &seen);
+                pass = Pass::run(
+                    &view,
+                    &ordered,
+                    namespace,
+                    namespace_name,
+                    &seen,
+                    &recognised,
+                );
             }
-            None => break,
+            None => return Ok(pass.finish(&view)),
         }
+    }
+    if pass.seen_after(&view, &ordered, &seen).is_some() {
+        pass.plan.warnings.push(format!(
+            "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
+        ));
     }
     Ok(pass.finish(&view))
 }
@@ -227,6 +261,79 @@ pub fn plan<'t>(
 /// A bound on planning passes. Two suffice unless a label a template adds is rendered from
 /// metadata another template adds; each further pass resolves one more such link.
 const MAX_PASSES: usize = 4;
+
+/// The Pod's containers and init containers that are some known template's, found by their
+/// content among the templates that select the Pod.
+struct Recognised {
+    /// Per container of the Pod.
+    containers: Vec<bool>,
+    /// Per init container of the Pod.
+    init_containers: Vec<bool>,
+}
+
+impl Recognised {
+    fn find(
+        view: &PodView<'_>,
+        namespace: &NamespaceInfo<'_>,
+        namespace_name: &str,
+        known: &[Arc<CompiledTemplate>],
+    ) -> Self {
+        let facts = PodFacts {
+            name: view.name,
+            namespace: namespace_name,
+            service_account_name: view.service_account_name,
+            labels: view.labels,
+            annotations: view.annotations,
+        };
+        let pod = Surroundings {
+            host_network: view.host_network,
+            token_volumes: &view.token_volumes,
+        };
+        let no_additions = MapAdditions::new(None);
+        let labels = Effective {
+            pod: view.labels,
+            added: &no_additions,
+        };
+        let selecting: Vec<&CompiledTemplate> = known
+            .iter()
+            .map(Arc::as_ref)
+            .filter(|t| {
+                t.pod_selector.matches(&labels)
+                    && namespace
+                        .labels
+                        .is_none_or(|ns| t.namespace_selector.matches(ns))
+            })
+            .collect();
+        let is_theirs = |container: &Value, items: fn(&CompiledTemplate) -> &[Item]| {
+            let name = name_of(container);
+            selecting.iter().any(|t| {
+                items(t).iter().any(|item| {
+                    item.key == name
+                        && difference(
+                            &item.body.render(&facts),
+                            container,
+                            ItemKind::Container,
+                            &pod,
+                        )
+                        .is_none()
+                })
+            })
+        };
+        Recognised {
+            containers: view
+                .containers
+                .iter()
+                .map(|c| is_theirs(c, |t| &t.containers))
+                .collect(),
+            init_containers: view
+                .init_containers
+                .unwrap_or_default()
+                .iter()
+                .map(|c| is_theirs(c, |t| &t.init_containers))
+                .collect(),
+        }
+    }
+}
 
 /// What a pass takes as given.
 #[derive(PartialEq)]
@@ -266,6 +373,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         namespace: &NamespaceInfo<'_>,
         namespace_name: &'k str,
         seen: &Seen,
+        recognised: &Recognised,
     ) -> Self {
         let opted_out = view
             .annotation(INJECT_ANNOTATION)
@@ -279,7 +387,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         };
         let mut pass = Pass {
             plan: Plan::default(),
-            builder: Builder::new(view, seen.injected.clone(), ordered),
+            builder: Builder::new(view, seen, recognised),
             present: Vec::new(),
             absent: Vec::new(),
         };
@@ -435,8 +543,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         let claimed = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
         let mut unrecorded = present;
         let mut record: Vec<String> = Vec::new();
+        let mut listed: Vec<&str> = Vec::new();
         for entry in injected_entries(claimed) {
             let name = entry_name(entry);
+            if listed.contains(&name) {
+                continue;
+            }
+            listed.push(name);
             if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
                 let template = unrecorded.remove(at);
                 record.push(format!("{}@{}", template.name, template.generation));
@@ -515,6 +628,9 @@ struct PodView<'a> {
     init_containers: Option<&'a [Value]>,
     volumes: Option<&'a [Value]>,
     image_pull_secrets: Option<&'a [Value]>,
+    host_network: bool,
+    /// The Pod's volumes holding a ServiceAccount token.
+    token_volumes: Vec<&'a str>,
 }
 
 impl<'a> PodView<'a> {
@@ -562,6 +678,13 @@ impl<'a> PodView<'a> {
             init_containers,
             volumes: optional_array(spec, "volumes", "spec.volumes")?,
             image_pull_secrets: optional_array(spec, "imagePullSecrets", "spec.imagePullSecrets")?,
+            host_network: spec.get("hostNetwork") == Some(&Value::Bool(true)),
+            token_volumes: optional_array(spec, "volumes", "spec.volumes")?
+                .into_iter()
+                .flatten()
+                .filter(|volume| holds_service_account_token(volume))
+                .map(name_of)
+                .collect(),
         })
     }
 
@@ -594,6 +717,17 @@ fn optional_array<'a>(
         Some(Value::Array(items)) => Ok(Some(items)),
         Some(_) => Err(MalformedPod(format!("{field} is not a list"))),
     }
+}
+
+/// A projected volume with a `serviceAccountToken` source, as the ServiceAccount plugin adds.
+fn holds_service_account_token(volume: &Value) -> bool {
+    volume["projected"]["sources"]
+        .as_array()
+        .is_some_and(|sources| {
+            sources
+                .iter()
+                .any(|s| s.get("serviceAccountToken").is_some())
+        })
 }
 
 fn name_of(item: &Value) -> &str {
@@ -667,16 +801,23 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
     /// template's, up to the API server's defaults: a look-alike is named by the field that
     /// differs. An item an earlier template added is judged the same way, so that planning
     /// the mutated Pod again (where it is the Pod's) decides as this plan did.
-    fn presence_exact(&self, key: &str, value: &PatchValue<'_>, kind: ItemKind) -> Presence {
-        let ours = value.to_value();
+    fn presence_exact(
+        &self,
+        key: &str,
+        value: &PatchValue<'_>,
+        kind: ItemKind,
+        pod: &Surroundings<'_>,
+    ) -> Presence {
+        // The rendered item is copied only when the name is taken (rare but for re-invocations).
         let (difference, owner) = match self.owners.get(key) {
             None => return Presence::Absent,
-            Some(Owner::Pod(current)) => {
-                (difference(&ours, current, kind), "in the pod".to_owned())
-            }
+            Some(Owner::Pod(current)) => (
+                difference(&value.to_value(), current, kind, pod),
+                "in the pod".to_owned(),
+            ),
             Some(Owner::Template(name, index)) => (
                 match self.added.get(*index) {
-                    Some((_, added)) => difference(&ours, &added.to_value(), kind),
+                    Some((_, added)) => difference(&value.to_value(), &added.to_value(), kind, pod),
                     None => Some(String::new()),
                 },
                 format!("added by SidecarTemplate {name:?}"),
@@ -850,18 +991,20 @@ struct Builder<'k, 't> {
     injected: Vec<bool>,
     /// The same, as this pass finds it: the containers equal to one of a template it applied.
     found_injected: Vec<bool>,
-    /// The names of the init containers templates add, which come before the Pod's own.
-    template_init_containers: HashSet<&'k str>,
+    /// Per init container of the Pod: whether it is a template's (which may come before a
+    /// native sidecar), found by its content.
+    template_init_containers: Vec<bool>,
     labels: MapAdditions<'k>,
     annotations: MapAdditions<'k>,
 }
 
 impl<'k, 't: 'k> Builder<'k, 't> {
-    fn new(view: &'k PodView<'k>, injected: Vec<bool>, templates: &[&'k CompiledTemplate]) -> Self {
-        let template_init_containers = templates
+    fn new(view: &'k PodView<'k>, seen: &Seen, recognised: &Recognised) -> Self {
+        let injected = seen
+            .injected
             .iter()
-            .flat_map(|t| &t.init_containers)
-            .map(|item| item.key.as_str())
+            .zip(&recognised.containers)
+            .map(|(seen, recognised)| *seen || *recognised)
             .collect();
         let mut containers = Keyed::new(Some(view.containers), name_of);
         for init in view.init_containers.into_iter().flatten() {
@@ -875,7 +1018,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             pull_secrets: Keyed::new(view.image_pull_secrets, name_of),
             app: view.containers.iter().map(|_| None).collect(),
             found_injected: vec![false; view.containers.len()],
-            template_init_containers,
+            template_init_containers: recognised.init_containers.clone(),
             injected,
             labels: MapAdditions::new(view.labels),
             annotations: MapAdditions::new(view.annotations),
@@ -931,10 +1074,12 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             );
         for (placement, item) in placed {
             let value = item.body.render_patch(facts);
-            match self
-                .containers
-                .presence_exact(&item.key, &value, ItemKind::Container)
-            {
+            match self.containers.presence_exact(
+                &item.key,
+                &value,
+                ItemKind::Container,
+                &self.surroundings(),
+            ) {
                 Presence::Absent => new_containers.push((placement, item.key.as_str(), value)),
                 Presence::Same => match self.misplaced(&item.key, placement) {
                     Some(problem) => conflicts.push(format!("container {:?} {problem}", item.key)),
@@ -948,10 +1093,12 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         let mut new_volumes = Vec::new();
         for item in &template.volumes {
             let value = item.body.render_patch(facts);
-            match self
-                .volumes
-                .presence_exact(&item.key, &value, ItemKind::Volume)
-            {
+            match self.volumes.presence_exact(
+                &item.key,
+                &value,
+                ItemKind::Volume,
+                &self.surroundings(),
+            ) {
                 Presence::Absent => new_volumes.push((item.key.as_str(), value)),
                 Presence::Same => {}
                 Presence::Different(detail) => {
@@ -1022,6 +1169,14 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             + app
     }
 
+    /// What of the Pod comparing its items with a template's depends on.
+    fn surroundings(&self) -> Surroundings<'_> {
+        Surroundings {
+            host_network: self.view.host_network,
+            token_volumes: &self.view.token_volumes,
+        }
+    }
+
     /// Where the Pod's `spec.containers` holds the container named `name`, if it does.
     fn pod_container_index(&self, name: &str) -> Option<usize> {
         let Some(Owner::Pod(current)) = self.containers.owners.get(name) else {
@@ -1055,10 +1210,9 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             (Placement::InitContainers, Some(index)) if is_native_sidecar(current) => {
                 init_containers[..index]
                     .iter()
-                    .find(|c| {
-                        !is_native_sidecar(c)
-                            && !self.template_init_containers.contains(name_of(c))
-                    })
+                    .zip(&self.template_init_containers)
+                    .find(|(c, theirs)| !is_native_sidecar(c) && !**theirs)
+                    .map(|(c, _)| c)
                     .map(|c| {
                         format!(
                             "is in the pod after its init container {:?}; a native sidecar must come before the pod's own init containers",

@@ -486,13 +486,17 @@ fn metadata_reads<'a>(
 }
 
 /// The most a Pod author may choose of a string at `steps` in an injected container: nothing
-/// of what runs (the image, the command, its privileges, the hooks and exec probes, env from
-/// other sources), in `args` only values the API server constrains, and free text
-/// (annotations) only in env values.
+/// of what runs or with what (the image, the command, its privileges and resources, the hooks
+/// and exec probes, env names and env from other sources, mounts, where probes connect to), in
+/// `args` and the rest only values the API server constrains, and free text (annotations)
+/// only in env values.
 fn container_reach(steps: &[PathStep<'_>]) -> Reach {
     match steps {
         [
-            PathStep::Key("image" | "command" | "securityContext" | "lifecycle"),
+            PathStep::Key(
+                "image" | "command" | "securityContext" | "lifecycle" | "resources"
+                | "restartPolicy" | "volumeMounts" | "volumeDevices" | "envFrom",
+            ),
             ..,
         ] => Reach::Fixed,
         [
@@ -500,7 +504,15 @@ fn container_reach(steps: &[PathStep<'_>]) -> Reach {
             PathStep::Key("exec"),
             ..,
         ] => Reach::Fixed,
-        [PathStep::Key("env"), PathStep::Index(_), rest @ ..] => env_reach(rest),
+        [
+            PathStep::Key("livenessProbe" | "readinessProbe" | "startupProbe"),
+            PathStep::Key(_),
+            PathStep::Key("host"),
+        ] => Reach::Fixed,
+        [PathStep::Key("env"), PathStep::Index(_), rest @ ..] => match rest {
+            [PathStep::Key("name")] => Reach::Fixed,
+            _ => env_reach(rest),
+        },
         _ => Reach::Constrained,
     }
 }

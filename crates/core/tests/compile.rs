@@ -225,3 +225,36 @@ spec:
     }
     assert_eq!(found.len(), expected.len(), "{found:#?}");
 }
+
+#[test]
+fn a_pod_author_cannot_choose_a_sidecars_env_names_mounts_or_resources() {
+    let found = errors(
+        r#"
+metadata: {name: t}
+spec:
+  containers:
+  - name: c
+    image: agent:1
+    env: [{name: "{{ pod.labels['k'] }}", value: x}]
+    volumeMounts: [{name: "{{ pod.labels['v'] }}", mountPath: /data}]
+    resources: {limits: {cpu: "{{ pod.labels['cpu'] }}"}}
+    envFrom: [{configMapRef: {name: "{{ pod.name }}"}}]
+    readinessProbe: {tcpSocket: {port: 80, host: "{{ pod.labels['h'] }}"}}
+"#,
+    );
+    let expected = [
+        "spec.containers[0].env[0].name",
+        "spec.containers[0].volumeMounts[0].name",
+        "spec.containers[0].resources.limits.cpu",
+        "spec.containers[0].envFrom[0].configMapRef.name",
+        "spec.containers[0].readinessProbe.tcpSocket.host",
+    ];
+    for path in expected {
+        let want = format!("{path}: placeholders are not allowed here");
+        assert!(
+            found.iter().any(|f| f.starts_with(&want)),
+            "missing {want:?} in\n{found:#?}"
+        );
+    }
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+}

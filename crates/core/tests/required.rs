@@ -189,7 +189,7 @@ fn as_the_api_server_leaves_it(mut pod: Value) -> Value {
     pod["spec"]["volumes"]
         .as_array_mut()
         .unwrap()
-        .push(json!({"name": "kube-api-access-7xk2q", "projected": {"sources": []}}));
+        .push(json!({"name": "kube-api-access-7xk2q", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}));
     pod
 }
 
@@ -252,5 +252,88 @@ fn a_container_in_the_wrong_list_is_misplaced() {
             "container \"proxy\" is in the pod's containers; the template adds it to initContainers"
         ),
         "{message}"
+    );
+}
+
+/// Plans `templates`, one webhook entry's, among `known`, the registry's.
+fn plan_among_in(
+    pod: &Value,
+    templates: &[std::sync::Arc<injector_core::CompiledTemplate>],
+    known: &[std::sync::Arc<injector_core::CompiledTemplate>],
+) -> injector_core::Plan<'static> {
+    injector_core::plan_among(
+        pod,
+        &injector_core::NamespaceInfo {
+            name: "default",
+            labels: None,
+        },
+        templates,
+        known,
+    )
+    .unwrap()
+    .into_owned()
+}
+
+#[test]
+fn another_entrys_additions_between_two_calls_are_not_look_alikes() {
+    // Two webhook entries: a required agent with a native sidecar, then a best-effort template
+    // adding env to every container and a plain init container (inserted first).
+    let required = [template(AGENT), template(NATIVE)];
+    let best_effort = [template(
+        "metadata: {name: telemetry}\nspec:\n  failurePolicy: Ignore\n  appContainers:\n    env: [{name: OTEL, value: on}]\n  initContainers: [{name: fetch-config, image: fetch:1}]",
+    )];
+    let known: Vec<_> = required.iter().chain(&best_effort).cloned().collect();
+    let pod = pod(APP_POD);
+    let first = apply(&pod, &plan_among_in(&pod, &required, &known));
+    let second = apply(&first, &plan_among_in(&first, &best_effort, &known));
+    assert_eq!(second["spec"]["containers"][0]["env"][0]["name"], "OTEL");
+    assert_eq!(
+        second["spec"]["containers"][1].get("env"),
+        None,
+        "the agent is not the Pod's own"
+    );
+    assert_eq!(
+        names(&second["spec"]["initContainers"]),
+        ["fetch-config", "proxy"]
+    );
+
+    // The API server calls the first entry again: it finds its items, and nothing else.
+    let again = plan_among_in(&second, &required, &known);
+    assert!(again.denials.is_empty(), "{:?}", again.denials);
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
+    let again = plan_among_in(&second, &best_effort, &known);
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
+}
+
+#[test]
+fn a_native_sidecar_behind_an_init_container_named_like_a_templates_is_misplaced() {
+    // The init container is named like another template's, but its content is the author's.
+    let setup = template(
+        "metadata: {name: setup}\nspec:\n  injection: OnRequest\n  initContainers: [{name: b-setup, image: setup:1}]",
+    );
+    let templates = [template(NATIVE), setup];
+    let mut pod = pod(APP_POD);
+    pod["spec"]["initContainers"] = json!([
+        {"name": "b-setup", "image": "evil:1", "command": ["sh"]},
+        {"name": "proxy", "image": "proxy:1", "restartPolicy": "Always", "readinessProbe": {"httpGet": {"port": 15021}}},
+    ]);
+    let plan = plan_in(&pod, &templates);
+    let message = plan.denial_message().unwrap();
+    assert!(
+        message.contains("after its init container \"b-setup\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn the_record_lists_each_template_once() {
+    let pod = with_annotations(
+        pod(APP_POD),
+        json!({"sidecar.dev/injected": "agent@1,mesh@2,agent@1,mesh@3"}),
+    );
+    let out = apply(&pod, &plan_in(&pod, &[template(AGENT)]));
+    assert_eq!(
+        out["metadata"]["annotations"]["sidecar.dev/injected"],
+        "agent@4,mesh@2"
     );
 }

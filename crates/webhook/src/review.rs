@@ -7,7 +7,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
-use injector_core::{Applied, CompiledTemplate, NamespaceInfo, Snapshot, plan};
+use injector_core::{Applied, CompiledTemplate, NamespaceInfo, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -289,7 +289,8 @@ fn answer_pod(
         name: namespace,
         labels: None,
     };
-    let plan = match plan(pod, &info, templates) {
+    // Every template in force, so that what another webhook entry injected is recognised.
+    let plan = match plan_among(pod, &info, templates, snapshot.templates()) {
         Ok(plan) => plan,
         Err(error) => {
             decision.outcome = Outcome::Denied;

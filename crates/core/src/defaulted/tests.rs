@@ -2,8 +2,14 @@ use serde_json::json;
 
 use super::*;
 
+/// A Pod whose ServiceAccount token volume is `kube-api-access-x7k2p`, not on the host network.
+const POD: Surroundings<'static> = Surroundings {
+    host_network: false,
+    token_volumes: &["kube-api-access-x7k2p", "kube-api-access-abcde"],
+};
+
 fn container_difference(ours: Value, theirs: Value) -> Option<String> {
-    difference(&ours, &theirs, ItemKind::Container)
+    difference(&ours, &theirs, ItemKind::Container, &POD)
 }
 
 #[test]
@@ -133,18 +139,69 @@ fn only_the_service_account_mount_may_be_added() {
         {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}
     ]});
     assert_eq!(container_difference(ours.clone(), token), None);
-    let other = json!({"name": "a", "image": "a:1", "volumeMounts": [
-        {"name": "mine", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
-    ]});
+    for mount in [
+        json!({"name": "mine", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}),
+        // Named like the plugin's, but not a token volume of the Pod.
+        json!({"name": "kube-api-access-fake", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}),
+        // Writable, or only part of it.
+        json!({"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}),
+        json!({"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true, "subPath": "token"}),
+    ] {
+        let other = json!({"name": "a", "image": "a:1", "volumeMounts": [mount]});
+        assert_eq!(
+            container_difference(ours.clone(), other).as_deref(),
+            Some("volumeMounts"),
+        );
+    }
+}
+
+#[test]
+fn zero_values_the_api_server_drops_or_defaults_are_the_same() {
+    let ours = json!({
+        "name": "a", "image": "a:1", "tty": false, "stdin": false,
+        "ports": [{"containerPort": 80, "hostPort": 0}],
+        "volumeMounts": [{"name": "v", "mountPath": "/v", "readOnly": false}],
+        "livenessProbe": {"httpGet": {"port": 80, "path": "", "scheme": ""}, "timeoutSeconds": 0, "initialDelaySeconds": 0},
+        "imagePullPolicy": "IfNotPresent",
+    });
+    let theirs = json!({
+        "name": "a", "image": "a:1",
+        "ports": [{"containerPort": 80, "protocol": "TCP"}],
+        "volumeMounts": [{"name": "v", "mountPath": "/v"}],
+        "livenessProbe": {"httpGet": {"port": 80, "path": "/", "scheme": "HTTP"}, "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3},
+        // The AlwaysPullImages admission plugin.
+        "imagePullPolicy": "Always",
+    });
+    assert_eq!(container_difference(ours, theirs), None);
+
+    // A pointer field keeps its false: its absence is a difference.
+    let ours = json!({"name": "a", "image": "a:1", "securityContext": {"allowPrivilegeEscalation": false}});
+    let theirs = json!({"name": "a", "image": "a:1", "securityContext": {}});
     assert_eq!(
-        container_difference(ours, other).as_deref(),
-        Some("volumeMounts")
+        container_difference(ours, theirs).as_deref(),
+        Some("securityContext.allowPrivilegeEscalation")
     );
 }
 
 #[test]
+fn a_host_port_is_a_default_only_on_the_host_network() {
+    let ours = json!({"name": "a", "image": "a:1", "ports": [{"containerPort": 9090}]});
+    let theirs =
+        json!({"name": "a", "image": "a:1", "ports": [{"containerPort": 9090, "hostPort": 9090}]});
+    assert_eq!(
+        container_difference(ours.clone(), theirs.clone()).as_deref(),
+        Some("ports[0].hostPort")
+    );
+    let host = Surroundings {
+        host_network: true,
+        ..POD
+    };
+    assert_eq!(difference(&ours, &theirs, ItemKind::Container, &host), None);
+}
+
+#[test]
 fn volumes_compare_up_to_their_defaults() {
-    let volume = |ours: Value, theirs: Value| difference(&ours, &theirs, ItemKind::Volume);
+    let volume = |ours: Value, theirs: Value| difference(&ours, &theirs, ItemKind::Volume, &POD);
     assert_eq!(
         volume(json!({"name": "v"}), json!({"name": "v", "emptyDir": {}})),
         None
