@@ -190,6 +190,31 @@ pub fn plan<'t>(
     plan_among(pod, namespace, templates, templates)
 }
 
+/// Every template in force, as [`plan_among`] looks them up.
+pub trait KnownTemplates {
+    /// Those that add a container or an init container called `name`.
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate>;
+}
+
+impl KnownTemplates for [Arc<CompiledTemplate>] {
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
+        self.iter().map(Arc::as_ref).filter(move |t| {
+            t.containers
+                .iter()
+                .chain(&t.init_containers)
+                .any(|item| item.key == name)
+        })
+    }
+}
+
+impl KnownTemplates for crate::registry::Snapshot {
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
+        crate::registry::Snapshot::adding_container(self, name)
+            .iter()
+            .map(Arc::as_ref)
+    }
+}
+
 /// [`plan`], where `templates` are some of `known`, every template in force (one webhook
 /// entry's among the registry's). The others are not applied, but what they injected is
 /// recognised: a container of theirs is not one of the Pod's own (`appContainers` leaves it
@@ -199,7 +224,7 @@ pub fn plan_among<'t>(
     pod: &Value,
     namespace: &NamespaceInfo<'_>,
     templates: &'t [Arc<CompiledTemplate>],
-    known: &[Arc<CompiledTemplate>],
+    known: &(impl KnownTemplates + ?Sized),
 ) -> Result<Plan<'t>, MalformedPod> {
     let view = PodView::parse(pod)?;
     let ordered = in_application_order(templates);
@@ -276,7 +301,7 @@ impl Recognised {
         view: &PodView<'_>,
         namespace: &NamespaceInfo<'_>,
         namespace_name: &str,
-        known: &[Arc<CompiledTemplate>],
+        known: &(impl KnownTemplates + ?Sized),
     ) -> Self {
         let facts = PodFacts {
             name: view.name,
@@ -294,29 +319,26 @@ impl Recognised {
             pod: view.labels,
             added: &no_additions,
         };
-        let selecting: Vec<&CompiledTemplate> = known
-            .iter()
-            .map(Arc::as_ref)
-            .filter(|t| {
-                t.pod_selector.matches(&labels)
-                    && namespace
-                        .labels
-                        .is_none_or(|ns| t.namespace_selector.matches(ns))
-            })
-            .collect();
+        let selects = |t: &CompiledTemplate| {
+            t.pod_selector.matches(&labels)
+                && namespace
+                    .labels
+                    .is_none_or(|ns| t.namespace_selector.matches(ns))
+        };
         let is_theirs = |container: &Value, items: fn(&CompiledTemplate) -> &[Item]| {
             let name = name_of(container);
-            selecting.iter().any(|t| {
-                items(t).iter().any(|item| {
-                    item.key == name
-                        && difference(
-                            &item.body.render(&facts),
-                            container,
-                            ItemKind::Container,
-                            &pod,
-                        )
-                        .is_none()
-                })
+            known.adding_container(name).any(|t| {
+                selects(t)
+                    && items(t).iter().any(|item| {
+                        item.key == name
+                            && difference(
+                                &item.body.render(&facts),
+                                container,
+                                ItemKind::Container,
+                                &pod,
+                            )
+                            .is_none()
+                    })
             })
         };
         Recognised {

@@ -35,6 +35,9 @@ pub struct Snapshot {
     templates: Vec<Arc<CompiledTemplate>>,
     groups: HashMap<GroupId, Arc<Group>>,
     groups_in_order: Vec<Arc<Group>>,
+    /// The templates adding a container or init container, by its name: a re-invocation
+    /// recognises what other entries injected with a lookup, however many templates exist.
+    by_container: HashMap<String, Vec<Arc<CompiledTemplate>>>,
 }
 
 impl Snapshot {
@@ -63,16 +66,31 @@ impl Snapshot {
             .iter()
             .map(|g| (g.id.clone(), Arc::clone(g)))
             .collect();
+        let mut by_container: HashMap<String, Vec<Arc<CompiledTemplate>>> = HashMap::new();
+        for template in &templates {
+            for item in template.containers.iter().chain(&template.init_containers) {
+                by_container
+                    .entry(item.key.clone())
+                    .or_default()
+                    .push(Arc::clone(template));
+            }
+        }
         Snapshot {
             templates,
             groups,
             groups_in_order,
+            by_container,
         }
     }
 
     /// Every template, in application order.
     pub fn templates(&self) -> &[Arc<CompiledTemplate>] {
         &self.templates
+    }
+
+    /// The templates that add a container or an init container called `name`.
+    pub fn adding_container(&self, name: &str) -> &[Arc<CompiledTemplate>] {
+        self.by_container.get(name).map_or(&[], Vec::as_slice)
     }
 
     /// The template called `name`.

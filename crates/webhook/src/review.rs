@@ -290,7 +290,7 @@ fn answer_pod(
         labels: None,
     };
     // Every template in force, so that what another webhook entry injected is recognised.
-    let plan = match plan_among(pod, &info, templates, snapshot.templates()) {
+    let plan = match plan_among(pod, &info, templates, snapshot) {
         Ok(plan) => plan,
         Err(error) => {
             decision.outcome = Outcome::Denied;
