@@ -251,36 +251,28 @@ pub fn plan_among<'t>(
     // then planning the result again sees just what the last pass saw, and adds nothing.
     let recognised = Recognised::find(&view, namespace, namespace_name, known);
     let mut seen = Seen::first(&view);
-    let mut pass = Pass::run(
-        &view,
-        &ordered,
-        namespace,
-        namespace_name,
-        &seen,
-        &recognised,
-    );
-    for _ in 1..MAX_PASSES {
+    let mut passes = 1;
+    loop {
+        let mut pass = Pass::run(
+            &view,
+            &ordered,
+            namespace,
+            namespace_name,
+            &seen,
+            &recognised,
+        );
         match pass.seen_after(&view, &ordered, &seen) {
-            Some(next) => {
-                seen = next;
-                pass = Pass::run(
-                    &view,
-                    &ordered,
-                    namespace,
-                    namespace_name,
-                    &seen,
-                    &recognised,
-                );
-            }
             None => return Ok(pass.finish(&view)),
+            Some(_) if passes == MAX_PASSES => {
+                pass.plan.warnings.push(format!(
+                    "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
+                ));
+                return Ok(pass.finish(&view));
+            }
+            Some(next) => seen = next,
         }
+        passes += 1;
     }
-    if pass.seen_after(&view, &ordered, &seen).is_some() {
-        pass.plan.warnings.push(format!(
-            "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
-        ));
-    }
-    Ok(pass.finish(&view))
 }
 
 /// A bound on planning passes. Two suffice unless a label a template adds is rendered from

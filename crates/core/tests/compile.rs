@@ -6,6 +6,18 @@ mod common;
 use common::parse_template;
 use injector_core::compile;
 
+/// `found` holds exactly one message starting with each of `expected`.
+fn assert_exactly(found: &[String], expected: &[impl AsRef<str>]) {
+    for want in expected {
+        let want = want.as_ref();
+        assert!(
+            found.iter().any(|f| f.starts_with(want)),
+            "missing {want:?} in\n{found:#?}"
+        );
+    }
+    assert_eq!(found.len(), expected.len(), "{found:#?}");
+}
+
 fn errors(yaml: &str) -> Vec<String> {
     compile(&parse_template(yaml))
         .map(|_| Vec::new())
@@ -75,13 +87,7 @@ spec:
         "spec.metadata.labels[\"tmpl\"]: unterminated placeholder",
         "spec.metadata.annotations[\"sidecar.dev/injected\"]: \"sidecar.dev/injected\" is reserved",
     ];
-    for want in expected {
-        assert!(
-            found.iter().any(|f| f.starts_with(want)),
-            "missing {want:?} in\n{found:#?}"
-        );
-    }
-    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    assert_exactly(&found, &expected);
 }
 
 #[test]
@@ -143,13 +149,7 @@ spec:
         "spec.metadata.annotations[\"sidecar.dev/templates\"]: \"sidecar.dev/templates\" is reserved",
         "spec.metadata.annotations[\"sidecar.dev/anything\"]: \"sidecar.dev/anything\" is reserved",
     ];
-    for want in expected {
-        assert!(
-            found.iter().any(|f| f.starts_with(want)),
-            "missing {want:?} in\n{found:#?}"
-        );
-    }
-    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    assert_exactly(&found, &expected);
 }
 
 #[test]
@@ -216,14 +216,11 @@ spec:
             "a placeholder cannot read \"sidecar.dev/injected\"",
         ),
     ];
-    for (path, message) in expected {
-        let want = format!("{path}: {message}");
-        assert!(
-            found.iter().any(|f| f.starts_with(&want)),
-            "missing {want:?} in\n{found:#?}"
-        );
-    }
-    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    let expected: Vec<String> = expected
+        .iter()
+        .map(|(path, message)| format!("{path}: {message}"))
+        .collect();
+    assert_exactly(&found, &expected);
 }
 
 #[test]
@@ -249,12 +246,9 @@ spec:
         "spec.containers[0].envFrom[0].configMapRef.name",
         "spec.containers[0].readinessProbe.tcpSocket.host",
     ];
-    for path in expected {
-        let want = format!("{path}: placeholders are not allowed here");
-        assert!(
-            found.iter().any(|f| f.starts_with(&want)),
-            "missing {want:?} in\n{found:#?}"
-        );
-    }
-    assert_eq!(found.len(), expected.len(), "{found:#?}");
+    let expected: Vec<String> = expected
+        .iter()
+        .map(|path| format!("{path}: placeholders are not allowed here"))
+        .collect();
+    assert_exactly(&found, &expected);
 }
