@@ -14,8 +14,6 @@
 //! `Invalid`, or `InvalidGenerationKept` when its last valid generation stays in force. They are
 //! the only functions here that talk to the API server.
 
-use std::fmt;
-
 use injector_api::{FailurePolicy, LastValid, SidecarTemplate, SidecarTemplateStatus};
 use injector_core::{GroupId, ValidationErrors};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -61,15 +59,14 @@ pub const CONDITION_MESSAGE_MAX_BYTES: usize = 32 * 1024;
 const ELLIPSIS: char = '…';
 
 /// The status `template` should have, given the outcome of compiling it (at time `now`): the
-/// id of the selector group that serves it (a [`GroupId`], or that id as a string), or every
-/// validation error.
+/// id of the selector group that serves it, or every validation error.
 ///
 /// The `Ready` condition's `lastTransitionTime` is `now` only when its status changes (or it
 /// had none): while the status stays the same, the existing time is kept, as the condition
 /// convention requires.
-pub fn desired_status<G: fmt::Display>(
+pub fn desired_status(
     template: &SidecarTemplate,
-    outcome: &Result<G, ValidationErrors>,
+    outcome: &Result<GroupId, ValidationErrors>,
     now: Time,
 ) -> SidecarTemplateStatus {
     desired_status_kept(template, outcome, None, now)
@@ -78,9 +75,9 @@ pub fn desired_status<G: fmt::Display>(
 /// [`desired_status`], for a required template whose invalid generation did not replace the
 /// last valid one: `kept` is that generation (still in force), which adds `Degraded=True`,
 /// reason `InvalidGenerationKept`, with every validation message.
-pub fn desired_status_kept<G: fmt::Display>(
+pub fn desired_status_kept(
     template: &SidecarTemplate,
-    outcome: &Result<G, ValidationErrors>,
+    outcome: &Result<GroupId, ValidationErrors>,
     kept: Option<&Kept>,
     now: Time,
 ) -> SidecarTemplateStatus {
@@ -89,10 +86,7 @@ pub fn desired_status_kept<G: fmt::Display>(
         Ok(group) => (
             "True",
             REASON_VALID,
-            format!(
-                "in use; served by webhook entry {}",
-                entry_name(&GroupId::from(group.to_string().as_str()))
-            ),
+            format!("in use; served by webhook entry {}", entry_name(group)),
         ),
         Err(errors) => (
             "False",
@@ -166,7 +160,7 @@ fn kept_message(template: &SidecarTemplate, errors: &ValidationErrors, kept: &Ke
         "generation {} is invalid; the last valid generation, {}, stays in force (webhook entry {}) until the template is fixed or deleted: {}",
         template.metadata.generation.unwrap_or_default(),
         kept.generation,
-        entry_name(&GroupId::from(kept.group.as_str())),
+        entry_name(&kept.group),
         invalid_message(errors)
     )
 }
@@ -405,13 +399,6 @@ mod tests {
         );
         assert!(entry.starts_with("fail-") && entry.ends_with(".webhook.sidecar.dev"));
         assert_eq!(condition.last_transition_time, at(100));
-        // The id as a string says the same.
-        let by_string = desired_status(
-            &template,
-            &Ok::<_, ValidationErrors>(id.to_string()),
-            at(100),
-        );
-        assert_eq!(by_string, status);
     }
 
     #[test]
@@ -453,7 +440,7 @@ mod tests {
         let template = invalid();
         let kept = Kept {
             generation: 3,
-            group: outcome(&valid()).unwrap().to_string(),
+            group: outcome(&valid()).unwrap(),
         };
         let status = desired_status_kept(&template, &outcome(&template), Some(&kept), now);
         (template, status)
@@ -478,7 +465,7 @@ mod tests {
         let invalid = with_status(invalid(), status);
         let kept = Kept {
             generation: 3,
-            group: outcome(&template).unwrap().to_string(),
+            group: outcome(&template).unwrap(),
         };
         let status = desired_status_kept(&invalid, &outcome(&invalid), Some(&kept), at(200));
         assert_eq!(status.last_valid, Some(recorded));
@@ -527,7 +514,7 @@ mod tests {
             &outcome(&written),
             Some(&Kept {
                 generation: 3,
-                group: outcome(&valid()).unwrap().to_string(),
+                group: outcome(&valid()).unwrap(),
             }),
             at(200),
         );
@@ -880,7 +867,7 @@ mod tests {
         let errors = compile(&template).unwrap_err();
         let kept = Kept {
             generation: 3,
-            group: outcome(&valid()).unwrap().to_string(),
+            group: outcome(&valid()).unwrap(),
         };
         let api_server = tokio::spawn(async move {
             let event = expect_event(&mut server, Method::POST).await;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use injector_api::{FailurePolicy, SidecarTemplate};
-use injector_core::{CompiledTemplate, Registry, Snapshot, ValidationErrors, compile};
+use injector_core::{CompiledTemplate, GroupId, Registry, ValidationErrors, compile};
 use injector_webhook::Templates;
 use kube::runtime::watcher::Event;
 
@@ -26,7 +26,7 @@ pub struct Observed {
     /// The template as last seen.
     pub template: Arc<SidecarTemplate>,
     /// What compiling it gave: the webhook entry's group id, or every validation error.
-    pub outcome: Result<String, ValidationErrors>,
+    pub outcome: Result<GroupId, ValidationErrors>,
     /// When it is invalid but required: the last valid generation, still in force.
     pub kept: Option<Kept>,
 }
@@ -37,18 +37,17 @@ pub struct Kept {
     /// The generation in force.
     pub generation: i64,
     /// The id of the selector group that serves it.
-    pub group: String,
+    pub group: GroupId,
 }
 
 impl Kept {
     /// The last valid generation of the invalid template `template` that must stay in force:
-    /// the one in `snapshot`, else the one its status records.
+    /// `in_force` (the registry's template of that name), else the one its status records.
     fn find(
-        snapshot: &Snapshot,
+        in_force: Option<&Arc<CompiledTemplate>>,
         template: &SidecarTemplate,
     ) -> Option<(Self, Arc<CompiledTemplate>)> {
-        let name = template.metadata.name.as_deref().unwrap_or_default();
-        Self::from_snapshot(snapshot, name).or_else(|| Self::from_status(template))
+        Self::from_registry(in_force).or_else(|| Self::from_status(template))
     }
 
     /// The generation `template.status.lastValid` records, compiled, when it is required.
@@ -65,19 +64,19 @@ impl Kept {
         }
         let kept = Kept {
             generation: compiled.generation,
-            group: compiled.group.id().to_string(),
+            group: compiled.group_id.clone(),
         };
         Some((kept, Arc::new(compiled)))
     }
 
-    /// What `snapshot` holds of the template `name`, when it is required and so must stay.
-    fn from_snapshot(snapshot: &Snapshot, name: &str) -> Option<(Self, Arc<CompiledTemplate>)> {
-        let current = snapshot
-            .get(name)
-            .filter(|t| t.failure_policy == FailurePolicy::Fail)?;
+    /// The template in force, when it is required and so must stay.
+    fn from_registry(
+        in_force: Option<&Arc<CompiledTemplate>>,
+    ) -> Option<(Self, Arc<CompiledTemplate>)> {
+        let current = in_force.filter(|t| t.failure_policy == FailurePolicy::Fail)?;
         let kept = Kept {
             generation: current.generation,
-            group: current.group.id().to_string(),
+            group: current.group_id.clone(),
         };
         Some((kept, Arc::clone(current)))
     }
@@ -142,7 +141,9 @@ impl TemplateSync {
                     match valid {
                         Some(valid) => compiled.push(valid),
                         None => {
-                            if let Some((kept, current)) = Kept::find(&previous, &record.template) {
+                            if let Some((kept, current)) =
+                                Kept::find(previous.get(&name), &record.template)
+                            {
                                 compiled.push(current.as_ref().clone());
                                 record.kept = Some(kept);
                             }
@@ -180,7 +181,6 @@ impl TemplateSync {
             Some(compiled) => {
                 let unchanged = self
                     .registry
-                    .snapshot()
                     .get(&compiled.name)
                     .is_some_and(|current| current.as_ref() == &compiled);
                 if !unchanged {
@@ -189,7 +189,7 @@ impl TemplateSync {
                 }
                 !unchanged
             }
-            None => match Kept::find(&self.registry.snapshot(), &record.template) {
+            None => match Kept::find(self.registry.get(&name), &record.template) {
                 Some((kept, current)) => {
                     if let Err(errors) = &record.outcome {
                         tracing::warn!(template = %name, %errors, generation = kept.generation, "required template invalid; its last valid generation stays in force");
@@ -197,7 +197,6 @@ impl TemplateSync {
                     record.kept = Some(kept);
                     let known = self
                         .registry
-                        .snapshot()
                         .get(&name)
                         .is_some_and(|t| t.as_ref() == current.as_ref());
                     if !known {
@@ -244,7 +243,7 @@ fn compile_one(template: SidecarTemplate) -> (Option<CompiledTemplate>, (String,
     let compiled = compile(&template);
     let (valid, outcome) = match compiled {
         Ok(compiled) => {
-            let group = compiled.group.id().to_string();
+            let group = compiled.group_id.clone();
             (Some(compiled), Ok(group))
         }
         Err(errors) => (None, Err(errors)),
@@ -400,13 +399,7 @@ mod tests {
         sync.handle(Event::Init);
         sync.handle(Event::InitDone);
         sync.handle(Event::Apply(template("agent", 1, "agent:1")));
-        let group = webhook
-            .snapshot()
-            .get("agent")
-            .unwrap()
-            .group
-            .id()
-            .to_string();
+        let group = webhook.snapshot().get("agent").unwrap().group_id.clone();
 
         assert!(
             !sync.handle(Event::Apply(invalid("agent"))),

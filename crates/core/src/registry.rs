@@ -53,12 +53,13 @@ impl Snapshot {
         }
         let mut groups_in_order: Vec<Arc<Group>> = grouped
             .into_iter()
-            .map(|(key, templates)| {
-                Arc::new(Group {
-                    id: key.id(),
+            .filter_map(|(key, templates)| {
+                let id = templates.first()?.group_id.clone();
+                Some(Arc::new(Group {
+                    id,
                     key: key.clone(),
                     templates,
-                })
+                }))
             })
             .collect();
         groups_in_order.sort_by(|a, b| (a.priority(), &a.id).cmp(&(b.priority(), &b.id)));
@@ -160,6 +161,11 @@ impl Registry {
         self.templates
             .insert(template.name.clone(), Arc::new(template));
         self.snapshot = None;
+    }
+
+    /// The template called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<CompiledTemplate>> {
+        self.templates.get(name)
     }
 
     /// Removes the template called `name`; whether it was there.

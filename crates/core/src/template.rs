@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{FieldError, ValidationErrors};
-use crate::group::GroupKey;
+use crate::group::{GroupId, GroupKey};
 use crate::placeholder::{MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
 use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
@@ -67,6 +67,8 @@ pub struct CompiledTemplate {
     pub pod_selector: Selector,
     /// The webhook entry this template is served from.
     pub group: GroupKey,
+    /// That entry's id, computed once here (the registry and the controller read it).
+    pub group_id: GroupId,
     /// Containers to append.
     pub containers: Vec<Item>,
     /// Init containers to place before the Pod's own.
@@ -234,8 +236,10 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
             })),
         labels.iter().chain(&annotations).map(|(_, text)| text),
     );
+    let group = GroupKey::new(&namespace_selector, &pod_selector, spec.failure_policy);
     let compiled = CompiledTemplate {
-        group: GroupKey::new(&namespace_selector, &pod_selector, spec.failure_policy),
+        group_id: group.id(),
+        group,
         name,
         generation: template.metadata.generation.unwrap_or(FILE_GENERATION),
         priority: spec.priority,

@@ -40,7 +40,7 @@ pub struct WebhookMetrics {
     denials: Family<TemplateLabels, Counter>,
     warnings: Counter,
     body_bytes: Histogram,
-    rejected_connections: Counter,
+    handshake_failures: Counter,
 }
 
 impl WebhookMetrics {
@@ -57,7 +57,7 @@ impl WebhookMetrics {
             warnings: Counter::default(),
             // 1 KiB to 4 MiB.
             body_bytes: Histogram::new(exponential_buckets(1024.0, 2.0, 13)),
-            rejected_connections: Counter::default(),
+            handshake_failures: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -93,7 +93,7 @@ impl WebhookMetrics {
         registry.register(
             "tls_handshake_failures",
             "Connections that failed or timed out in the TLS handshake",
-            metrics.rejected_connections.clone(),
+            metrics.handshake_failures.clone(),
         );
         metrics
     }
@@ -144,6 +144,6 @@ impl WebhookMetrics {
 
     /// Records a failed TLS handshake.
     pub fn record_handshake_failure(&self) {
-        self.rejected_connections.inc();
+        self.handshake_failures.inc();
     }
 }
