@@ -999,6 +999,10 @@ enum Copy {
     Image,
     /// With one more env var.
     Env,
+    /// With the author's own volume mounted where the ServiceAccount token goes.
+    TokenMount,
+    /// With its port published on the node.
+    HostPort,
 }
 
 fn copies() -> BoxedStrategy<Vec<Copy>> {
@@ -1010,6 +1014,8 @@ fn copies() -> BoxedStrategy<Vec<Copy>> {
                 Copy::Command,
                 Copy::Image,
                 Copy::Env,
+                Copy::TokenMount,
+                Copy::HostPort,
             ][..],
         ),
         1..8,
@@ -1071,6 +1077,28 @@ fn forged(s: &Scenario, copies: &[Copy], opt_out: bool) -> (Value, Vec<String>) 
                     .as_array_mut()
                     .map(|env| env.push(json!({"name": "EXTRA", "value": "1"})))
                     .unwrap_or_else(|| container["env"] = json!([{"name": "EXTRA", "value": "1"}]));
+                altered.push(name.clone());
+            }
+            Copy::TokenMount => {
+                let mount = json!({
+                    "name": "kube-api-access-mine",
+                    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                    "readOnly": true,
+                });
+                container["volumeMounts"]
+                    .as_array_mut()
+                    .map(|mounts| mounts.push(mount.clone()))
+                    .unwrap_or_else(|| container["volumeMounts"] = json!([mount]));
+                let volume =
+                    json!({"name": "kube-api-access-mine", "configMap": {"name": "fake-token"}});
+                match pod["spec"]["volumes"].as_array_mut() {
+                    Some(volumes) => volumes.push(volume),
+                    None => pod["spec"]["volumes"] = json!([volume]),
+                }
+                altered.push(name.clone());
+            }
+            Copy::HostPort => {
+                container["ports"] = json!([{"containerPort": 9901, "hostPort": 9901}]);
                 altered.push(name.clone());
             }
         }
