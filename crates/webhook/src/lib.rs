@@ -14,6 +14,6 @@ pub mod server;
 pub mod tls;
 
 pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
-pub use review::{Decision, Outcome, Target, decide};
+pub use review::{Decision, Outcome, Route, Target, decide};
 pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission, serve_both};
 pub use tls::CertificateStore;

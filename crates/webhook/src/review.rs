@@ -7,7 +7,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
-use injector_core::{Applied, CompiledTemplate, NamespaceInfo, Snapshot, plan_among};
+use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -24,6 +24,38 @@ pub enum Target<'a> {
     /// `/mutate`: every template whose pod selector matches (the namespace selection was the
     /// API server's job). What `serve` answers from template files.
     All,
+}
+
+/// Where a request is answered from: its target looked up once, in one snapshot.
+#[derive(Clone, Copy, Debug)]
+pub enum Route<'s> {
+    /// `/mutate`: every template whose pod selector matches.
+    All,
+    /// `/mutate/<id>` of a group this replica knows.
+    Group(&'s Group),
+    /// `/mutate/<id>` of a group this replica does not know (its configuration is ahead).
+    Unknown(&'s str),
+}
+
+impl<'s> Route<'s> {
+    /// Looks `target` up in `snapshot`.
+    pub fn resolve(target: Target<'s>, snapshot: &'s Snapshot) -> Self {
+        match target {
+            Target::All => Route::All,
+            Target::Group(id) => snapshot
+                .group(id)
+                .map_or(Route::Unknown(id), |g| Route::Group(g)),
+        }
+    }
+
+    /// The `group` label of metrics and logs.
+    pub fn label(&self) -> &'s str {
+        match self {
+            Route::All => "all",
+            Route::Group(group) => group.id.as_str(),
+            Route::Unknown(_) => "unknown",
+        }
+    }
 }
 
 /// How a review was answered, for metrics and logs.
@@ -63,7 +95,7 @@ impl Outcome {
 
 /// The answer to one review.
 #[derive(Clone, Debug)]
-pub struct Decision {
+pub struct Decision<'s> {
     /// The AdmissionReview to send back, as JSON.
     pub body: Vec<u8>,
     /// How it was answered.
@@ -74,8 +106,12 @@ pub struct Decision {
     pub namespace: String,
     /// The Pod's name, or its generateName.
     pub pod: String,
+    /// The `group` label of metrics and logs (see [`Route::label`]).
+    pub group: &'s str,
     /// The templates applied.
     pub applied: Vec<Applied>,
+    /// The same, as `name@generation,...` (the audit annotation's value and the log's).
+    pub applied_record: String,
     /// How many warnings were returned.
     pub warnings: usize,
     /// The required templates that could not be applied.
@@ -158,7 +194,11 @@ struct StatusOut {
 const API_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
 /// Decides one review: `body` is the request's JSON, `snapshot` the templates to answer from.
-pub fn decide(body: &[u8], target: Target<'_>, snapshot: &Snapshot) -> Result<Decision, BadReview> {
+pub fn decide<'s>(
+    body: &[u8],
+    target: Target<'s>,
+    snapshot: &'s Snapshot,
+) -> Result<Decision<'s>, BadReview> {
     let review: ReviewIn = serde_json::from_slice(body)
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
     let api_version = API_VERSIONS
@@ -184,7 +224,7 @@ pub fn decide(body: &[u8], target: Target<'_>, snapshot: &Snapshot) -> Result<De
     }
 
     let namespace = request.namespace.clone().unwrap_or_default();
-    let pod_name = request
+    let pod = request
         .object
         .as_ref()
         .and_then(|o| o.get("metadata"))
@@ -193,45 +233,88 @@ pub fn decide(body: &[u8], target: Target<'_>, snapshot: &Snapshot) -> Result<De
         .or(request.name.as_deref())
         .unwrap_or_default()
         .to_owned();
-    let mut decision = Decision {
-        body: Vec::new(),
-        outcome: Outcome::Ignored,
-        uid: request.uid.clone(),
-        namespace: namespace.clone(),
-        pod: pod_name,
-        applied: Vec::new(),
-        warnings: 0,
-        denied_by: Vec::new(),
-    };
-    let mut response = ResponseOut {
-        uid: request.uid.clone(),
-        allowed: true,
-        ..ResponseOut::default()
-    };
-
+    let route = Route::resolve(target, snapshot);
     let is_pod_create = request.kind.group.is_empty()
         && request.kind.kind == "Pod"
         && request.operation == "CREATE"
         && request.sub_resource.as_deref().is_none_or(str::is_empty);
-    if is_pod_create {
-        answer_pod(
-            &request,
-            target,
-            snapshot,
-            &namespace,
-            &mut response,
-            &mut decision,
-        );
-    }
+    let answer = if is_pod_create {
+        answer_pod(&request, route, snapshot, &namespace)
+    } else {
+        Answer::allowed(Outcome::Ignored)
+    };
 
-    decision.warnings = response.warnings.len();
-    decision.body = serde_json::to_vec(&ReviewOut {
+    let applied_record = answer
+        .applied
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut response = ResponseOut {
+        uid: request.uid.clone(),
+        allowed: answer.denial.is_none(),
+        status: answer.denial,
+        warnings: answer.warnings,
+        ..ResponseOut::default()
+    };
+    if let Some(patch) = answer.patch {
+        response.patch = Some(patch);
+        response.patch_type = Some("JSONPatch");
+        response
+            .audit_annotations
+            .insert(AUDIT_ANNOTATION.into(), applied_record.clone());
+    }
+    let warnings = response.warnings.len();
+    let body = serde_json::to_vec(&ReviewOut {
         api_version,
         kind: "AdmissionReview",
         response,
     })
     .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
-    Ok(decision)
+    Ok(Decision {
+        body,
+        outcome: answer.outcome,
+        uid: request.uid,
+        namespace,
+        pod,
+        group: route.label(),
+        applied: answer.applied,
+        applied_record,
+        warnings,
+        denied_by: answer.denied_by,
+    })
+}
+
+/// What answering a Pod CREATE decided, before it is encoded.
+struct Answer {
+    outcome: Outcome,
+    /// Set when the Pod is denied.
+    denial: Option<StatusOut>,
+    /// The JSON patch, base64-encoded.
+    patch: Option<String>,
+    warnings: Vec<String>,
+    applied: Vec<Applied>,
+    denied_by: Vec<String>,
+}
+
+impl Answer {
+    fn allowed(outcome: Outcome) -> Self {
+        Answer {
+            outcome,
+            denial: None,
+            patch: None,
+            warnings: Vec::new(),
+            applied: Vec::new(),
+            denied_by: Vec::new(),
+        }
+    }
+
+    fn denied(outcome: Outcome, code: u16, message: String) -> Self {
+        Answer {
+            denial: Some(StatusOut { code, message }),
+            ..Answer::allowed(outcome)
+        }
+    }
 }
 
 /// The denial of a request for a required group this replica does not know.
@@ -246,44 +329,33 @@ fn unknown_required_group(id: &str) -> String {
 
 fn answer_pod(
     request: &RequestIn,
-    target: Target<'_>,
+    route: Route<'_>,
     snapshot: &Snapshot,
     namespace: &str,
-    response: &mut ResponseOut,
-    decision: &mut Decision,
-) {
-    let deny = |response: &mut ResponseOut, code: u16, message: String| {
-        response.allowed = false;
-        response.status = Some(StatusOut { code, message });
-    };
+) -> Answer {
     let Some(pod) = request.object.as_ref().filter(|o| !o.is_null()) else {
-        decision.outcome = Outcome::Denied;
-        deny(
-            response,
+        return Answer::denied(
+            Outcome::Denied,
             400,
             "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
         );
-        return;
     };
-    let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
     let matched;
-    let templates: &[Arc<CompiledTemplate>] = match target {
-        Target::All => {
+    let templates: &[Arc<CompiledTemplate>] = match route {
+        Route::All => {
+            let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
             matched = snapshot.matching(pod_labels, None);
             &matched
         }
-        Target::Group(id) => match snapshot.group(id) {
-            Some(group) => &group.templates,
-            None if policy_of_id(id) == Some(FailurePolicy::Fail) => {
-                decision.outcome = Outcome::UnknownRequiredGroup;
-                deny(response, 503, unknown_required_group(id));
-                return;
-            }
-            None => {
-                decision.outcome = Outcome::UnknownGroup;
-                return;
-            }
-        },
+        Route::Group(group) => &group.templates,
+        Route::Unknown(id) if policy_of_id(id) == Some(FailurePolicy::Fail) => {
+            return Answer::denied(
+                Outcome::UnknownRequiredGroup,
+                503,
+                unknown_required_group(id),
+            );
+        }
+        Route::Unknown(_) => return Answer::allowed(Outcome::UnknownGroup),
     };
     let info = NamespaceInfo {
         name: namespace,
@@ -293,42 +365,35 @@ fn answer_pod(
     let plan = match plan_among(pod, &info, templates, snapshot) {
         Ok(plan) => plan,
         Err(error) => {
-            decision.outcome = Outcome::Denied;
-            deny(response, 400, format!("sidecar-injector: {error}"));
-            return;
+            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
         }
     };
-    response.warnings = plan.warnings.clone();
-    decision.applied = plan.applied.clone();
+    let mut answer = Answer::allowed(Outcome::Unchanged);
     if let Some(message) = plan.denial_message() {
-        decision.outcome = Outcome::Denied;
-        decision.denied_by = plan.denials.iter().map(|d| d.template.clone()).collect();
-        deny(response, 403, format!("sidecar-injector: {message}"));
-        return;
-    }
-    if plan.patch.is_empty() {
-        decision.outcome = Outcome::Unchanged;
-        return;
-    }
-    match serde_json::to_vec(&plan.patch) {
-        Ok(patch) => {
-            response.patch = Some(base64::engine::general_purpose::STANDARD.encode(patch));
-            response.patch_type = Some("JSONPatch");
-            let applied: Vec<String> = plan.applied.iter().map(ToString::to_string).collect();
-            response
-                .audit_annotations
-                .insert(AUDIT_ANNOTATION.into(), applied.join(","));
-            decision.outcome = Outcome::Injected;
-        }
-        Err(error) => {
-            decision.outcome = Outcome::Denied;
-            deny(
-                response,
-                500,
-                format!("sidecar-injector: cannot encode the patch: {error}"),
-            );
+        answer.outcome = Outcome::Denied;
+        answer.denial = Some(StatusOut {
+            code: 403,
+            message: format!("sidecar-injector: {message}"),
+        });
+        answer.denied_by = plan.denials.into_iter().map(|d| d.template).collect();
+    } else if !plan.patch.is_empty() {
+        match serde_json::to_vec(&plan.patch) {
+            Ok(patch) => {
+                answer.outcome = Outcome::Injected;
+                answer.patch = Some(base64::engine::general_purpose::STANDARD.encode(patch));
+            }
+            Err(error) => {
+                return Answer::denied(
+                    Outcome::Denied,
+                    500,
+                    format!("sidecar-injector: cannot encode the patch: {error}"),
+                );
+            }
         }
     }
+    answer.warnings = plan.warnings;
+    answer.applied = plan.applied;
+    answer
 }
 
 #[cfg(test)]
@@ -388,10 +453,11 @@ mod tests {
     fn only_a_pod_create_is_denied_for_an_unknown_required_group() {
         let mut body: Value = serde_json::from_slice(&pod_create()).unwrap();
         body["request"]["operation"] = "UPDATE".into();
+        let snapshot = Snapshot::default();
         let decision = decide(
             &serde_json::to_vec(&body).unwrap(),
             Target::Group("fail-00000000000000ff"),
-            &Snapshot::default(),
+            &snapshot,
         )
         .unwrap();
         assert_eq!(decision.outcome, Outcome::Ignored);

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 use crate::metrics::WebhookMetrics;
-use crate::review::{Outcome, Target, decide};
+use crate::review::{Outcome, Route, Target, decide};
 use crate::tls::CertificateStore;
 
 /// Bounds on what one client can make the server do.
@@ -275,24 +275,18 @@ async fn admission(
     };
     webhook.metrics.record_body(bytes.len());
     let snapshot = webhook.templates.snapshot();
-    let group_label = match target {
-        Target::All => "all",
-        Target::Group(id) if snapshot.group(id).is_some() => id,
-        Target::Group(_) => "unknown",
-    };
     let decision = decide(&bytes, target, &snapshot);
     let seconds = started.elapsed().as_secs_f64();
     match decision {
         Ok(decision) => {
             webhook
                 .metrics
-                .record(group_label, decision.outcome, seconds);
+                .record(decision.group, decision.outcome, seconds);
             webhook.metrics.record_decision(
                 &decision.applied,
                 &decision.denied_by,
                 decision.warnings,
             );
-            let applied: Vec<String> = decision.applied.iter().map(ToString::to_string).collect();
             match decision.outcome {
                 Outcome::UnknownGroup => tracing::warn!(
                     uid = %decision.uid,
@@ -310,9 +304,9 @@ async fn admission(
                 uid = %decision.uid,
                 namespace = %decision.namespace,
                 pod = %decision.pod,
-                group = group_label,
+                group = decision.group,
                 outcome = decision.outcome.as_str(),
-                templates = %applied.join(","),
+                templates = %decision.applied_record,
                 warnings = decision.warnings,
                 duration_us = (seconds * 1e6) as u64,
                 "admission"
@@ -320,9 +314,9 @@ async fn admission(
             Ok(json(decision.body))
         }
         Err(bad) => {
-            webhook
-                .metrics
-                .record(group_label, Outcome::BadRequest, seconds);
+            // The body was not read as far as the target: this is its one lookup.
+            let group = Route::resolve(target, &snapshot).label();
+            webhook.metrics.record(group, Outcome::BadRequest, seconds);
             tracing::info!(path = %path, error = %bad, "bad admission request");
             Ok(text(StatusCode::BAD_REQUEST, bad.to_string()))
         }
