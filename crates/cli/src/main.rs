@@ -14,7 +14,7 @@ use injector_cli::args::Cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    match Cli::parse().run() {
+    match Cli::parse().execute() {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");

@@ -15,7 +15,7 @@ const EXIT_DENIED: u8 = 3;
 
 impl Cli {
     /// Runs the command; an error is for `main` to print.
-    pub fn run(self) -> anyhow::Result<ExitCode> {
+    pub fn execute(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Render(args) => {
                 let rendered = render(&args.into_request())?;

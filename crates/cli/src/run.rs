@@ -126,7 +126,7 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
         controller_metrics,
         leading,
     );
-    tasks.push(tokio::spawn(operator.run(stop.clone())));
+    tasks.push(tokio::spawn(operator.run_loops(stop.clone())));
 
     let (admission, admin) = bind(&options).await?;
     let result = serve_both(admission, admin, webhook, stop).await;
@@ -217,7 +217,7 @@ fn spawn_leader_election(
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        if let Err(error) = leader::run(client, config, leading, stop).await {
+        if let Err(error) = leader::campaign(client, config, leading, stop).await {
             tracing::error!(%error, "leader election stopped");
         }
     })

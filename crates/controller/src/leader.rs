@@ -315,7 +315,7 @@ pub fn released(current: &Lease, now: &MicroTime) -> Lease {
 /// leader first publishes `false`, then releases the Lease so that another replica takes over
 /// at once. Only two things are returned as errors: an invalid configuration (before any
 /// request, `leading` untouched) and a failed release (after `leading` is already `false`).
-pub async fn run(
+pub async fn campaign(
     client: kube::Client,
     config: LeaderElectionConfig,
     leading: watch::Sender<bool>,

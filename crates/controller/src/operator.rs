@@ -303,7 +303,7 @@ impl Operator {
     }
 
     /// Runs every loop until `stop` is cancelled.
-    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+    pub async fn run_loops(self: Arc<Self>, stop: CancellationToken) {
         let loops = [
             tokio::spawn(Arc::clone(&self).sync_templates(stop.clone())),
             tokio::spawn(Arc::clone(&self).watch_certificate(stop.clone())),

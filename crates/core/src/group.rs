@@ -2,11 +2,13 @@
 //! served by one webhook entry, at `/mutate/<id>` (docs/architecture.md, decision 2).
 
 use std::fmt;
+use std::sync::Arc;
 
 use injector_api::FailurePolicy;
 use sha2::{Digest, Sha256};
 
 use crate::selector::Selector;
+use crate::template::CompiledTemplate;
 
 /// What templates of one webhook entry share.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -96,6 +98,24 @@ impl std::borrow::Borrow<str> for GroupId {
 impl From<&str> for GroupId {
     fn from(id: &str) -> Self {
         GroupId(id.to_owned())
+    }
+}
+
+/// The templates one webhook entry serves.
+#[derive(Debug)]
+pub struct Group {
+    /// The entry's id (its path is `/mutate/<id>`).
+    pub id: GroupId,
+    /// The selectors and policy the templates share.
+    pub key: GroupKey,
+    /// The templates, in application order.
+    pub templates: Vec<Arc<CompiledTemplate>>,
+}
+
+impl Group {
+    /// The lowest priority of the group's templates: entries are ordered by it.
+    pub fn priority(&self) -> i32 {
+        self.templates.first().map_or(i32::MAX, |t| t.priority)
     }
 }
 

@@ -17,11 +17,11 @@ pub mod syntax;
 pub mod template;
 
 pub use error::{FieldError, ValidationErrors};
-pub use group::{GroupId, GroupKey};
+pub use group::{Group, GroupId, GroupKey};
 pub use patch::{Patch, PatchValue};
 pub use plan::{
     Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among,
 };
-pub use registry::{Group, Registry, Snapshot};
+pub use registry::{Registry, Snapshot};
 pub use selector::{Labels, Selector};
 pub use template::{CompiledTemplate, compile};

@@ -8,26 +8,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::group::{GroupId, GroupKey};
+use crate::group::{Group, GroupId, GroupKey};
 use crate::template::CompiledTemplate;
-
-/// The templates one webhook entry serves.
-#[derive(Debug)]
-pub struct Group {
-    /// The entry's id (its path is `/mutate/<id>`).
-    pub id: GroupId,
-    /// The selectors and policy the templates share.
-    pub key: GroupKey,
-    /// The templates, in application order.
-    pub templates: Vec<Arc<CompiledTemplate>>,
-}
-
-impl Group {
-    /// The lowest priority of the group's templates: entries are ordered by it.
-    pub fn priority(&self) -> i32 {
-        self.templates.first().map_or(i32::MAX, |t| t.priority)
-    }
-}
 
 /// An immutable view of every valid template, indexed for the webhook.
 #[derive(Debug, Default)]

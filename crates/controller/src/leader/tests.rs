@@ -406,7 +406,7 @@ fn start() -> Fixture {
     let client = kube::Client::new(service, "default");
     let (sender, leading) = watch::channel(false);
     let stop = CancellationToken::new();
-    let task = tokio::spawn(run(client, config(), sender, stop.clone()));
+    let task = tokio::spawn(campaign(client, config(), sender, stop.clone()));
     Fixture {
         server,
         leading,
@@ -797,7 +797,7 @@ async fn an_invalid_configuration_is_refused_before_any_request() {
     let (sender, leading) = watch::channel(true);
     let mut config = config();
     config.renew_deadline = LEASE_DURATION;
-    let result = run(client, config, sender, CancellationToken::new()).await;
+    let result = campaign(client, config, sender, CancellationToken::new()).await;
     assert!(matches!(result, Err(LeaderError::InvalidConfig(_))));
     assert!(server.next_request().await.is_none());
     assert!(*leading.borrow(), "untouched");
@@ -810,7 +810,7 @@ async fn a_stale_true_is_withdrawn_at_start() {
     let (sender, mut leading) = watch::channel(true);
     let stop = CancellationToken::new();
     stop.cancel();
-    let result = run(client, config(), sender, stop).await;
+    let result = campaign(client, config(), sender, stop).await;
     assert!(result.is_ok());
     assert!(!*leading.borrow_and_update());
 }
