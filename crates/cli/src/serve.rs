@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::Registry;
-use injector_webhook::{CertificateStore, Limits, Templates, Webhook, serve_both};
+use injector_core::Templates;
+use injector_webhook::{CertificateStore, Limits, Webhook, serve_both};
 use prometheus_client::registry::Registry as MetricsRegistry;
 use tokio_util::sync::CancellationToken;
 

@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
-use injector_webhook::{CertificateStore, Templates};
+use injector_core::Templates;
+use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -247,7 +248,7 @@ pub async fn watch_templates<W, S>(
             }
             Some(Err(error)) => {
                 let now = Instant::now();
-                if templates.watch_failed(now) {
+                if templates.watch_failed(now.into_std()) {
                     restart_at = Some(now + templates.watch_grace() / 2);
                 }
                 report(&sync, Err(&error));

@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use injector_api::{FailurePolicy, SidecarTemplate};
-use injector_core::{CompiledTemplate, GroupId, Registry, ValidationErrors, compile};
-use injector_webhook::Templates;
+use injector_core::{CompiledTemplate, GroupId, Registry, Templates, ValidationErrors, compile};
 use kube::runtime::watcher::Event;
 
 /// The last outcome of compiling one template, for the status writer.

@@ -11,7 +11,7 @@ use futures::channel::mpsc;
 use injector_api::SidecarTemplate;
 use injector_controller::operator::watch_templates;
 use injector_controller::sync::{ObservedTemplates, TemplateSync};
-use injector_webhook::Templates;
+use injector_core::Templates;
 use kube::runtime::watcher::{self, Event};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +61,8 @@ async fn a_failing_watch_is_restarted_and_its_fresh_list_ends_the_failures() {
         })
     };
     use futures::StreamExt as _;
-    let far = |templates: &Templates| templates.freshness(Instant::now() + GRACE * 100);
+    let far =
+        |templates: &Templates| templates.freshness((Instant::now() + GRACE * 100).into_std());
 
     started.next().await.unwrap();
     first_tx.unbounded_send(Ok(Event::Init)).unwrap();
@@ -84,7 +85,11 @@ async fn a_failing_watch_is_restarted_and_its_fresh_list_ends_the_failures() {
         far(&templates).is_err(),
         "failing: stale after the grace period"
     );
-    assert_eq!(templates.freshness(Instant::now()), Ok(()), "not yet");
+    assert_eq!(
+        templates.freshness(Instant::now().into_std()),
+        Ok(()),
+        "not yet"
+    );
 
     // Half a grace period later the loop starts the watch again (the paused clock jumps to
     // it), and the new watch's complete list ends the failures.
@@ -151,9 +156,12 @@ async fn a_watch_still_failing_after_the_restart_stays_not_ready() {
         .unbounded_send(Err(watcher::Error::NoResourceVersion))
         .unwrap();
     tokio::time::sleep(GRACE).await;
-    assert!(templates.freshness(began + GRACE * 2).is_err());
+    assert!(templates.freshness((began + GRACE * 2).into_std()).is_err());
     assert!(Instant::now() > began + GRACE);
-    assert!(templates.freshness(Instant::now()).is_err(), "not ready");
+    assert!(
+        templates.freshness(Instant::now().into_std()).is_err(),
+        "not ready"
+    );
     stop.cancel();
     task.await.unwrap();
 }

@@ -7,21 +7,25 @@
 
 pub mod defaulted;
 pub mod error;
+pub mod freshness;
 pub mod group;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
+pub mod published;
 pub mod registry;
 pub mod selector;
 pub mod syntax;
 pub mod template;
 
 pub use error::{FieldError, ValidationErrors};
+pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 pub use group::{Group, GroupId, GroupKey};
 pub use patch::{Patch, PatchValue};
 pub use plan::{
     Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among,
 };
+pub use published::Templates;
 pub use registry::{Registry, Snapshot};
 pub use selector::{Labels, Selector};
 pub use template::{CompiledTemplate, compile};

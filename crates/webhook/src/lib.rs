@@ -7,13 +7,11 @@
 //! * [`metrics`] are the Prometheus metrics;
 //! * [`freshness`] tells whether the template watch failed for too long to stay ready.
 
-pub mod freshness;
 pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 pub use review::{Decision, Outcome, Route, Target, decide};
-pub use server::{Limits, Templates, Webhook, serve_admin, serve_admission, serve_both};
+pub use server::{Limits, Webhook, serve_admin, serve_admission, serve_both};
 pub use tls::CertificateStore;

@@ -6,11 +6,9 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
@@ -20,7 +18,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use injector_core::Snapshot;
+use injector_core::Templates;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -28,7 +26,6 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, Route, Target, decide};
 use crate::tls::CertificateStore;
@@ -60,73 +57,6 @@ impl Default for Limits {
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(25),
         }
-    }
-}
-
-/// What the webhook serves from: the template snapshot, whether it is complete, and whether
-/// the watch feeding it is healthy.
-#[derive(Debug)]
-pub struct Templates {
-    snapshot: ArcSwap<Snapshot>,
-    synced: AtomicBool,
-    watch: Mutex<WatchHealth>,
-}
-
-impl Templates {
-    /// No templates yet, not synced; the default grace period for watch failures.
-    pub fn new() -> Arc<Self> {
-        Self::with_watch_grace(DEFAULT_WATCH_GRACE)
-    }
-
-    /// No templates yet, not synced; a template watch failing for longer than `grace` makes
-    /// the replica not ready.
-    pub fn with_watch_grace(grace: Duration) -> Arc<Self> {
-        Arc::new(Self {
-            snapshot: ArcSwap::from_pointee(Snapshot::default()),
-            synced: AtomicBool::new(false),
-            watch: Mutex::new(WatchHealth::new(grace)),
-        })
-    }
-
-    /// Publishes a new snapshot; requests that started earlier finish with the old one.
-    pub fn publish(&self, snapshot: Arc<Snapshot>) {
-        self.snapshot.store(snapshot);
-    }
-
-    /// Marks the snapshot complete (a full list was applied); this also ends a run of watch
-    /// failures.
-    pub fn mark_synced(&self) {
-        self.synced.store(true, Ordering::Release);
-        self.watch_health().listed();
-    }
-
-    /// Whether the first full list was applied.
-    pub fn is_synced(&self) -> bool {
-        self.synced.load(Ordering::Acquire)
-    }
-
-    /// The template watch failed at `now`; whether this begins a new run of failures.
-    pub fn watch_failed(&self, now: Instant) -> bool {
-        self.watch_health().failed(now)
-    }
-
-    /// How long the template watch may fail before the replica is not ready.
-    pub fn watch_grace(&self) -> Duration {
-        self.watch_health().grace()
-    }
-
-    /// `Ok` unless the template watch has been failing for longer than the grace period.
-    pub fn freshness(&self, now: Instant) -> Result<(), &'static str> {
-        self.watch_health().check(now)
-    }
-
-    fn watch_health(&self) -> std::sync::MutexGuard<'_, WatchHealth> {
-        self.watch.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The current snapshot.
-    pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.snapshot.load_full()
     }
 }
 
@@ -169,7 +99,7 @@ impl Webhook {
     pub fn readiness(&self) -> Result<(), &'static str> {
         if !self.templates.is_synced() {
             Err("templates not synced yet")
-        } else if let Err(stale) = self.templates.freshness(Instant::now()) {
+        } else if let Err(stale) = self.templates.freshness(Instant::now().into_std()) {
             Err(stale)
         } else if !self.certificates.is_loaded() {
             Err("no serving certificate loaded")

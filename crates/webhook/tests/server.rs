@@ -453,7 +453,7 @@ async fn health_readiness_and_metrics() {
 #[tokio::test]
 async fn readiness_requires_synced_templates_and_a_certificate() {
     let server = start(&[LOGGER]).await;
-    let unsynced = injector_webhook::Templates::new();
+    let unsynced = injector_core::Templates::new();
     let webhook = injector_webhook::Webhook::new(
         unsynced,
         injector_webhook::CertificateStore::new(),
@@ -474,12 +474,12 @@ async fn a_template_watch_failing_beyond_its_grace_period_is_not_ready_until_a_f
     assert_eq!(grace, Duration::from_secs(60), "the default");
     let now = tokio::time::Instant::now();
     // A failure that just began is within the grace period.
-    assert!(templates.watch_failed(now));
+    assert!(templates.watch_failed(now.into_std()));
     assert_eq!(server.admin_get("/readyz").await.0, StatusCode::OK);
     // One that began longer ago than the grace period is not.
     templates.mark_synced();
     let long_ago = now.checked_sub(grace + Duration::from_secs(1)).unwrap();
-    assert!(templates.watch_failed(long_ago));
+    assert!(templates.watch_failed(long_ago.into_std()));
     let (status, reason) = server.admin_get("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(reason.contains("SidecarTemplate watch"), "{reason}");

@@ -10,10 +10,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use injector_core::{Registry, compile};
-use injector_webhook::{
-    CertificateStore, Limits, Templates, Webhook, serve_admin, serve_admission,
-};
+use injector_core::{Registry, Templates, compile};
+use injector_webhook::{CertificateStore, Limits, Webhook, serve_admin, serve_admission};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, ServerName};

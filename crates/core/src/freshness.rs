@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// The default grace period: see [`WatchHealth::new`].
 pub const DEFAULT_WATCH_GRACE: Duration = Duration::from_secs(60);
