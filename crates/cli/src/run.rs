@@ -5,10 +5,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use injector_controller::FIELD_MANAGER;
 use injector_controller::certs::{Lifetimes, ServingNames};
 use injector_controller::leader::{self, LeaderElectionConfig};
 use injector_controller::metrics::ControllerMetrics;
-use injector_controller::operator::{FIELD_MANAGER, Operator, OperatorOptions};
+use injector_controller::operator::{Operator, OperatorOptions};
 use injector_controller::webhook_config::{Endpoint, WebhookConfigOptions};
 use injector_core::Templates;
 use injector_webhook::{CertificateStore, Limits, Webhook, serve_both};

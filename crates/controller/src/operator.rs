@@ -26,14 +26,13 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::FIELD_MANAGER;
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
-
-pub use crate::FIELD_MANAGER;
 
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
