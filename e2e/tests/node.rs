@@ -870,14 +870,12 @@ fn operator_pod_force_deleted_under_load(cluster: &Cluster) -> anyhow::Result<()
         "--force",
     ])?;
     let deleted = Instant::now();
-    let outcome = poll(
-        Duration::from_secs(60),
-        "a replacement Ready and served",
-        || {
-            let pods = wait_operator_ready(cluster)?;
-            Ok((!pods.contains(&victim)).then_some(()))
-        },
-    );
+    // The force-deleted Pod is gone from the API when kubectl returns: 2 Pods Ready and
+    // served are the other one and the replacement.
+    let outcome = wait_operator_ready(cluster).and_then(|pods| {
+        ensure!(!pods.contains(&victim), "{victim} is still there: {pods:?}");
+        Ok(())
+    });
     eprintln!(
         "[e2e] replacement served {:.1?} after the force deletion",
         deleted.elapsed()
@@ -900,6 +898,7 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
     let ns = cluster.namespace("rollout", &[GUARD_LABEL])?;
     wait_injected(cluster, &ns, &[], GUARD)?;
     let before = wait_operator_ready(cluster)?;
+    let selector = operator_selector(cluster)?;
     let chart = workspace_root().join("charts/sidecar-injector");
 
     let load = Load::start(cluster, &ns)?;
@@ -929,8 +928,8 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
             let done = status["observedGeneration"] == deployment["metadata"]["generation"]
                 && status["updatedReplicas"] == 2
                 && status["replicas"] == 2;
-            let pods = wait_operator_ready(cluster)?;
-            Ok((done && pods.iter().all(|p| !before.contains(p))).then_some(()))
+            let pods = operator_pods_served(cluster, &selector)?.unwrap_or_default();
+            Ok((done && pods.len() == 2 && pods.iter().all(|p| !before.contains(p))).then_some(()))
         })
     });
     eprintln!(
@@ -1052,33 +1051,37 @@ fn wait_operator_ready(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
     poll(
         Duration::from_secs(90),
         "2 operator Pods Ready and served",
-        || {
-            let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
-            let ready = pods.len() == 2
-                && pods.iter().all(|p| {
-                    p["metadata"]["deletionTimestamp"].is_null()
-                        && p["status"]["containerStatuses"]
-                            .as_array()
-                            .is_some_and(|s| s.iter().all(|c| c["ready"] == true))
-                });
-            if !ready {
-                return Ok(None);
-            }
-            let mut ips: Vec<String> = pods
-                .iter()
-                .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
-                .collect();
-            ips.sort();
-            if service_endpoints(cluster)? != ips {
-                return Ok(None);
-            }
-            Ok(Some(
-                pods.iter()
-                    .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-                    .collect(),
-            ))
-        },
+        || operator_pods_served(cluster, &selector),
     )
+}
+
+/// The names of the operator's Pods if there are exactly 2, both Ready and both (only they)
+/// behind the Service.
+fn operator_pods_served(cluster: &Cluster, selector: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(selector))?;
+    let ready = pods.len() == 2
+        && pods.iter().all(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(|c| c["ready"] == true))
+        });
+    if !ready {
+        return Ok(None);
+    }
+    let mut ips: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        .collect();
+    ips.sort();
+    if service_endpoints(cluster)? != ips {
+        return Ok(None);
+    }
+    Ok(Some(
+        pods.iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect(),
+    ))
 }
 
 /// Fails naming every Pod without the guard container.
@@ -1102,7 +1105,17 @@ fn ensure_guarded(pods: &[Value]) -> anyhow::Result<()> {
 /// node stays idle for the operator's own Pods.
 struct Load {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<LoadReport>>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<LoadReport>>>,
+}
+
+/// A scenario that fails before `stop` stops the load too, rather than leave it to its bounds.
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 struct LoadReport {
@@ -1124,13 +1137,18 @@ impl Load {
                 .build()?
                 .block_on(create_pods(kubeconfig, ns, flag))
         });
-        Ok(Self { stop, thread })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Stops creating, waits for the creations under way, and returns what happened.
-    fn stop(self) -> anyhow::Result<LoadReport> {
+    fn stop(mut self) -> anyhow::Result<LoadReport> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
+            .take()
+            .context("the load was stopped already")?
             .join()
             .map_err(|_| anyhow!("the load thread panicked"))?
     }
