@@ -763,16 +763,6 @@ fn required_while_no_replica_serves(cluster: &Cluster) -> anyhow::Result<()> {
     let ns = cluster.namespace("guarded", &[GUARD_LABEL])?;
     wait_injected(cluster, &ns, &[], GUARD)?;
 
-    scale_operator(cluster, 0)?;
-    let selector = operator_selector(cluster)?;
-    poll(
-        Duration::from_secs(60),
-        "no operator Pod and no endpoint",
-        || {
-            let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
-            Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
-        },
-    )?;
     let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -789,30 +779,45 @@ fn required_while_no_replica_serves(cluster: &Cluster) -> anyhow::Result<()> {
     });
     let create =
         || cluster.kubectl_with_stdin(&["create", "-f", "-", "-o", "json"], &pod.to_string());
-    let mut refused = 0;
-    for _ in 0..3 {
-        let out = create()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(
-            !out.status.success(),
-            "admitted while no replica serves: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        ensure!(
-            stderr.contains("webhook"),
-            "refused, but not by the webhook: {stderr}"
-        );
-        if refused == 0 {
-            eprintln!("[e2e] no replica: {}", stderr.trim());
+    scale_operator(cluster, 0)?;
+    // Back to 2 replicas whatever happens meanwhile, so that a failure here does not fail the
+    // scenarios after this one too.
+    let down = (|| -> anyhow::Result<u32> {
+        let selector = operator_selector(cluster)?;
+        poll(
+            Duration::from_secs(60),
+            "no operator Pod and no endpoint",
+            || {
+                let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
+                Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
+            },
+        )?;
+        let mut refused = 0;
+        for _ in 0..3 {
+            let out = create()?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            ensure!(
+                !out.status.success(),
+                "admitted while no replica serves: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            ensure!(
+                stderr.contains("webhook"),
+                "refused, but not by the webhook: {stderr}"
+            );
+            if refused == 0 {
+                eprintln!("[e2e] no replica: {}", stderr.trim());
+            }
+            refused += 1;
         }
-        refused += 1;
-    }
-    ensure!(
-        cluster.list_json("pods", Some(&ns), None)?.is_empty(),
-        "a refused Pod exists"
-    );
-
+        ensure!(
+            cluster.list_json("pods", Some(&ns), None)?.is_empty(),
+            "a refused Pod exists"
+        );
+        Ok(refused)
+    })();
     scale_operator(cluster, 2)?;
+    let mut refused = down?;
     wait_operator_ready(cluster)?;
     // Until the API server's Service routing has the new endpoints, a creation may still be
     // refused; it is never admitted without the sidecar.
