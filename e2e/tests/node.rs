@@ -6,14 +6,19 @@
 //! namespaces), reports which failed, and stops it all at the end, also when a scenario panics.
 //! Needs root and the host packages (`just node-packages`). Off unless `SIDECAR_INJECTOR_E2E=1`;
 //! `SIDECAR_INJECTOR_E2E_SCENARIOS=words` runs only the scenarios whose names contain one.
+//!
+//! The last scenarios (from g on) run on the chart installed from the operator's image: the
+//! first of them that runs installs it, and it is uninstalled after the last.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, SocketAddr};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, anyhow, bail, ensure};
 use injector_e2e::host::{BRIDGE_ADDRESS, check_fence};
 use injector_e2e::images::with_stand_ins;
 use injector_e2e::pod::{containers, init_containers};
@@ -21,14 +26,27 @@ use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, wait_crd_established, wait_injected, wait_served,
 };
 use injector_e2e::{Cluster, Operator, OperatorOptions, http_get_at, poll, workspace_root};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 type Scenario = fn(&Cluster) -> anyhow::Result<()>;
 
-/// The last scenario: it replaces the operator out of cluster with the chart's.
+/// The first scenario on the chart's operator, which replaces the one out of cluster.
 const CHART: &str = "g-chart-installed-from-the-image";
+const REQUIRED_DOWN: &str = "h-required-pod-refused-while-no-replica-serves";
+const FORCE_DELETED: &str = "i-operator-pod-force-deleted-under-load";
+const UPGRADE: &str = "j-helm-upgrade-under-load";
+/// The scenarios that run on the chart's operator (last in `SCENARIOS`).
+const ON_THE_CHART: [&str; 4] = [CHART, REQUIRED_DOWN, FORCE_DELETED, UPGRADE];
 
-const SCENARIOS: [(&str, Scenario); 7] = [
+/// The chart's release, its namespace, and the name of its objects (the Deployment, the
+/// Service, the MutatingWebhookConfiguration).
+const RELEASE: &str = "chart";
+const RELEASE_NAMESPACE: &str = "chart-system";
+const CHART_OBJECTS: &str = "chart-sidecar-injector";
+
+const SCENARIOS: [(&str, Scenario); 10] = [
     ("a-fence-and-no-registry", fence_and_no_registry),
     (
         "b-kubernetes-service-from-a-pod",
@@ -45,6 +63,9 @@ const SCENARIOS: [(&str, Scenario); 7] = [
     ),
     ("f-log-shipper-reads-the-app-log", log_shipper),
     (CHART, chart_from_the_image),
+    (REQUIRED_DOWN, required_while_no_replica_serves),
+    (FORCE_DELETED, operator_pod_force_deleted_under_load),
+    (UPGRADE, helm_upgrade_under_load),
 ];
 
 #[test]
@@ -72,13 +93,15 @@ fn node() {
         Operator::start(&cluster, OperatorOptions::default()).expect("the operator starts");
 
     let mut results = Vec::new();
+    let mut on_the_chart = false;
     for (name, scenario) in SCENARIOS {
         if let Some(words) = &filter
             && !words.iter().any(|w| name.contains(w.as_str()))
         {
             continue;
         }
-        if name == CHART {
+        if ON_THE_CHART.contains(&name) && !on_the_chart {
+            on_the_chart = true;
             // The chart's operator replaces the one out of cluster (and its configuration,
             // which would point the API server at a stopped process).
             let _ = operator.stop();
@@ -103,6 +126,22 @@ fn node() {
             Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
         }
         results.push((name, elapsed, outcome));
+    }
+    if on_the_chart {
+        let t = Instant::now();
+        let outcome = helm(
+            &cluster,
+            &[
+                "uninstall",
+                RELEASE,
+                "--namespace",
+                RELEASE_NAMESPACE,
+                "--wait",
+            ],
+        )
+        .map(drop)
+        .map_err(|e| format!("{e:#}"));
+        results.push(("helm-uninstall", t.elapsed(), outcome));
     }
     // kube-proxy resyncs all along: the fence must still be first at the end.
     let fence_at_end = check_fence();
@@ -493,7 +532,7 @@ fn log_shipper(cluster: &Cluster) -> anyhow::Result<()> {
 /// g. The chart installed for real from `just image`'s image: 2 replicas Ready, the
 /// certificate and the configuration created by the operator in the cluster (a Service, not a
 /// URL), and a Pod injected through it (the API server calls the webhook through the
-/// Service), running 2/2; then `helm uninstall`.
+/// Service), running 2/2. It stays installed for the next scenarios.
 fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
     let archive = std::env::var_os("SIDECAR_INJECTOR_IMAGE").map_or_else(
         || workspace_root().join("target/sidecar-injector-image.tar"),
@@ -506,41 +545,26 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
     );
     let started = Instant::now();
     cluster.import_image(&archive)?;
-    let helm = injector_e2e::tool("helm")?;
-    let home = cluster.dir().join("helm");
-    let run_helm = |args: &[&str]| -> anyhow::Result<String> {
-        let out = std::process::Command::new(&helm)
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .env("KUBECONFIG", cluster.kubeconfig_path())
-            .args(args)
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "helm {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
     let chart = workspace_root().join("charts/sidecar-injector");
-    run_helm(&[
-        "install",
-        "chart",
-        &chart.display().to_string(),
-        "--namespace",
-        "chart-system",
-        "--create-namespace",
-        "--set",
-        "image.repository=sidecar-injector.invalid/sidecar-injector",
-        "--set",
-        "image.tag=dev",
-        "--set",
-        "image.pullPolicy=Never",
-        "--wait",
-        "--timeout=3m",
-    ])?;
+    helm(
+        cluster,
+        &[
+            "install",
+            RELEASE,
+            &chart.display().to_string(),
+            "--namespace",
+            "chart-system",
+            "--create-namespace",
+            "--set",
+            "image.repository=sidecar-injector.invalid/sidecar-injector",
+            "--set",
+            "image.tag=dev",
+            "--set",
+            "image.pullPolicy=Never",
+            "--wait",
+            "--timeout=3m",
+        ],
+    )?;
     let deployment =
         cluster.get_json("deployment", Some("chart-system"), "chart-sidecar-injector")?;
     ensure!(
@@ -574,6 +598,10 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
     );
     cluster.get_json("secret", Some("chart-system"), "chart-sidecar-injector-tls")?;
 
+    // Applied by c too; again here, so that g also runs alone.
+    cluster.apply_yaml(&with_stand_ins(&read_example(
+        "nginx-sidecar/sidecartemplate.yaml",
+    )?))?;
     let ns = cluster.namespace("chart-web", &[("sidecar.dev/example", "nginx-sidecar")])?;
     // The only webhook configuration now is the chart's: an injection is a call through the
     // Service.
@@ -596,13 +624,6 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
         "containers: {:?}",
         containers(&pod)
     );
-    run_helm(&[
-        "uninstall",
-        "chart",
-        "--namespace",
-        "chart-system",
-        "--wait",
-    ])?;
     Ok(())
 }
 
@@ -715,4 +736,523 @@ fn wait_phase(
         }
         Ok((now == phase).then_some(pod))
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the chart's operator: required templates while replicas go away
+// ---------------------------------------------------------------------------------------------
+
+/// The required template of h, i and j: a `guard` container (the stand-in busybox, asleep)
+/// for every Pod of a namespace with the label.
+const GUARD: &str = "e2e-guard";
+const GUARD_LABEL: (&str, &str) = ("e2e.sidecar.dev/guard", "required");
+
+/// The load of i and j: Pods created at this rate, each on its own task so that a creation the
+/// API server holds (a webhook call to a replica that is gone) does not delay the next.
+const LOAD_RATE: u32 = 12;
+/// Bounds of one load, whatever happens: it stops by itself at either.
+const LOAD_MAX_PODS: usize = 900;
+const LOAD_MAX_TIME: Duration = Duration::from_secs(75);
+
+/// h. A required template on the node, no replica serving (the Deployment scaled to 0, the
+/// Service without endpoints): a Pod it selects is refused; once the replicas are back it is
+/// admitted with its sidecar and runs 2/2. No Pod of the namespace ever exists without it.
+fn required_while_no_replica_serves(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    apply_guard(cluster)?;
+    let ns = cluster.namespace("guarded", &[GUARD_LABEL])?;
+    wait_injected(cluster, &ns, &[], GUARD)?;
+
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "app", "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app",
+                "image": "stand-in.invalid/busybox:1.36",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    });
+    let create =
+        || cluster.kubectl_with_stdin(&["create", "-f", "-", "-o", "json"], &pod.to_string());
+    scale_operator(cluster, 0)?;
+    // Back to 2 replicas whatever happens meanwhile, so that a failure here does not fail the
+    // scenarios after this one too.
+    let down = (|| -> anyhow::Result<u32> {
+        let selector = operator_selector(cluster)?;
+        poll(
+            Duration::from_secs(60),
+            "no operator Pod and no endpoint",
+            || {
+                let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
+                Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
+            },
+        )?;
+        let mut refused = 0;
+        for _ in 0..3 {
+            let out = create()?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            ensure!(
+                !out.status.success(),
+                "admitted while no replica serves: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+            ensure!(
+                stderr.contains("webhook"),
+                "refused, but not by the webhook: {stderr}"
+            );
+            if refused == 0 {
+                eprintln!("[e2e] no replica: {}", stderr.trim());
+            }
+            refused += 1;
+        }
+        ensure!(
+            cluster.list_json("pods", Some(&ns), None)?.is_empty(),
+            "a refused Pod exists"
+        );
+        Ok(refused)
+    })();
+    scale_operator(cluster, 2)?;
+    let mut refused = down?;
+    wait_operator_ready(cluster)?;
+    // Until the API server's Service routing has the new endpoints, a creation may still be
+    // refused; it is never admitted without the sidecar.
+    let admitted = poll(Duration::from_secs(60), "app admitted", || {
+        let out = create()?;
+        if out.status.success() {
+            return Ok(Some(serde_json::from_slice::<Value>(&out.stdout)?));
+        }
+        refused += 1;
+        Ok(None)
+    })?;
+    ensure!(
+        containers(&admitted) == ["app", GUARD],
+        "admitted with containers {:?}",
+        containers(&admitted)
+    );
+    poll(Duration::from_secs(60), "app Running 2/2 Ready", || {
+        let pod = cluster.get_json("pod", Some(&ns), "app")?;
+        let ready = pod["status"]["phase"] == "Running"
+            && pod["status"]["containerStatuses"]
+                .as_array()
+                .is_some_and(|s| s.len() == 2 && s.iter().all(|c| c["ready"] == true));
+        Ok(ready.then_some(()))
+    })?;
+    // Nothing deletes a Pod of this namespace: every Pod it ever held is in this list.
+    let pods = cluster.list_json("pods", Some(&ns), None)?;
+    ensure!(pods.len() == 1, "{} Pods in {ns}", pods.len());
+    ensure_guarded(&pods)?;
+    eprintln!("[e2e] {refused} creations refused while no replica served, then admitted 2/2");
+    let _ = cluster.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    Ok(())
+}
+
+/// i. One of the 2 operator Pods force-deleted (`--grace-period=0 --force`) while Pods a
+/// required template selects are created at `LOAD_RATE`: none is admitted without the sidecar
+/// (every created Pod checked); refused creations are counted and reported.
+fn operator_pod_force_deleted_under_load(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    apply_guard(cluster)?;
+    let ns = cluster.namespace("failover", &[GUARD_LABEL])?;
+    wait_injected(cluster, &ns, &[], GUARD)?;
+    let before = wait_operator_ready(cluster)?;
+    let victim = before.first().context("no operator Pod")?.clone();
+
+    let load = Load::start(cluster, &ns)?;
+    // Some admissions with both replicas first, so that the load spans the whole failover.
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        RELEASE_NAMESPACE,
+        &victim,
+        "--grace-period=0",
+        "--force",
+    ])?;
+    let deleted = Instant::now();
+    // The force-deleted Pod is gone from the API when kubectl returns: 2 Pods Ready and
+    // served are the other one and the replacement.
+    let outcome = wait_operator_ready(cluster).and_then(|pods| {
+        ensure!(!pods.contains(&victim), "{victim} is still there: {pods:?}");
+        Ok(())
+    });
+    eprintln!(
+        "[e2e] replacement served {:.1?} after the force deletion",
+        deleted.elapsed()
+    );
+    settle();
+    let report = load.stop()?;
+    outcome?;
+    report.check(cluster, &ns, "the force deletion")?;
+    let _ = cluster.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    Ok(())
+}
+
+/// j. `helm upgrade` with a changed Pod annotation, which rolls the Deployment (one surge
+/// replica, then the old ones stopped with SIGTERM), while Pods a required template selects are
+/// created at `LOAD_RATE`: none is admitted without the sidecar. Failed creations are counted
+/// and reported; zero needs a drain on SIGTERM (issue 12), so it is not asserted here.
+fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    apply_guard(cluster)?;
+    let ns = cluster.namespace("rollout", &[GUARD_LABEL])?;
+    wait_injected(cluster, &ns, &[], GUARD)?;
+    let before = wait_operator_ready(cluster)?;
+    let selector = operator_selector(cluster)?;
+    let chart = workspace_root().join("charts/sidecar-injector");
+
+    let load = Load::start(cluster, &ns)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let upgraded = Instant::now();
+    let outcome = helm(
+        cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart.display().to_string(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--reuse-values",
+            "--set-string",
+            "podAnnotations.e2e-rollout=j",
+            "--wait",
+            "--timeout=3m",
+        ],
+    )
+    .and_then(|_| {
+        // Rolled: the Deployment's new Pods only, all Ready and behind the Service.
+        poll(Duration::from_secs(60), "the rollout to finish", || {
+            let deployment =
+                cluster.get_json("deployment", Some(RELEASE_NAMESPACE), CHART_OBJECTS)?;
+            let status = &deployment["status"];
+            let done = status["observedGeneration"] == deployment["metadata"]["generation"]
+                && status["updatedReplicas"] == 2
+                && status["replicas"] == 2;
+            let pods = operator_pods_served(cluster, &selector)?.unwrap_or_default();
+            Ok((done && pods.len() == 2 && pods.iter().all(|p| !before.contains(p))).then_some(()))
+        })
+    });
+    eprintln!(
+        "[e2e] helm upgrade rolled both replicas in {:.1?}",
+        upgraded.elapsed()
+    );
+    settle();
+    let report = load.stop()?;
+    outcome?;
+    report.check(cluster, &ns, "the rollout")?;
+    let _ = cluster.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
+    Ok(())
+}
+
+/// The load goes on a little after the Deployment is back to 2 served replicas: kube-proxy's
+/// rules and the kubelet's stopping of the old containers follow the API objects.
+fn settle() {
+    std::thread::sleep(Duration::from_secs(3));
+}
+
+/// Runs helm with its homes in the cluster's directory against the cluster.
+fn helm(cluster: &Cluster, args: &[&str]) -> anyhow::Result<String> {
+    let home = cluster.dir().join("helm");
+    let out = std::process::Command::new(injector_e2e::tool("helm")?)
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env("KUBECONFIG", cluster.kubeconfig_path())
+        .args(args)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs the chart (scenario g) unless it already is, for a scenario run alone.
+fn ensure_chart(cluster: &Cluster) -> anyhow::Result<()> {
+    if helm(
+        cluster,
+        &["status", RELEASE, "--namespace", RELEASE_NAMESPACE],
+    )
+    .is_err()
+    {
+        chart_from_the_image(cluster)?;
+    }
+    Ok(())
+}
+
+fn apply_guard(cluster: &Cluster) -> anyhow::Result<()> {
+    let template = json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": GUARD},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {GUARD_LABEL.0: GUARD_LABEL.1}},
+            "failurePolicy": "Fail",
+            "containers": [{
+                "name": GUARD,
+                "image": "stand-in.invalid/busybox:1.36",
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    });
+    cluster.apply_yaml(&template.to_string())?;
+    wait_served(cluster, GUARD, CHART_OBJECTS).map(drop)
+}
+
+fn scale_operator(cluster: &Cluster, replicas: u32) -> anyhow::Result<()> {
+    cluster.kubectl_ok(&[
+        "scale",
+        &format!("deployment/{CHART_OBJECTS}"),
+        "-n",
+        RELEASE_NAMESPACE,
+        &format!("--replicas={replicas}"),
+    ])?;
+    Ok(())
+}
+
+/// The label selector of the operator's Pods, from the Deployment.
+fn operator_selector(cluster: &Cluster) -> anyhow::Result<String> {
+    let deployment = cluster.get_json("deployment", Some(RELEASE_NAMESPACE), CHART_OBJECTS)?;
+    let labels = deployment["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("the Deployment has no matchLabels")?;
+    Ok(labels
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+/// The ready addresses behind the chart's Service, sorted.
+fn service_endpoints(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    let slices = cluster.list_json(
+        "endpointslices",
+        Some(RELEASE_NAMESPACE),
+        Some(&format!("kubernetes.io/service-name={CHART_OBJECTS}")),
+    )?;
+    let mut addresses: Vec<String> = slices
+        .iter()
+        .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+        .filter(|e| e["conditions"]["ready"] == true)
+        .flat_map(|e| e["addresses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    addresses.sort();
+    Ok(addresses)
+}
+
+/// Waits until exactly 2 operator Pods run, both Ready and both (only they) behind the
+/// Service; returns their names.
+fn wait_operator_ready(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    let selector = operator_selector(cluster)?;
+    poll(
+        Duration::from_secs(90),
+        "2 operator Pods Ready and served",
+        || operator_pods_served(cluster, &selector),
+    )
+}
+
+/// The names of the operator's Pods if there are exactly 2, both Ready and both (only they)
+/// behind the Service.
+fn operator_pods_served(cluster: &Cluster, selector: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(selector))?;
+    let ready = pods.len() == 2
+        && pods.iter().all(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|s| s.iter().all(|c| c["ready"] == true))
+        });
+    if !ready {
+        return Ok(None);
+    }
+    let mut ips: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        .collect();
+    ips.sort();
+    if service_endpoints(cluster)? != ips {
+        return Ok(None);
+    }
+    Ok(Some(
+        pods.iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect(),
+    ))
+}
+
+/// Fails naming every Pod without the guard container.
+fn ensure_guarded(pods: &[Value]) -> anyhow::Result<()> {
+    let unguarded: Vec<String> = pods
+        .iter()
+        .filter(|p| !containers(p).iter().any(|c| c == GUARD))
+        .map(|p| format!("{} {:?}", p["metadata"]["name"], containers(p)))
+        .collect();
+    ensure!(
+        unguarded.is_empty(),
+        "{} Pod(s) admitted without their required sidecar: {}",
+        unguarded.len(),
+        unguarded.join(", ")
+    );
+    Ok(())
+}
+
+/// Pods a required template selects, created from a thread at `LOAD_RATE` until `stop` or a
+/// bound. They are never scheduled (a scheduling gate): what is checked is admission, and the
+/// node stays idle for the operator's own Pods.
+struct Load {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<LoadReport>>>,
+}
+
+/// A scenario that fails before `stop` stops the load too, rather than leave it to its bounds.
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct LoadReport {
+    attempted: usize,
+    elapsed: Duration,
+    by_limit: bool,
+    admitted: Vec<Value>,
+    refused: Vec<String>,
+}
+
+impl Load {
+    fn start(cluster: &Cluster, ns: &str) -> anyhow::Result<Self> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(cluster.kubeconfig_path())?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, ns) = (stop.clone(), ns.to_owned());
+        let thread = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(create_pods(kubeconfig, ns, flag))
+        });
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops creating, waits for the creations under way, and returns what happened.
+    fn stop(mut self) -> anyhow::Result<LoadReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .context("the load was stopped already")?
+            .join()
+            .map_err(|_| anyhow!("the load thread panicked"))?
+    }
+}
+
+async fn create_pods(
+    kubeconfig: kube::config::Kubeconfig,
+    ns: String,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<LoadReport> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(kube::Client::try_from(config)?, &ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "load-"},
+        "spec": {
+            "schedulingGates": [{"name": "e2e.sidecar.dev/never"}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{
+                "name": "app",
+                "image": "stand-in.invalid/busybox:1.36",
+                "imagePullPolicy": "Never",
+            }],
+        },
+    }))?;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1) / LOAD_RATE);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let mut by_limit = false;
+    loop {
+        ticker.tick().await;
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        if tasks.len() >= LOAD_MAX_PODS || started.elapsed() >= LOAD_MAX_TIME {
+            by_limit = true;
+            break;
+        }
+        let (pods, pod) = (pods.clone(), pod.clone());
+        tasks.push(tokio::spawn(async move {
+            pods.create(&PostParams::default(), &pod).await
+        }));
+    }
+    let elapsed = started.elapsed();
+    let mut report = LoadReport {
+        attempted: tasks.len(),
+        elapsed,
+        by_limit,
+        admitted: Vec::new(),
+        refused: Vec::new(),
+    };
+    for task in tasks {
+        match task.await? {
+            Ok(pod) => report.admitted.push(serde_json::to_value(pod)?),
+            // The API server's message alone: the whole Status repeats it three times.
+            Err(kube::Error::Api(status)) => report.refused.push(status.message),
+            Err(e) => report.refused.push(e.to_string()),
+        }
+    }
+    Ok(report)
+}
+
+impl LoadReport {
+    /// Prints the figures and checks every Pod: each one the API server answered with, and
+    /// each one the namespace holds (a creation the client saw fail may still have been
+    /// stored); none may lack the sidecar. The load must have lasted the whole of `what`.
+    fn check(&self, cluster: &Cluster, ns: &str, what: &str) -> anyhow::Result<()> {
+        let stored = cluster.list_json("pods", Some(ns), None)?;
+        eprintln!(
+            "[e2e] load during {what}: {} creations in {:.1?} ({:.1}/s), {} admitted, {} refused \
+             or failed, {} Pods stored",
+            self.attempted,
+            self.elapsed,
+            self.attempted as f64 / self.elapsed.as_secs_f64(),
+            self.admitted.len(),
+            self.refused.len(),
+            stored.len(),
+        );
+        let mut reasons: Vec<(String, usize)> = Vec::new();
+        for message in &self.refused {
+            match reasons.iter_mut().find(|(m, _)| m == message) {
+                Some((_, n)) => *n += 1,
+                None => reasons.push((message.clone(), 1)),
+            }
+        }
+        for (message, n) in &reasons {
+            eprintln!("[e2e]   {n} x {message}");
+        }
+        ensure!(
+            !self.by_limit,
+            "the load reached its bound ({LOAD_MAX_PODS} Pods or {LOAD_MAX_TIME:?}) before the \
+             end of {what}"
+        );
+        ensure_guarded(&self.admitted)?;
+        ensure_guarded(&stored)
+    }
 }
