@@ -2,10 +2,11 @@
 //! kubelet, kube-scheduler, kube-proxy; `injector_e2e::Cluster`), the operator out of cluster,
 //! and the examples with their images replaced by local stand-ins.
 //!
-//! One node per machine, so one test starts it and runs every scenario in turn (each in its own
-//! namespaces), reports which failed, and stops it all at the end, also when a scenario panics.
-//! Needs root and the host packages (`just node-packages`). Off unless `SIDECAR_INJECTOR_E2E=1`;
-//! `SIDECAR_INJECTOR_E2E_SCENARIOS=words` runs only the scenarios whose names contain one.
+//! Each scenario is a test of its own (`cargo test -p injector-e2e --test node NAME`). One node
+//! per machine, so they share it: the first that runs starts it, they run one at a time in
+//! order (each in its own namespaces), and it all stops when the last ends, also after a
+//! failure (the harness is libtest-mimic's, `harness = false`). Needs root and the host
+//! packages (`just node-packages`). Ignored unless `SIDECAR_INJECTOR_E2E=1`.
 //!
 //! The last scenarios (from g on) run on the chart installed from the operator's image: the
 //! first of them that runs installs it, and it is uninstalled after the last.
@@ -14,8 +15,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail, ensure};
@@ -28,6 +30,7 @@ use injector_e2e::steps::{
 use injector_e2e::{Cluster, Operator, OperatorOptions, http_get_at, poll, workspace_root};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
+use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 
 type Scenario = fn(&Cluster) -> anyhow::Result<()>;
@@ -68,69 +71,67 @@ const SCENARIOS: [(&str, Scenario); 10] = [
     (UPGRADE, helm_upgrade_under_load),
 ];
 
-#[test]
-fn node() {
-    if !injector_e2e::enabled() {
+/// The cluster with its node, and the operator out of cluster until the chart's replaces it.
+/// The operator is declared first: it is dropped (stopped) before the cluster.
+struct Node {
+    operator: Operator,
+    cluster: Cluster,
+    /// Whether the chart's operator has replaced the one out of cluster.
+    on_the_chart: bool,
+}
+
+impl Node {
+    fn start() -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let cluster = Cluster::start()?;
         eprintln!(
-            "[e2e] skipped: set {}=1 (or run `just e2e`) to start a local node and run the \
-             scenarios that need running Pods",
+            "[e2e] cluster with its node up in {:.1?}",
+            started.elapsed()
+        );
+        cluster
+            .apply_file(&workspace_root().join("crds"))
+            .context("kubectl apply -f crds/")?;
+        wait_crd_established(&cluster)?;
+        let operator = Operator::start(&cluster, OperatorOptions::default())?;
+        Ok(Node {
+            operator,
+            cluster,
+            on_the_chart: false,
+        })
+    }
+}
+
+type Shared = Arc<Mutex<Option<Node>>>;
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    // One node per machine: the scenarios share it and run one at a time, in order.
+    args.test_threads = Some(1);
+    let enabled = injector_e2e::enabled();
+    if !enabled {
+        eprintln!(
+            "[e2e] node scenarios ignored: set {}=1 (or run `just e2e`) to start a local node \
+             and run the scenarios that need running Pods",
             injector_e2e::ENABLE_VAR
         );
-        return;
     }
+    let shared: Shared = Arc::default();
+    let trials = SCENARIOS
+        .iter()
+        .map(|&(name, scenario)| {
+            let shared = Arc::clone(&shared);
+            Trial::test(name, move || run(&shared, name, scenario)).with_ignored_flag(!enabled)
+        })
+        .collect();
     let started = Instant::now();
-    let filter: Option<Vec<String>> = std::env::var("SIDECAR_INJECTOR_E2E_SCENARIOS")
-        .ok()
-        .map(|v| v.split(',').map(str::to_owned).collect());
-
-    let cluster = Cluster::start().expect("the node starts");
-    let up = started.elapsed();
-    cluster
-        .apply_file(&workspace_root().join("crds"))
-        .expect("kubectl apply -f crds/");
-    wait_crd_established(&cluster).expect("the CRD is established");
-    let mut operator =
-        Operator::start(&cluster, OperatorOptions::default()).expect("the operator starts");
-
-    let mut results = Vec::new();
-    let mut on_the_chart = false;
-    for (name, scenario) in SCENARIOS {
-        if let Some(words) = &filter
-            && !words.iter().any(|w| name.contains(w.as_str()))
-        {
-            continue;
-        }
-        if ON_THE_CHART.contains(&name) && !on_the_chart {
-            on_the_chart = true;
-            // The chart's operator replaces the one out of cluster (and its configuration,
-            // which would point the API server at a stopped process).
-            let _ = operator.stop();
-            cluster
-                .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
-                .expect("the out-of-cluster operator's configuration is deleted");
-        }
-        eprintln!("\n[e2e] ===== {name}");
-        let t = Instant::now();
-        let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&cluster))) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("{e:#}")),
-            Err(panic) => Err(panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "panicked".to_owned())),
-        };
-        let elapsed = t.elapsed();
-        match &outcome {
-            Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
-            Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
-        }
-        results.push((name, elapsed, outcome));
-    }
-    if on_the_chart {
-        let t = Instant::now();
-        let outcome = helm(
-            &cluster,
+    let conclusion = libtest_mimic::run(&args, trials);
+    let Some(node) = shared.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        return conclusion.exit_code();
+    };
+    let mut failed = conclusion.has_failed();
+    if node.on_the_chart {
+        let uninstalled = helm(
+            &node.cluster,
             &[
                 "uninstall",
                 RELEASE,
@@ -138,44 +139,66 @@ fn node() {
                 RELEASE_NAMESPACE,
                 "--wait",
             ],
-        )
-        .map(drop)
-        .map_err(|e| format!("{e:#}"));
-        results.push(("helm-uninstall", t.elapsed(), outcome));
+        );
+        if let Err(e) = uninstalled {
+            eprintln!("[e2e] FAIL helm uninstall: {e:#}");
+            failed = true;
+        }
     }
     // kube-proxy resyncs all along: the fence must still be first at the end.
-    let fence_at_end = check_fence();
-
-    eprintln!(
-        "\n[e2e] ===== summary ({:.1?} in all; cluster with its node up in {up:.1?})",
-        started.elapsed()
-    );
-    for (name, elapsed, outcome) in &results {
-        let verdict = if outcome.is_ok() { "PASS" } else { "FAIL" };
-        eprintln!("[e2e] {verdict} {name} ({elapsed:.1?})");
-    }
-    let mut failed: Vec<_> = results
-        .iter()
-        .filter(|(_, _, outcome)| outcome.is_err())
-        .map(|(name, _, _)| (*name).to_owned())
-        .collect();
-    if let Err(e) = fence_at_end {
+    if let Err(e) = check_fence() {
         eprintln!("[e2e] FAIL the fence at the end: {e:#}");
-        failed.push("the fence at the end".to_owned());
+        failed = true;
     }
-    if !failed.is_empty() {
-        eprintln!("{}", cluster.log_tails(30));
-        eprintln!("{}", operator.log_tail(30));
+    if failed {
+        eprintln!("{}", node.cluster.log_tails(30));
+        eprintln!("{}", node.operator.log_tail(30));
     }
-    drop(operator);
-    drop(cluster);
-    assert!(
-        failed.is_empty(),
-        "{} scenario(s) failed: {}",
-        failed.len(),
-        failed.join(", ")
-    );
-    assert!(!results.is_empty(), "no scenario matched the filter");
+    drop(node);
+    eprintln!("[e2e] node scenarios done in {:.1?}", started.elapsed());
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Runs one scenario on the shared node, starting it first if no scenario has yet.
+fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
+    if !injector_e2e::enabled() {
+        return Err(format!("set {}=1 to run the scenarios", injector_e2e::ENABLE_VAR).into());
+    }
+    let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
+    if slot.is_none() {
+        *slot = Some(Node::start().map_err(|e| format!("the node does not start: {e:#}"))?);
+    }
+    let node = slot.as_mut().expect("started above");
+    if ON_THE_CHART.contains(&name) && !node.on_the_chart {
+        node.on_the_chart = true;
+        // The chart's operator replaces the one out of cluster (and its configuration, which
+        // would point the API server at a stopped process).
+        let _ = node.operator.stop();
+        node.cluster
+            .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
+            .map_err(|e| format!("deleting the out-of-cluster configuration: {e:#}"))?;
+    }
+    eprintln!("\n[e2e] ===== {name}");
+    let started = Instant::now();
+    let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&node.cluster))) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".to_owned())),
+    };
+    let elapsed = started.elapsed();
+    match &outcome {
+        Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
+        Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
+    }
+    outcome.map_err(Failed::from)
 }
 
 // ---------------------------------------------------------------------------------------------
