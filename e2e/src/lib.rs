@@ -95,3 +95,28 @@ pub fn poll<T>(
 ) -> anyhow::Result<T> {
     poll_every(timeout, Duration::from_millis(200), what, check)
 }
+
+/// Runs the scenario `name`: announces it, turns a panic into an error like any other, and
+/// reports PASS or FAIL with its duration. The error is the message the test runner shows.
+pub fn run_scenario(
+    name: &str,
+    scenario: impl FnOnce() -> anyhow::Result<()>,
+) -> Result<(), String> {
+    eprintln!("\n[e2e] ===== {name}");
+    let started = Instant::now();
+    let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(scenario)) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e:#}")),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "panicked".to_owned())),
+    };
+    let elapsed = started.elapsed();
+    match &outcome {
+        Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
+        Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
+    }
+    outcome
+}

@@ -14,7 +14,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, SocketAddr};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,7 +26,9 @@ use injector_e2e::pod::{containers, init_containers};
 use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, wait_crd_established, wait_injected, wait_served,
 };
-use injector_e2e::{Cluster, Operator, OperatorOptions, http_get_at, poll, workspace_root};
+use injector_e2e::{
+    Cluster, Operator, OperatorOptions, http_get_at, poll, run_scenario, workspace_root,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -182,22 +183,7 @@ fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
             .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
             .map_err(|e| format!("deleting the out-of-cluster configuration: {e:#}"))?;
     }
-    eprintln!("\n[e2e] ===== {name}");
-    let started = Instant::now();
-    let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&node.cluster))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "panicked".to_owned())),
-    };
-    let elapsed = started.elapsed();
-    match &outcome {
-        Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
-        Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
-    }
+    let outcome = run_scenario(name, || scenario(&node.cluster));
     outcome.map_err(Failed::from)
 }
 

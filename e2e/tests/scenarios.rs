@@ -15,7 +15,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, ready_condition, wait_crd_established, wait_injected,
     wait_invalid_event, webhook_names,
 };
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, run_scenario, workspace_root};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
@@ -177,26 +176,11 @@ fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
         *slot = Some(Cluster::start().map_err(|e| format!("the cluster does not start: {e:#}"))?);
     }
     let cluster = slot.as_mut().expect("started above");
-    eprintln!("\n[e2e] ===== {name}");
-    let started = Instant::now();
     let mut env = Env {
         cp: &cluster.cp,
         operator: &mut cluster.operator,
     };
-    let outcome = match catch_unwind(AssertUnwindSafe(|| scenario(&mut env))) {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "panicked".to_owned())),
-    };
-    let elapsed = started.elapsed();
-    match &outcome {
-        Ok(()) => eprintln!("[e2e] PASS {name} ({elapsed:.1?})"),
-        Err(e) => eprintln!("[e2e] FAIL {name} ({elapsed:.1?}): {e}"),
-    }
+    let outcome = run_scenario(name, || scenario(&mut env));
     // A scenario that failed half-way must not leave the operator stopped for the next.
     if cluster.operator.check_running().is_err() {
         eprintln!("[e2e] restarting the operator after {name}");
