@@ -2,126 +2,17 @@
 //! a request over TLS, and SIGTERM.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rustls_pki_types::{CertificateDer, ServerName};
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sidecar-injector-serve-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn certificate(dir: &Path) -> CertificateDer<'static> {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    std::fs::write(dir.join("tls.crt"), cert.pem()).unwrap();
-    std::fs::write(dir.join("tls.key"), key.serialize_pem()).unwrap();
-    cert.der().clone()
-}
-
-/// Reads the child's log until the "serving" line and returns the admission address.
-fn wait_for_address(child: &mut Child) -> (String, String) {
-    let stderr = child.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        let Some(Ok(line)) = lines.next() else { break };
-        if line.contains("\"message\":\"serving\"") {
-            let value: serde_json::Value = serde_json::from_str(&line).unwrap();
-            // Keep draining the log so the child never blocks on a full pipe.
-            std::thread::spawn(move || for _ in lines {});
-            return (
-                value["admission"].as_str().unwrap().to_owned(),
-                value["admin"].as_str().unwrap().to_owned(),
-            );
-        }
-    }
-    panic!("serve did not start");
-}
-
-fn https_post(address: &str, root: &CertificateDer<'static>, path: &str, body: &[u8]) -> String {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(root.clone()).unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let mut connection = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-    let mut tcp = TcpStream::connect(address).unwrap();
-    let mut tls = rustls::Stream::new(&mut connection, &mut tcp);
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    tls.write_all(head.as_bytes()).unwrap();
-    tls.write_all(body).unwrap();
-    let mut response = Vec::new();
-    let _ = tls.read_to_end(&mut response);
-    String::from_utf8_lossy(&response).into_owned()
-}
-
-fn http_get(address: &str, path: &str) -> String {
-    let mut tcp = TcpStream::connect(address).unwrap();
-    write!(
-        tcp,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    tcp.read_to_string(&mut response).unwrap();
-    response
-}
+use common::{Served, certificate, examples, http_get, scratch};
 
 #[test]
 fn serve_answers_from_template_files_and_stops_on_sigterm() {
-    let dir = scratch();
-    let root = certificate(&dir);
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-    let mut child = Killed(
-        Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
-            .args(["serve", "--templates"])
-            .arg(&examples)
-            .arg("--tls-cert")
-            .arg(dir.join("tls.crt"))
-            .arg("--tls-key")
-            .arg(dir.join("tls.key"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "json",
-            ])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let (admission, admin) = wait_for_address(&mut child.0);
-    assert!(http_get(&admin, "/readyz").starts_with("HTTP/1.1 200"));
+    let mut served = Served::start(&examples(), &[]);
+    assert!(http_get(&served.admin, "/readyz").starts_with("HTTP/1.1 200"));
 
     let review = serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -137,12 +28,7 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
             }
         }
     });
-    let response = https_post(
-        &admission,
-        &root,
-        "/mutate",
-        &serde_json::to_vec(&review).unwrap(),
-    );
+    let response = served.post("/mutate", &serde_json::to_vec(&review).unwrap());
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
     let review: serde_json::Value = serde_json::from_str(body).unwrap();
@@ -153,20 +39,20 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
 
     // SIGTERM: a clean exit.
     let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
+        .args(["-TERM", &served.child.0.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
+        if let Some(status) = served.child.0.try_wait().unwrap() {
             assert!(status.success(), "{status:?}");
             break;
         }
         assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
         std::thread::sleep(Duration::from_millis(50));
     }
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&served.dir).unwrap();
 }
 
 #[test]

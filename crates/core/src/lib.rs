@@ -12,6 +12,7 @@ pub mod group;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
+pub mod pod_json;
 pub mod published;
 pub mod registry;
 pub mod selector;

@@ -4,6 +4,7 @@
 //! - the patch applies to the Pod and the result is still a `v1.Pod`;
 //! - planning the mutated Pod again with the same templates adds nothing;
 //! - the result does not depend on the order templates were given or registered in;
+//! - the Pod as the webhook decodes it (only the fields the planner reads) plans the same;
 //! - an opted-out namespace is never patched, and an opted-out Pod only by required templates;
 //! - no Pod is admitted without every required template that selects it, present and equal,
 //!   whatever it claims in its annotations and whatever look-alike containers it declares;
@@ -22,6 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use injector_api::{FailurePolicy, SidecarTemplate};
+use injector_core::pod_json::{allowance, decode_pod};
 use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::collection::{btree_map, btree_set, vec};
@@ -716,6 +718,24 @@ proptest! {
             prop_assert!(plan.denials.iter().all(|d| d.template != applied.name));
         }
         prop_assert_eq!(plan.applied.len() + plan.skipped.len(), s.templates.len());
+    }
+
+    #[test]
+    fn the_pod_as_the_webhook_decodes_it_is_planned_like_the_whole_pod(s in scenario()) {
+        // Fields the planner does not read, which decoding skips.
+        let mut whole = s.pod.clone();
+        whole["status"] = json!({"phase": "Pending", "conditions": [{"type": "x"}]});
+        whole["spec"]["nodeName"] = json!("node-1");
+        if let Some(metadata) = whole.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.insert("managedFields".into(), json!([{"manager": "kubectl"}]));
+        }
+        let json = whole.to_string();
+        let decoded = decode_pod(&json, allowance(json.len())).unwrap_or_else(|e| panic!("{e}"));
+        let ns = s.namespace();
+        prop_assert_eq!(
+            plan_for(&decoded, &ns, &s.templates),
+            plan_for(&whole, &ns, &s.templates)
+        );
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub struct WebhookMetrics {
     warnings: Counter,
     body_bytes: Histogram,
     handshake_failures: Counter,
+    busy: Counter,
 }
 
 impl WebhookMetrics {
@@ -58,6 +59,7 @@ impl WebhookMetrics {
             // 1 KiB to 4 MiB.
             body_bytes: Histogram::new(exponential_buckets(1024.0, 2.0, 13)),
             handshake_failures: Counter::default(),
+            busy: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -94,6 +96,11 @@ impl WebhookMetrics {
             "tls_handshake_failures",
             "Connections that failed or timed out in the TLS handshake",
             metrics.handshake_failures.clone(),
+        );
+        registry.register(
+            "admission_busy",
+            "Requests answered 503 because the memory budget for requests in flight stayed taken",
+            metrics.busy.clone(),
         );
         metrics
     }
@@ -145,5 +152,10 @@ impl WebhookMetrics {
     /// Records a failed TLS handshake.
     pub fn record_handshake_failure(&self) {
         self.handshake_failures.inc();
+    }
+
+    /// Records a request turned away because the memory budget stayed taken.
+    pub fn record_busy(&self) {
+        self.busy.inc();
     }
 }

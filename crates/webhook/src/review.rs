@@ -1,15 +1,18 @@
 //! AdmissionReview in and out (`admission.k8s.io/v1` and `v1beta1`), and the decision for one
 //! review. No I/O: bytes in, bytes out, so it is tested without a server.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
+use injector_core::pod_json::{PodJsonError, decode_pod};
 use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 /// The annotation key (prefixed by the API server with the webhook's name) under which the
 /// audit log records the templates applied.
@@ -123,41 +126,45 @@ pub struct Decision<'s> {
 #[error("{0}")]
 pub struct BadReview(pub String);
 
+// The review is read into these, borrowing from the body: the fields the answer needs, the
+// Pod as a slice of the body (decoded by `pod_json`, within the request's allowance), and
+// nothing else (userInfo, oldObject, options, … are skipped unbuilt).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct ReviewIn {
-    #[serde(default)]
-    api_version: String,
-    #[serde(default)]
-    kind: String,
-    request: Option<RequestIn>,
+struct ReviewIn<'a> {
+    #[serde(default, borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(default, borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    request: Option<RequestIn<'a>>,
 }
 
 #[derive(Deserialize, Default)]
-struct GroupVersionKind {
-    #[serde(default)]
-    group: String,
-    #[serde(default)]
-    kind: String,
+struct GroupVersionKind<'a> {
+    #[serde(default, borrow)]
+    group: Cow<'a, str>,
+    #[serde(default, borrow)]
+    kind: Cow<'a, str>,
 }
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RequestIn {
-    #[serde(default)]
-    uid: String,
-    #[serde(default)]
-    kind: GroupVersionKind,
-    #[serde(default)]
-    sub_resource: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    operation: String,
-    #[serde(default)]
-    object: Option<Value>,
+struct RequestIn<'a> {
+    #[serde(default, borrow)]
+    uid: Cow<'a, str>,
+    #[serde(default, borrow)]
+    kind: GroupVersionKind<'a>,
+    #[serde(default, borrow)]
+    sub_resource: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    operation: Cow<'a, str>,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
 }
 
 #[derive(Serialize)]
@@ -193,11 +200,13 @@ struct StatusOut {
 
 const API_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
-/// Decides one review: `body` is the request's JSON, `snapshot` the templates to answer from.
+/// Decides one review: `body` is the request's JSON, `snapshot` the templates to answer from,
+/// `allowance` the memory decoding its Pod may take (see [`injector_core::pod_json`]).
 pub fn decide<'s>(
     body: &[u8],
     target: Target<'s>,
     snapshot: &'s Snapshot,
+    allowance: usize,
 ) -> Result<Decision<'s>, BadReview> {
     let review: ReviewIn = serde_json::from_slice(body)
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
@@ -223,26 +232,22 @@ pub fn decide<'s>(
         return Err(BadReview("request.uid is missing".into()));
     }
 
-    let namespace = request.namespace.clone().unwrap_or_default();
-    let pod = request
-        .object
-        .as_ref()
-        .and_then(|o| o.get("metadata"))
-        .and_then(|m| m.get("name").or_else(|| m.get("generateName")))
-        .and_then(Value::as_str)
-        .or(request.name.as_deref())
-        .unwrap_or_default()
-        .to_owned();
+    let namespace = request.namespace.as_deref().unwrap_or_default().to_owned();
     let route = Route::resolve(target, snapshot);
     let is_pod_create = request.kind.group.is_empty()
         && request.kind.kind == "Pod"
         && request.operation == "CREATE"
         && request.sub_resource.as_deref().is_none_or(str::is_empty);
     let answer = if is_pod_create {
-        answer_pod(&request, route, snapshot, &namespace)
+        answer_pod(request.object, route, snapshot, &namespace, allowance)
     } else {
         Answer::allowed(Outcome::Ignored)
     };
+    let pod = answer
+        .pod_name
+        .clone()
+        .or_else(|| request.name.as_deref().map(str::to_owned))
+        .unwrap_or_default();
 
     let applied_record = answer
         .applied
@@ -251,7 +256,7 @@ pub fn decide<'s>(
         .collect::<Vec<_>>()
         .join(",");
     let mut response = ResponseOut {
-        uid: request.uid.clone(),
+        uid: request.uid.clone().into_owned(),
         allowed: answer.denial.is_none(),
         status: answer.denial,
         warnings: answer.warnings,
@@ -274,7 +279,7 @@ pub fn decide<'s>(
     Ok(Decision {
         body,
         outcome: answer.outcome,
-        uid: request.uid,
+        uid: request.uid.into_owned(),
         namespace,
         pod,
         group: route.label(),
@@ -295,11 +300,14 @@ struct Answer {
     warnings: Vec<String>,
     applied: Vec<Applied>,
     denied_by: Vec<String>,
+    /// The Pod's name, or its generateName, when it was read.
+    pod_name: Option<String>,
 }
 
 impl Answer {
     fn allowed(outcome: Outcome) -> Self {
         Answer {
+            pod_name: None,
             outcome,
             denial: None,
             patch: None,
@@ -328,26 +336,15 @@ fn unknown_required_group(id: &str) -> String {
 }
 
 fn answer_pod(
-    request: &RequestIn,
+    object: Option<&RawValue>,
     route: Route<'_>,
     snapshot: &Snapshot,
     namespace: &str,
+    allowance: usize,
 ) -> Answer {
-    let Some(pod) = request.object.as_ref().filter(|o| !o.is_null()) else {
-        return Answer::denied(
-            Outcome::Denied,
-            400,
-            "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
-        );
-    };
-    let matched;
-    let templates: &[Arc<CompiledTemplate>] = match route {
-        Route::All => {
-            let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
-            matched = snapshot.matching(pod_labels, None);
-            &matched
-        }
-        Route::Group(group) => &group.templates,
+    let group = match route {
+        Route::All => None,
+        Route::Group(group) => Some(group),
         Route::Unknown(id) if policy_of_id(id) == Some(FailurePolicy::Fail) => {
             return Answer::denied(
                 Outcome::UnknownRequiredGroup,
@@ -357,18 +354,49 @@ fn answer_pod(
         }
         Route::Unknown(_) => return Answer::allowed(Outcome::UnknownGroup),
     };
+    let Some(object) = object.filter(|o| o.get() != "null") else {
+        return Answer::denied(
+            Outcome::Denied,
+            400,
+            "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
+        );
+    };
+    let pod = match decode_pod(object.get(), allowance) {
+        Ok(pod) => pod,
+        Err(error @ PodJsonError::TooComplex { .. }) => {
+            return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
+        }
+        Err(error) => {
+            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
+        }
+    };
+    let pod_name = pod
+        .get("metadata")
+        .and_then(|m| m.get("name").or_else(|| m.get("generateName")))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let matched;
+    let templates: &[Arc<CompiledTemplate>] = match group {
+        Some(group) => &group.templates,
+        None => {
+            let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
+            matched = snapshot.matching(pod_labels, None);
+            &matched
+        }
+    };
     let info = NamespaceInfo {
         name: namespace,
         labels: None,
     };
     // Every template in force, so that what another webhook entry injected is recognised.
-    let plan = match plan_among(pod, &info, templates, snapshot) {
+    let plan = match plan_among(&pod, &info, templates, snapshot) {
         Ok(plan) => plan,
         Err(error) => {
             return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
         }
     };
     let mut answer = Answer::allowed(Outcome::Unchanged);
+    answer.pod_name = pod_name;
     if let Some(message) = plan.denial_message() {
         answer.outcome = Outcome::Denied;
         answer.denial = Some(StatusOut {
@@ -400,6 +428,7 @@ fn answer_pod(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+    use injector_core::pod_json::MIN_ALLOWANCE;
     use serde_json::json;
 
     use super::*;
@@ -430,6 +459,7 @@ mod tests {
             &pod_create(),
             Target::Group("fail-00000000000000ff"),
             &snapshot,
+            MIN_ALLOWANCE,
         )
         .unwrap();
         assert_eq!(required.outcome, Outcome::UnknownRequiredGroup);
@@ -441,7 +471,8 @@ mod tests {
         assert!(message.contains("not in sync"), "{message}");
 
         for id in ["ignore-00000000000000ff", "not-a-group-id"] {
-            let decision = decide(&pod_create(), Target::Group(id), &snapshot).unwrap();
+            let decision =
+                decide(&pod_create(), Target::Group(id), &snapshot, MIN_ALLOWANCE).unwrap();
             assert_eq!(decision.outcome, Outcome::UnknownGroup, "{id}");
             let response = answer(&decision);
             assert_eq!(response["allowed"], true, "{id}");
@@ -458,6 +489,7 @@ mod tests {
             &serde_json::to_vec(&body).unwrap(),
             Target::Group("fail-00000000000000ff"),
             &snapshot,
+            MIN_ALLOWANCE,
         )
         .unwrap();
         assert_eq!(decision.outcome, Outcome::Ignored);

@@ -18,10 +18,10 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use injector_core::Templates;
+use injector_core::{Templates, pod_json};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +45,11 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long shutdown waits for requests in flight.
     pub shutdown_grace: Duration,
+    /// Memory for the requests in flight: each reserves its body and the allowance to decode
+    /// its Pod before its body is read, and waits (at most `request_timeout`, then 503) while
+    /// the budget is taken. Also the largest reservation, so one request of the largest body
+    /// always fits.
+    pub memory_budget_bytes: usize,
 }
 
 impl Default for Limits {
@@ -56,6 +61,7 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(5),
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(25),
+            memory_budget_bytes: 24 * 1024 * 1024,
         }
     }
 }
@@ -73,6 +79,10 @@ pub struct Webhook {
     pub registry: Registry,
     /// Bounds on clients.
     pub limits: Limits,
+    /// The memory budget of the requests in flight, in KiB (see [`Limits::memory_budget_bytes`]).
+    memory: Arc<Semaphore>,
+    /// The thread deciding large requests (see [`OFF_RUNTIME_BYTES`]).
+    large: Option<std::sync::mpsc::Sender<Job>>,
 }
 
 impl Webhook {
@@ -85,12 +95,42 @@ impl Webhook {
         limits: Limits,
     ) -> Self {
         let metrics = WebhookMetrics::register(&mut registry);
+        let memory = Arc::new(Semaphore::new(kib(limits.memory_budget_bytes)));
+        let large = large_request_thread()
+            .inspect_err(|error| {
+                tracing::warn!(%error, "cannot start the thread for large requests; deciding them on the runtime");
+            })
+            .ok();
         Self {
+            large,
             templates,
             certificates,
             metrics,
             registry,
             limits,
+            memory,
+        }
+    }
+
+    /// Reserves memory for a request whose body is `body_bytes` long: the body and the
+    /// allowance to decode its Pod, within the budget. `None` when the budget stayed taken for
+    /// `request_timeout`.
+    async fn reserve(&self, body_bytes: usize) -> Option<Reservation> {
+        let budget = self.limits.memory_budget_bytes;
+        let allowance = pod_json::allowance(body_bytes).min(budget.saturating_sub(body_bytes));
+        let bytes = body_bytes.saturating_add(allowance).min(budget);
+        let permits = u32::try_from(kib(bytes)).unwrap_or(u32::MAX);
+        let acquired = tokio::time::timeout(
+            self.limits.request_timeout,
+            Arc::clone(&self.memory).acquire_many_owned(permits),
+        )
+        .await;
+        match acquired {
+            Ok(Ok(permit)) => Some(Reservation {
+                allowance,
+                _permit: permit,
+            }),
+            _ => None,
         }
     }
 
@@ -107,6 +147,18 @@ impl Webhook {
             Ok(())
         }
     }
+}
+
+/// Memory reserved for one request, released when it is answered.
+struct Reservation {
+    /// What decoding its Pod may take.
+    allowance: usize,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Bytes in whole KiB, rounded up: the budget's unit, so that it fits a semaphore's `u32`.
+fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1024)
 }
 
 type Body = Full<Bytes>;
@@ -138,20 +190,12 @@ async fn admission(
 ) -> Result<Response<Body>, Infallible> {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_owned();
-    let target = match path.as_str() {
-        "/mutate" => Target::All,
-        other => match other.strip_prefix("/mutate/") {
-            Some(id) if !id.is_empty() && !id.contains('/') => Target::Group(id),
-            _ => {
-                return Ok(text(
-                    StatusCode::NOT_FOUND,
-                    format!(
-                        "no such path {path:?}: POST AdmissionReviews to /mutate or /mutate/<group>"
-                    ),
-                ));
-            }
-        },
-    };
+    if target_of(&path).is_none() {
+        return Ok(text(
+            StatusCode::NOT_FOUND,
+            format!("no such path {path:?}: POST AdmissionReviews to /mutate or /mutate/<group>"),
+        ));
+    }
     if request.method() != Method::POST {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "use POST");
         response
@@ -177,12 +221,23 @@ async fn admission(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Ok(too_large(limit));
-    }
-    let body = Limited::new(request.into_body(), limit);
-    let bytes = match tokio::time::timeout(webhook.limits.request_timeout, body.collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
+    let expected = match declared {
+        Some(n) if n > limit as u64 => return Ok(too_large(limit)),
+        Some(n) => usize::try_from(n).unwrap_or(limit),
+        // Chunked: it may be as large as allowed.
+        None => limit,
+    };
+    let Some(reservation) = webhook.reserve(expected).await else {
+        webhook.metrics.record_busy();
+        return Ok(text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy: the memory budget for requests in flight stayed taken; retry",
+        ));
+    };
+    let body = Limited::new(request.into_body(), expected);
+    let read = read_body(body, expected);
+    let bytes = match tokio::time::timeout(webhook.limits.request_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
         Ok(Err(error))
             if error
                 .downcast_ref::<http_body_util::LengthLimitError>()
@@ -204,8 +259,80 @@ async fn admission(
         }
     };
     webhook.metrics.record_body(bytes.len());
+    let large = match &webhook.large {
+        Some(large) if bytes.len() >= OFF_RUNTIME_BYTES => large.clone(),
+        _ => {
+            return Ok(respond(
+                &webhook,
+                &bytes,
+                &path,
+                reservation.allowance,
+                started,
+            ));
+        }
+    };
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let job = Box::new(move || {
+        let response = respond(&webhook, &bytes, &path, reservation.allowance, started);
+        drop(reservation);
+        let _ = answer.send(response);
+    });
+    if large.send(job).is_err() {
+        tracing::error!("the thread deciding large requests has stopped");
+    }
+    Ok(answered.await.unwrap_or_else(|_| {
+        text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "answering the request failed",
+        )
+    }))
+}
+
+/// Bodies from this size on are decided on the one thread for large requests: decoding one
+/// takes milliseconds of CPU, which would stall the other connections of a runtime thread, and
+/// on one thread the memory one frees is the memory the next one gets (an allocator keeps
+/// what a thread freed for that thread).
+const OFF_RUNTIME_BYTES: usize = 256 * 1024;
+
+/// Work for the thread deciding large requests.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Starts the thread that runs the jobs sent to it, until every sender is gone.
+fn large_request_thread() -> std::io::Result<std::sync::mpsc::Sender<Job>> {
+    let (jobs, received) = std::sync::mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("large-reviews".into())
+        .spawn(move || {
+            for job in received {
+                job();
+            }
+        })?;
+    Ok(jobs)
+}
+
+/// Which templates `path` asks for; `None`: not an admission path.
+fn target_of(path: &str) -> Option<Target<'_>> {
+    match path {
+        "/mutate" => Some(Target::All),
+        other => match other.strip_prefix("/mutate/") {
+            Some(id) if !id.is_empty() && !id.contains('/') => Some(Target::Group(id)),
+            _ => None,
+        },
+    }
+}
+
+/// Decides the review in `bytes`, posted to `path` (an admission path), records it and
+/// answers it.
+fn respond(
+    webhook: &Webhook,
+    bytes: &[u8],
+    path: &str,
+    allowance: usize,
+    started: std::time::Instant,
+) -> Response<Body> {
+    let target = target_of(path).unwrap_or(Target::All);
     let snapshot = webhook.templates.snapshot();
-    let decision = decide(&bytes, target, &snapshot);
+    let decision = decide(bytes, target, &snapshot, allowance);
     let seconds = started.elapsed().as_secs_f64();
     match decision {
         Ok(decision) => {
@@ -241,16 +368,32 @@ async fn admission(
                 duration_us = (seconds * 1e6) as u64,
                 "admission"
             );
-            Ok(json(decision.body))
+            json(decision.body)
         }
         Err(bad) => {
             // The body was not read as far as the target: this is its one lookup.
             let group = Route::resolve(target, &snapshot).label();
             webhook.metrics.record(group, Outcome::BadRequest, seconds);
             tracing::info!(path = %path, error = %bad, "bad admission request");
-            Ok(text(StatusCode::BAD_REQUEST, bad.to_string()))
+            text(StatusCode::BAD_REQUEST, bad.to_string())
         }
     }
+}
+
+/// Reads `body` into one buffer of the `expected` size. Each chunk is copied and let go at
+/// once: collecting the chunks would keep each one's whole read buffer alive (up to 400 KiB
+/// for a 16 KiB TLS record), many times the body's size.
+async fn read_body(
+    mut body: Limited<Incoming>,
+    expected: usize,
+) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut bytes = Vec::with_capacity(expected);
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    Ok(bytes)
 }
 
 fn too_large(limit: usize) -> Response<Body> {
@@ -439,3 +582,7 @@ pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))
 }
+
+#[cfg(test)]
+#[path = "server/tests.rs"]
+mod tests;

@@ -152,6 +152,30 @@ impl Server {
     }
 }
 
+/// A TLS connection to `addr`, trusting `roots`.
+pub async fn tls_connect(
+    addr: SocketAddr,
+    roots: &[CertificateDer<'static>],
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+    let mut store = RootCertStore::empty();
+    for root in roots {
+        store.add(root.clone()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(store)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let server_name = ServerName::IpAddress(addr.ip().into());
+    TlsConnector::from(Arc::new(config))
+        .connect(server_name, tcp)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// One TLS connection (HTTP/1.1 keep-alive).
 pub struct Client {
     sender: SendRequest<Body>,
@@ -163,23 +187,7 @@ impl Client {
         addr: SocketAddr,
         roots: &[CertificateDer<'static>],
     ) -> Result<Client, String> {
-        let mut store = RootCertStore::empty();
-        for root in roots {
-            store.add(root.clone()).unwrap();
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(store)
-        .with_no_client_auth();
-        let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-        let server_name = ServerName::IpAddress(addr.ip().into());
-        let tls = TlsConnector::from(Arc::new(config))
-            .connect(server_name, tcp)
-            .await
-            .map_err(|e| e.to_string())?;
+        let tls = tls_connect(addr, roots).await?;
         let peer_certificate = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
         let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
