@@ -3,15 +3,16 @@
 //! The input bytes are read as JSON. When they are a JSON value, `plan` runs on it with three
 //! fixed templates (compiled once), in a namespace whose labels are unknown and in one whose
 //! labels are known; when it returns a plan, the patch must apply to the value and planning the
-//! patched value again must add nothing. When the bytes are a `SidecarTemplate`, `compile` runs
-//! on it. Nothing may panic.
+//! patched value again must add nothing, and the Pod as the webhook decodes it
+//! (`pod_json::decode_pod`) must plan the same. When the bytes are a `SidecarTemplate`,
+//! `compile` runs on it. Nothing may panic.
 #![no_main]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan};
+use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan, pod_json};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
@@ -95,13 +96,24 @@ fuzz_target!(|data: &[u8]| {
     let Ok(pod) = serde_json::from_slice::<Value>(data) else {
         return;
     };
+    // The webhook decodes only what the planner reads: it must plan the same.
+    let text = std::str::from_utf8(data).unwrap_or_default();
+    let decoded = pod_json::decode_pod(text, pod_json::allowance(text.len()));
     let labels = BTreeMap::from([("env".to_owned(), "dev".to_owned())]);
     for labels in [None, Some(&labels)] {
         let namespace = NamespaceInfo {
             name: "shop",
             labels,
         };
-        let Ok(first) = plan(&pod, &namespace, templates()) else {
+        let whole = plan(&pod, &namespace, templates());
+        if let Ok(decoded) = &decoded {
+            assert_eq!(
+                plan(decoded, &namespace, templates()).ok(),
+                whole.clone().ok(),
+                "the decoded pod plans differently"
+            );
+        }
+        let Ok(first) = whole else {
             continue;
         };
         let mut patched = pod.clone();
