@@ -121,7 +121,7 @@ impl Served {
         let dir = scratch();
         let root = certificate(&dir);
         let mut child = Killed(
-            Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+            Command::new(binary())
                 .args(["serve", "--templates"])
                 .arg(templates)
                 .arg("--tls-cert")
@@ -155,6 +155,13 @@ impl Served {
     pub fn post(&self, path: &str, body: &[u8]) -> String {
         https_post(&self.admission, &self.root, path, body)
     }
+}
+
+/// The binary under test: this build's, or `SIDECAR_INJECTOR_BIN` (to measure a release
+/// build).
+pub fn binary() -> PathBuf {
+    std::env::var_os("SIDECAR_INJECTOR_BIN")
+        .map_or_else(|| env!("CARGO_BIN_EXE_sidecar-injector").into(), PathBuf::from)
 }
 
 /// The examples' templates.
