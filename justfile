@@ -80,7 +80,7 @@ deny:
         echo "deny: advisories NOT checked: no RustSec advisory database in $db_root ('cargo deny fetch db' where GitHub is reachable puts it there)" >&2
     fi
 
-# Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (about 5 minutes on 2 cores, once)
+# Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (once: about 220 s of CPU, 10 minutes on 2 shared cores)
 cargo-deny:
     #!/usr/bin/env bash
     set -euo pipefail
