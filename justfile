@@ -3,6 +3,7 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 crd_file := "crds/sidecartemplates.sidecar.dev.yaml"
+cargo_deny_version := "0.20.2"
 
 # List the recipes
 default:
@@ -12,8 +13,8 @@ default:
 build:
     cargo build --workspace --all-targets
 
-# Format check, clippy, the CRD drift check, every test, the fuzz target's build, then the end-to-end suite and the chart tests against a local control plane
-test: fmt-check lint check-generated test-unit fuzz-check e2e
+# Format check, clippy, the CRD drift check, the dependency policy, every test, the fuzz target's build, then the end-to-end suite and the chart tests against a local control plane
+test: fmt-check lint check-generated deny test-unit fuzz-check e2e
 
 # The fast inner loop: format check, clippy, then the unit, property and snapshot tests with no control plane (the end-to-end and chart tests report skipped)
 check: fmt-check lint
@@ -56,6 +57,44 @@ check-generated:
         echo "charts/sidecar-injector/crds/ differs from crds/: run 'just generate' and commit" >&2
         exit 1
     fi
+
+# Dependency policy of deny.toml (cargo-deny), for the workspace and the fuzz harness: licences, bans and sources always; advisories only when a RustSec advisory database is on disk (this network cannot fetch it: see docs/development.md)
+deny:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    deny=$({{just_executable()}} --quiet cargo-deny)
+    db_root="${CARGO_HOME:-$HOME/.cargo}/advisory-dbs"
+    checks=(licenses bans sources)
+    if compgen -G "$db_root/advisory-db-*/crates" >/dev/null; then
+        checks+=(advisories)
+    fi
+    # Everything cargo-deny reads (crate sources for the licences) is fetched by cargo; cargo-deny
+    # itself runs offline, so it never tries to fetch the advisory database.
+    cargo fetch --quiet --locked
+    cargo fetch --quiet --locked --manifest-path crates/core/fuzz/Cargo.toml
+    # The allow-list is the workspace's, so the fuzz harness's smaller graph leaves some unused.
+    "$deny" --offline --locked check --hide-inclusion-graph -A license-exception-not-encountered "${checks[@]}"
+    "$deny" --offline --locked --manifest-path crates/core/fuzz/Cargo.toml --config deny.toml \
+        check --hide-inclusion-graph -A license-not-encountered "${checks[@]}"
+    if [[ " ${checks[*]} " != *" advisories "* ]]; then
+        echo "deny: advisories NOT checked: no RustSec advisory database in $db_root ('cargo deny fetch db' where GitHub is reachable puts it there)" >&2
+    fi
+
+# Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (once: about 220 s of CPU, 10 minutes on 2 shared cores)
+cargo-deny:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    cache="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}"
+    bin="$cache/bin/cargo-deny-{{cargo_deny_version}}"
+    if [[ ! -x "$bin" ]]; then
+        echo "building cargo-deny {{cargo_deny_version}} from crates.io into $bin (once)" >&2
+        mkdir -p "$cache/bin"
+        root=$(mktemp -d "$cache/bin/.cargo-deny.XXXXXX")
+        trap 'rm -rf "$root"' EXIT
+        cargo install --quiet --locked cargo-deny --version {{cargo_deny_version}} --root "$root"
+        mv -f "$root/bin/cargo-deny" "$bin"
+    fi
+    echo "$bin"
 
 # Criterion benchmarks of the engine (figures go in BENCHMARKS.md)
 bench:

@@ -2,13 +2,13 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 /// One object read from a file.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Document {
-    /// Its position in the file, from 1 (items of a `List` share the List's).
+    /// Its position among the file's non-empty documents, from 1 (items of a `List` share the
+    /// List's).
     pub index: usize,
     /// The object.
     pub value: Value,
@@ -80,8 +80,19 @@ pub enum DocumentError {
     },
 }
 
+/// How kubectl reads YAML (go-yaml, YAML 1.1 scalars), as far as the library goes: a bare
+/// `yes`/`no`/`on`/`off` is a boolean and `0755` an octal number, so a file that kubectl
+/// would send with a boolean where a string belongs is refused here too, not rendered as if
+/// it were fine.
+fn kubectl_yaml() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: false,
+        legacy_octal_numbers: true,
+    }
+}
+
 /// Reads every object in `path`: YAML (any number of `---`-separated documents) or JSON; a
-/// `kind: List` contributes its items. Empty documents are skipped.
+/// `kind: List` contributes its items. Empty documents are skipped (and not counted).
 pub fn read_documents(path: &Path) -> Result<Vec<Document>, DocumentError> {
     let text = std::fs::read_to_string(path).map_err(|source| DocumentError::Read {
         path: path.to_path_buf(),
@@ -99,11 +110,8 @@ pub fn read_documents(path: &Path) -> Result<Vec<Document>, DocumentError> {
             value => vec![value],
         }
     } else {
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|document| {
-                Value::deserialize(document).map_err(|e| parse_error(format!("invalid YAML: {e}")))
-            })
-            .collect::<Result<_, _>>()?
+        serde_saphyr::from_multiple_with_options(&text, kubectl_yaml())
+            .map_err(|e| parse_error(format!("invalid YAML: {e}")))?
     };
     let mut documents = Vec::new();
     for (position, value) in values.into_iter().enumerate() {

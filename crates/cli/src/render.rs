@@ -154,7 +154,8 @@ pub fn render(request: &RenderRequest) -> Result<Rendered, RenderError> {
 }
 
 fn to_yaml(value: &Value) -> String {
-    serde_yaml::to_string(value).unwrap_or_else(|e| format!("# cannot print as YAML: {e}\n"))
+    injector_api::yaml::to_string(value)
+        .unwrap_or_else(|e| format!("# cannot print as YAML: {e}\n"))
 }
 
 fn to_json(value: &impl serde::Serialize) -> String {

@@ -175,7 +175,7 @@ fn bad_input_gets_an_error_naming_the_file_and_the_problem() {
 
     let invalid = scratch(
         "invalid.yaml",
-        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {name: x}\nspec:\n  containers: [{name: Bad, image: x}, {name: y}]\n",
+        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {name: x}\nspec:\n  containers: [{name: Bad, image: x}, {name: other}]\n",
     );
     let message = error(&[&invalid], &pod);
     assert!(
@@ -184,6 +184,19 @@ fn bad_input_gets_an_error_naming_the_file_and_the_problem() {
     );
     assert!(
         message.contains("spec.containers[1].image: is required"),
+        "{message}"
+    );
+
+    // Read as kubectl reads it (YAML 1.1): a bare `y` is a boolean, not a name.
+    let yaml11 = scratch(
+        "yaml11.yaml",
+        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {name: x}\nspec:\n  containers: [{name: y, image: x}]\n",
+    );
+    let message = error(&[&yaml11], &pod);
+    assert!(
+        message.contains(
+            "yaml11.yaml: document 1: not a valid SidecarTemplate: invalid type: boolean"
+        ),
         "{message}"
     );
 

@@ -14,7 +14,7 @@ fn template(name: &str, priority: i32, pod_selector: &str, adds: &str) -> Sideca
     let yaml = format!(
         "metadata: {{name: {name}}}\nspec:\n  priority: {priority}\n  podSelector: {pod_selector}\n  metadata: {{labels: {adds}}}\n  containers: [{{name: {name}, image: x}}]"
     );
-    let mut value: Value = serde_yaml::from_str(&yaml).unwrap();
+    let mut value: Value = serde_saphyr::from_str(&yaml).unwrap();
     value["apiVersion"] = "sidecar.dev/v1alpha1".into();
     value["kind"] = "SidecarTemplate".into();
     serde_json::from_value(value).unwrap()

@@ -282,7 +282,7 @@ fn snapshot() -> Arc<injector_core::Snapshot> {
         "metadata: {name: a}\nspec:\n  priority: 5\n  podSelector: {matchLabels: {app: web}}\n  containers: [{name: a, image: a}]",
         "metadata: {name: b}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: b, image: b}]",
     ] {
-        let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+        let mut value: Value = serde_saphyr::from_str(yaml).unwrap();
         value["apiVersion"] = "sidecar.dev/v1alpha1".into();
         value["kind"] = "SidecarTemplate".into();
         registry.apply(compile(&serde_json::from_value(value).unwrap()).unwrap());

@@ -127,7 +127,7 @@ fn env_template() -> Arc<CompiledTemplate> {
 fn bench_plan(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan");
 
-    let small = serde_yaml::from_str::<Value>(APP_POD).unwrap();
+    let small = serde_saphyr::from_str::<Value>(APP_POD).unwrap();
     let small_templates = [template(SMALL_TEMPLATE)];
     check_plan("small_pod", &run(&small, &small_templates), 1, 0);
     group.bench_function("small_pod", |b| {

@@ -502,7 +502,7 @@ fn a_pod_with_thousands_of_env_vars_is_planned_correctly() {
         .collect();
     let pod = json!({"metadata": {"name": "big"}, "spec": {"containers": [{"name": "app", "image": "a", "env": env}]}});
     let t = template(
-        "metadata: {name: t}\nspec:\n  appContainers:\n    env: [{name: VAR_2999, value: y}, {name: EXTRA, value: z}]",
+        "metadata: {name: t}\nspec:\n  appContainers:\n    env: [{name: VAR_2999, value: w}, {name: EXTRA, value: z}]",
     );
     let plan = plan_in(&pod, &[t]);
     let out = apply(&pod, &plan);
@@ -544,10 +544,10 @@ fn a_template_may_select_on_what_another_adds_and_replanning_stays_empty() {
 fn a_name_given_twice_counts_once_and_the_newest_generation_wins() {
     let pod = pod(APP_POD);
     let old = template(
-        "metadata: {name: t, generation: 1}\nspec:\n  priority: 1\n  containers: [{name: old, image: o}]",
+        "metadata: {name: t, generation: 1}\nspec:\n  priority: 1\n  containers: [{name: old, image: old}]",
     );
     let new = template(
-        "metadata: {name: t, generation: 2}\nspec:\n  priority: 9\n  containers: [{name: new, image: n}]",
+        "metadata: {name: t, generation: 2}\nspec:\n  priority: 9\n  containers: [{name: new, image: new}]",
     );
     for templates in [[old.clone(), new.clone()], [new.clone(), old.clone()]] {
         let out = apply(&pod, &plan_in(&pod, &templates));

@@ -280,7 +280,7 @@ fn another_entrys_additions_between_two_calls_are_not_look_alikes() {
     // adding env to every container and a plain init container (inserted first).
     let required = [template(AGENT), template(NATIVE)];
     let best_effort = [template(
-        "metadata: {name: telemetry}\nspec:\n  failurePolicy: Ignore\n  appContainers:\n    env: [{name: OTEL, value: on}]\n  initContainers: [{name: fetch-config, image: fetch:1}]",
+        "metadata: {name: telemetry}\nspec:\n  failurePolicy: Ignore\n  appContainers:\n    env: [{name: OTEL, value: enabled}]\n  initContainers: [{name: fetch-config, image: fetch:1}]",
     )];
     let known: Vec<_> = required.iter().chain(&best_effort).cloned().collect();
     let pod = pod(APP_POD);

@@ -17,7 +17,7 @@ type ApiServer = Handle<Request<Body>, Response<Body>>;
 
 /// A SidecarTemplate from YAML (apiVersion and kind are filled in).
 fn parse_template(yaml: &str) -> SidecarTemplate {
-    let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+    let mut value: Value = serde_saphyr::from_str(yaml).unwrap();
     value["apiVersion"] = "sidecar.dev/v1alpha1".into();
     value["kind"] = "SidecarTemplate".into();
     serde_json::from_value(value).unwrap()

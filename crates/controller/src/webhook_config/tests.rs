@@ -12,7 +12,7 @@ const CA: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-
 
 /// A SidecarTemplate from YAML (apiVersion and kind are filled in).
 fn parse_template(yaml: &str) -> SidecarTemplate {
-    let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+    let mut value: Value = serde_saphyr::from_str(yaml).unwrap();
     value["apiVersion"] = "sidecar.dev/v1alpha1".into();
     value["kind"] = "SidecarTemplate".into();
     serde_json::from_value(value).unwrap()

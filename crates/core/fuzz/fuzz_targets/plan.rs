@@ -82,7 +82,7 @@ fn templates() -> &'static [Arc<CompiledTemplate>] {
             .iter()
             .map(|yaml| {
                 let template: SidecarTemplate =
-                    serde_yaml::from_str(yaml).expect("the fuzz target's templates parse");
+                    serde_saphyr::from_str(yaml).expect("the fuzz target's templates parse");
                 Arc::new(compile(&template).expect("the fuzz target's templates are valid"))
             })
             .collect()

@@ -19,7 +19,7 @@ pub fn compile_json(value: Value) -> CompiledTemplate {
 }
 
 pub fn parse_template(yaml: &str) -> SidecarTemplate {
-    template_from_json(serde_yaml::from_str(yaml).unwrap())
+    template_from_json(serde_saphyr::from_str(yaml).unwrap())
 }
 
 fn template_from_json(mut value: Value) -> SidecarTemplate {

@@ -12,7 +12,7 @@ pub mod fixtures;
 pub use fixtures::*;
 
 pub fn pod(yaml: &str) -> Value {
-    serde_yaml::from_str(yaml).unwrap()
+    serde_saphyr::from_str(yaml).unwrap()
 }
 
 pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

@@ -53,7 +53,7 @@ impl Ca {
 }
 
 pub fn template(yaml: &str) -> injector_core::CompiledTemplate {
-    let mut value: Value = serde_yaml::from_str(yaml).unwrap();
+    let mut value: Value = serde_saphyr::from_str(yaml).unwrap();
     value["apiVersion"] = "sidecar.dev/v1alpha1".into();
     value["kind"] = "SidecarTemplate".into();
     compile(&serde_json::from_value(value).unwrap()).unwrap()
