@@ -25,6 +25,13 @@ pub struct TemplateStateLabels {
     pub state: String,
 }
 
+/// Labels of a certificate Secret key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretKeyLabels {
+    /// The Secret key: `ca.crt`, `ca.key`, `ca-previous.crt`, `tls.crt` or `tls.key`.
+    pub key: String,
+}
+
 /// Every controller metric.
 #[derive(Debug)]
 pub struct ControllerMetrics {
@@ -34,6 +41,7 @@ pub struct ControllerMetrics {
     certificate_expiry: Gauge<i64, AtomicI64>,
     leader: Gauge,
     entry_cycles: Gauge,
+    unreadable_secret_keys: Family<SecretKeyLabels, Counter>,
 }
 
 impl ControllerMetrics {
@@ -46,6 +54,7 @@ impl ControllerMetrics {
             certificate_expiry: Gauge::default(),
             leader: Gauge::default(),
             entry_cycles: Gauge::default(),
+            unreadable_secret_keys: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -78,7 +87,21 @@ impl ControllerMetrics {
             "Cycles among templates that select on labels other templates add: their entries cannot all be ordered after the labels they need (set by the leader)",
             metrics.entry_cycles.clone(),
         );
+        registry.register(
+            "certificate_secret_unreadable_keys",
+            "Reads of the certificate Secret that found this key missing or unreadable (the rest of the Secret is kept)",
+            metrics.unreadable_secret_keys.clone(),
+        );
         metrics
+    }
+
+    /// Counts one read of the certificate Secret that found `key` missing or unreadable.
+    pub fn record_unreadable_secret_key(&self, key: &str) {
+        self.unreadable_secret_keys
+            .get_or_create(&SecretKeyLabels {
+                key: key.to_owned(),
+            })
+            .inc();
     }
 
     /// Sets how many dependency cycles the webhook configuration's entry order met.
@@ -139,6 +162,7 @@ mod tests {
         metrics.set_certificate_expiry(UNIX_EPOCH + std::time::Duration::from_secs(1_900_000_000));
         metrics.set_leader(true);
         metrics.set_entry_cycles(1);
+        metrics.record_unreadable_secret_key("ca-previous.crt");
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -149,6 +173,7 @@ mod tests {
             "sidecar_injector_serving_certificate_expiry_timestamp_seconds 1900000000",
             "sidecar_injector_leader 1",
             "sidecar_injector_webhook_entry_cycles 1",
+            "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
