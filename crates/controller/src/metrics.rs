@@ -42,6 +42,7 @@ pub struct ControllerMetrics {
     leader: Gauge,
     entry_cycles: Gauge,
     unreadable_secret_keys: Family<SecretKeyLabels, Counter>,
+    templates_not_served: Gauge,
 }
 
 impl ControllerMetrics {
@@ -55,6 +56,7 @@ impl ControllerMetrics {
             leader: Gauge::default(),
             entry_cycles: Gauge::default(),
             unreadable_secret_keys: Family::default(),
+            templates_not_served: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -92,7 +94,18 @@ impl ControllerMetrics {
             "Reads of the certificate Secret that found this key missing or unreadable (the rest of the Secret is kept)",
             metrics.unreadable_secret_keys.clone(),
         );
+        registry.register(
+            "templates_not_served",
+            "Valid templates left without a webhook entry because the configuration would not fit with it (set by the leader)",
+            metrics.templates_not_served.clone(),
+        );
         metrics
+    }
+
+    /// Sets how many valid templates have no webhook entry.
+    pub fn set_templates_not_served(&self, count: usize) {
+        self.templates_not_served
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// Counts one read of the certificate Secret that found `key` missing or unreadable.
@@ -163,6 +176,7 @@ mod tests {
         metrics.set_leader(true);
         metrics.set_entry_cycles(1);
         metrics.record_unreadable_secret_key("ca-previous.crt");
+        metrics.set_templates_not_served(2);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -174,6 +188,7 @@ mod tests {
             "sidecar_injector_leader 1",
             "sidecar_injector_webhook_entry_cycles 1",
             "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1",
+            "sidecar_injector_templates_not_served 2",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -6,13 +6,13 @@
 //! [`crate::webhook_config`], [`crate::status`]); the API calls live in small functions here
 //! that the mocked-API-server tests drive directly.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, PoisonError};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
-use injector_core::Templates;
+use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -326,6 +326,25 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// What the configuration loop works from.
+struct Desired {
+    /// The configuration to apply.
+    configuration: MutatingWebhookConfiguration,
+    /// The caBundle it carries.
+    ca: String,
+    /// The valid templates it has no entry for.
+    left_out: BTreeSet<String>,
+}
+
+/// Why a template in [`Operator::not_served`] has no entry, for its status and event.
+fn not_served_why() -> String {
+    format!(
+        "its webhook entry would take the configuration past {} bytes (too many, or too large, \
+         distinct selectors across templates)",
+        webhook_config::MAX_CONFIGURATION_BYTES
+    )
+}
+
 /// The shared state of the operator's loops.
 pub struct Operator {
     client: Client,
@@ -339,6 +358,8 @@ pub struct Operator {
     secret_deleted: Notify,
     /// The caBundle the configuration should carry.
     ca_bundle: watch::Sender<Option<String>>,
+    /// The valid templates the configuration has no entry for (it would not fit with them).
+    not_served: Mutex<BTreeSet<String>>,
     /// The caBundle of the configuration this replica last applied: the certificate loop waits
     /// for a new CA to be there before it writes the Secret.
     applied_ca: watch::Sender<Option<String>>,
@@ -367,6 +388,7 @@ impl Operator {
             templates_changed: Notify::new(),
             secret_deleted: Notify::new(),
             ca_bundle: watch::channel(None).0,
+            not_served: Mutex::new(BTreeSet::new()),
             applied_ca: watch::channel(None).0,
             leading,
         })
@@ -544,20 +566,48 @@ impl Operator {
         }
     }
 
-    /// The configuration the templates and the caBundle call for, with that caBundle; `None`
-    /// before there is a caBundle, or while the registry is not synced (an entry list built
-    /// from a partial registry would drop entries).
-    fn desired_configuration(&self) -> Option<(MutatingWebhookConfiguration, String)> {
+    /// The configuration the templates and the caBundle call for; `None` before there is a
+    /// caBundle, or while the registry is not synced (an entry list built from a partial
+    /// registry would drop entries).
+    fn desired_configuration(&self) -> Option<Desired> {
         let ca = self.ca_bundle.borrow().clone()?;
         if !self.templates.is_synced() {
             return None;
         }
-        let desired = webhook_config::desired_configuration(
-            &self.templates.snapshot(),
-            &self.options.webhook,
-            ca.as_bytes(),
-        );
-        Some((desired, ca))
+        let snapshot = self.templates.snapshot();
+        let configuration =
+            webhook_config::desired_configuration(&snapshot, &self.options.webhook, ca.as_bytes());
+        let left_out = webhook_config::left_out(&snapshot, &configuration)
+            .into_iter()
+            .flat_map(|group| group.templates.iter().map(|t| t.name.clone()))
+            .collect();
+        Some(Desired {
+            configuration,
+            ca,
+            left_out,
+        })
+    }
+
+    /// Records which templates have no webhook entry, for the status loop and the metric, and
+    /// logs a change.
+    fn note_left_out(&self, left_out: BTreeSet<String>) {
+        let mut not_served = self
+            .not_served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *not_served == left_out {
+            return;
+        }
+        self.metrics.set_templates_not_served(left_out.len());
+        if !left_out.is_empty() {
+            let names: Vec<&str> = left_out.iter().map(String::as_str).collect();
+            tracing::warn!(
+                templates = %names.join(","),
+                limit_bytes = webhook_config::MAX_CONFIGURATION_BYTES,
+                "these templates have no webhook entry: the configuration would not fit with them"
+            );
+        }
+        *not_served = left_out;
     }
 
     /// Leader: the webhook configuration follows the templates and the caBundle, and is
@@ -613,9 +663,15 @@ impl Operator {
             if retry_at.is_some() || !self.is_leader() {
                 continue;
             }
-            let Some((desired, desired_ca)) = self.desired_configuration() else {
+            let Some(Desired {
+                configuration: desired,
+                ca: desired_ca,
+                left_out,
+            }) = self.desired_configuration()
+            else {
                 continue;
             };
+            self.note_left_out(left_out);
             let fight = overwritten(last_applied.as_ref(), observed.as_ref().map(Option::as_ref));
             if fight && !due {
                 let delay = next_delay(&mut retry);
@@ -670,8 +726,9 @@ impl Operator {
         }
     }
 
-    /// Leader: each template's status, and an Event when one is invalid (`Invalid`, or
-    /// `InvalidGenerationKept` when a required template's last valid generation stays).
+    /// Leader: each template's status, naming the entry that serves it, and an Event when one
+    /// is invalid (`Invalid`, or `InvalidGenerationKept` when a required template's last valid
+    /// generation stays) or has no entry (`NotServed`).
     /// After a round with a failed write, the next one waits a growing delay.
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
@@ -695,16 +752,41 @@ impl Operator {
                     .values()
                     .cloned()
                     .collect();
-                for observed in work {
+                let not_served = self
+                    .not_served
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                // The entry that serves each template: its own group's, or a merged one.
+                let snapshot = self.templates.snapshot();
+                let serving: HashMap<&str, &GroupId> = snapshot
+                    .groups()
+                    .iter()
+                    .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
+                    .collect();
+                for mut observed in work {
+                    let name = observed.template.metadata.name.clone().unwrap_or_default();
+                    if let Some(&served) = serving.get(name.as_str()) {
+                        if let Ok(group) = &mut observed.outcome {
+                            group.clone_from(served);
+                        }
+                        if let Some(kept) = &mut observed.kept {
+                            kept.group.clone_from(served);
+                        }
+                    }
                     let template = &observed.template;
-                    let name = template.metadata.name.clone().unwrap_or_default();
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
-                    let desired = crate::status::desired_status_kept(
-                        template,
-                        &observed.outcome,
-                        observed.kept.as_ref(),
-                        now(),
-                    );
+                    let unserved = outcome.is_ok() && not_served.contains(&name);
+                    let desired = if unserved {
+                        crate::status::desired_status_not_served(template, &not_served_why(), now())
+                    } else {
+                        crate::status::desired_status_kept(
+                            template,
+                            &observed.outcome,
+                            observed.kept.as_ref(),
+                            now(),
+                        )
+                    };
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
                             Ok(()) => self.metrics.record_reconcile("status", true),
@@ -715,30 +797,34 @@ impl Operator {
                             }
                         }
                     }
-                    if let Err(errors) = outcome {
-                        let key = (
-                            name.clone(),
-                            template.metadata.generation.unwrap_or_default(),
-                        );
-                        if !evented.contains(&key) {
-                            let published = match &observed.kept {
-                                Some(kept) => {
-                                    crate::status::record_kept(&recorder, template, &errors, kept)
-                                        .await
-                                }
-                                None => {
-                                    crate::status::record_invalid(&recorder, template, &errors)
-                                        .await
-                                }
-                            };
-                            match published {
-                                Ok(()) => {
-                                    evented.insert(key);
-                                }
-                                Err(error) => {
-                                    failed = true;
-                                    tracing::warn!(template = %name, %error, "recording the Invalid event failed")
-                                }
+                    let key = (
+                        name.clone(),
+                        template.metadata.generation.unwrap_or_default(),
+                    );
+                    if (outcome.is_err() || unserved) && !evented.contains(&key) {
+                        let published = match (&outcome, &observed.kept) {
+                            (Ok(()), _) => {
+                                crate::status::record_not_served(
+                                    &recorder,
+                                    template,
+                                    &not_served_why(),
+                                )
+                                .await
+                            }
+                            (Err(errors), Some(kept)) => {
+                                crate::status::record_kept(&recorder, template, errors, kept).await
+                            }
+                            (Err(errors), None) => {
+                                crate::status::record_invalid(&recorder, template, errors).await
+                            }
+                        };
+                        match published {
+                            Ok(()) => {
+                                evented.insert(key);
+                            }
+                            Err(error) => {
+                                failed = true;
+                                tracing::warn!(template = %name, %error, "recording the template's event failed")
                             }
                         }
                     }

@@ -17,6 +17,8 @@ use crate::webhook_config::{Endpoint, WebhookConfigOptions};
 type Reply = tower_test::mock::SendResponse<Response<Body>>;
 
 const SECRET_PATH: &str = "/api/v1/namespaces/sidecar-injector/secrets/sidecar-injector-tls";
+const TEMPLATES_PATH: &str = "/apis/sidecar.dev/v1alpha1/sidecartemplates/";
+const EVENTS_PATH: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 /// The caBundle of tests that do not rotate certificates.
 const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\n";
 const CONFIGURATIONS_PATH: &str =
@@ -95,8 +97,11 @@ fn failure(code: StatusCode, reason: &str) -> Option<(StatusCode, String)> {
     Some((code, status.to_string()))
 }
 
-/// The list a watcher starts from: the configurations in `items`.
-fn configuration_list(items: &[Value]) -> Option<(StatusCode, String)> {
+/// The configurations in `items` for the watcher's list; its watches are held.
+fn configurations(call: &Call, items: &[Value]) -> Option<(StatusCode, String)> {
+    if call.is_watch() {
+        return None;
+    }
     ok(&json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfigurationList",
@@ -222,9 +227,7 @@ async fn a_rotation_waits_for_the_template_list_before_writing_its_secret() {
             *stored.lock().unwrap() = call.body.clone();
             ok(&call.body)
         } else if call.is(Method::GET, CONFIGURATIONS_PATH) {
-            (!call.is_watch())
-                .then(|| configuration_list(&[]))
-                .flatten()
+            configurations(call, &[])
         } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
             ok(&call.body)
         } else {
@@ -277,8 +280,8 @@ async fn a_rotation_waits_for_the_template_list_before_writing_its_secret() {
 async fn a_closed_leadership_channel_stops_the_leader_loops() {
     for was_leading in [false, true] {
         let (client, calls) = fake_api(|call, _| {
-            if call.is(Method::GET, CONFIGURATIONS_PATH) && !call.is_watch() {
-                configuration_list(&[])
+            if call.is(Method::GET, CONFIGURATIONS_PATH) {
+                configurations(call, &[])
             } else {
                 None
             }
@@ -334,25 +337,29 @@ fn ready_operator(client: kube::Client) -> (Arc<Operator>, watch::Sender<bool>) 
     (operator, leader)
 }
 
+/// Runs the configuration loop of a ready leader on `client` until it has applied seven
+/// times, and checks that the applies spaced out.
+async fn assert_applies_back_off(client: kube::Client, calls: &Mutex<Vec<Call>>) {
+    let (operator, _leader) = ready_operator(client);
+    let stop = CancellationToken::new();
+    tokio::spawn(Arc::clone(&operator).configuration_loop(stop.clone()));
+    let applies = wait_for_calls(calls, 7, |c| c.method == Method::PATCH).await;
+    assert_backs_off(&gaps(&applies));
+    stop.cancel();
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_failing_apply_is_retried_with_growing_delays() {
     let (client, calls) = fake_api(|call, _| {
         if call.is(Method::GET, CONFIGURATIONS_PATH) {
-            (!call.is_watch())
-                .then(|| configuration_list(&[]))
-                .flatten()
+            configurations(call, &[])
         } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
             failure(StatusCode::INTERNAL_SERVER_ERROR, "InternalError")
         } else {
             panic!("unexpected {call:?}")
         }
     });
-    let (operator, _leader) = ready_operator(client);
-    let stop = CancellationToken::new();
-    tokio::spawn(Arc::clone(&operator).configuration_loop(stop.clone()));
-    let applies = wait_for_calls(&calls, 7, |c| c.method == Method::PATCH).await;
-    assert_backs_off(&gaps(&applies));
-    stop.cancel();
+    assert_applies_back_off(client, &calls).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -370,9 +377,7 @@ async fn repairing_a_configuration_another_writer_keeps_changing_backs_off() {
     let their_version = theirs.clone();
     let (client, calls) = fake_api(move |call, held| {
         if call.is(Method::GET, CONFIGURATIONS_PATH) {
-            (!call.is_watch())
-                .then(|| configuration_list(std::slice::from_ref(&their_version)))
-                .flatten()
+            configurations(call, std::slice::from_ref(&their_version))
         } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
             // The other writer undoes each of our applies at once.
             for (_, watch) in held.drain(..) {
@@ -387,10 +392,105 @@ async fn repairing_a_configuration_another_writer_keeps_changing_backs_off() {
             panic!("unexpected {call:?}")
         }
     });
-    let (operator, _leader) = ready_operator(client);
+    assert_applies_back_off(client, &calls).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_configuration_too_large_for_etcd_is_never_applied_and_what_is_left_out_is_reported() {
+    // What etcd accepts by default; the fake API server refuses more, as a real one would.
+    const ETCD_LIMIT: usize = 1_572_864;
+    let templates = crate::webhook_config::tests::templates_with_large_selectors(120, 250);
+    let stored: BTreeMap<String, Value> = templates
+        .iter()
+        .map(|t| {
+            let name = t.metadata.name.clone().unwrap();
+            (name, serde_json::to_value(t).unwrap())
+        })
+        .collect();
+    let (client, calls) = fake_api(move |call, _| {
+        if call.is(Method::GET, CONFIGURATIONS_PATH) {
+            configurations(call, &[])
+        } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
+            if call.body.to_string().len() > ETCD_LIMIT {
+                failure(StatusCode::PAYLOAD_TOO_LARGE, "RequestEntityTooLarge")
+            } else {
+                ok(&call.body)
+            }
+        } else if call.is(Method::PATCH, TEMPLATES_PATH) {
+            let name = call.path.split('/').nth_back(1).unwrap();
+            let mut template = stored[name].clone();
+            template["status"] = call.body["status"].clone();
+            ok(&template)
+        } else if call.is(Method::POST, EVENTS_PATH) {
+            Some((StatusCode::CREATED, call.body.to_string()))
+        } else {
+            panic!("unexpected {call:?}")
+        }
+    });
+    let (_leader, leading) = watch::channel(true);
+    let operator = operator(client, options(Lifetimes::default()), leading);
+    let mut registry = Registry::new();
+    for template in &templates {
+        let compiled = compile(template).unwrap();
+        operator.observed.lock().unwrap().insert(
+            compiled.name.clone(),
+            crate::sync::Observed {
+                template: Arc::new(template.clone()),
+                outcome: Ok(compiled.group_id.clone()),
+                kept: None,
+            },
+        );
+        registry.apply(compiled);
+    }
+    operator.templates.publish(registry.snapshot());
+    operator.templates.mark_synced();
+    operator.ca_bundle.send_replace(Some(TEST_CA.into()));
+    operator.templates_changed.notify_one();
     let stop = CancellationToken::new();
     tokio::spawn(Arc::clone(&operator).configuration_loop(stop.clone()));
-    let applies = wait_for_calls(&calls, 7, |c| c.method == Method::PATCH).await;
-    assert_backs_off(&gaps(&applies));
+    tokio::spawn(Arc::clone(&operator).status_loop(stop.clone()));
+
+    let statuses = wait_for_calls(&calls, 120, |c| c.is(Method::PATCH, TEMPLATES_PATH)).await;
+    // Past a resync, which applies again.
+    tokio::time::sleep(RESYNC * 2).await;
+    let applies = calls_where(&calls, |c| c.is(Method::PATCH, CONFIGURATIONS_PATH));
+    assert!(!applies.is_empty());
+    for apply in &applies {
+        let bytes = apply.body.to_string().len();
+        assert!(bytes <= ETCD_LIMIT, "an apply etcd refuses: {bytes} bytes");
+    }
+    let entries: BTreeSet<String> = applies[0].body["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(entries.len() < 120, "some entries were left out");
+
+    // Each template's status says whether it has an entry; those without get an Event too.
+    let mut not_served = BTreeSet::new();
+    for status in &statuses {
+        let name = status.path.split('/').nth_back(1).unwrap().to_owned();
+        let ready = &status.body["status"]["conditions"][0];
+        match ready["reason"].as_str().unwrap() {
+            "Valid" => {
+                let message = ready["message"].as_str().unwrap();
+                let entry = message.rsplit(' ').next().unwrap();
+                assert!(entries.contains(entry), "{name}: {message}");
+            }
+            "NotServed" => {
+                assert_eq!(ready["status"], "False");
+                not_served.insert(name);
+            }
+            other => panic!("{name}: {other}"),
+        }
+    }
+    assert_eq!(not_served.len() + entries.len(), 120);
+    let events: BTreeSet<String> = calls_where(&calls, |c| c.is(Method::POST, EVENTS_PATH))
+        .iter()
+        .filter(|event| event.body["reason"] == "NotServed")
+        .map(|event| event.body["regarding"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(events, not_served);
     stop.cancel();
 }
