@@ -544,7 +544,8 @@ impl Operator {
     /// Hands the new caBundle `ca` to the configuration loop (the only writer of the webhook
     /// configuration) and waits until it has applied it. Fails, so that the Secret is not
     /// written, when the configuration cannot be written yet (the template list is not
-    /// synced), or when leadership is lost or `stop` comes first.
+    /// synced), when it is not applied within [`RESYNC`], or when leadership is lost or `stop`
+    /// comes first.
     async fn publish_ca(&self, ca: String, stop: &CancellationToken) -> Result<(), OperatorError> {
         if !self.templates.is_synced() {
             return Err(OperatorError::CaNotPublished(
@@ -554,10 +555,18 @@ impl Operator {
         let mut applied = self.applied_ca.subscribe();
         let mut leading = self.leading.clone();
         self.ca_bundle.send_replace(Some(ca.clone()));
+        // Bounded: if the caBundle is replaced meanwhile (the Secret's watch reloads the old
+        // one), this CA is never applied, and the rotation starts again.
+        let published = tokio::time::timeout(
+            RESYNC,
+            applied.wait_for(|applied| applied.as_deref() == Some(ca.as_str())),
+        );
         tokio::select! {
-            published = applied.wait_for(|applied| applied.as_deref() == Some(ca.as_str())) => {
-                published.map(drop).map_err(|_| OperatorError::CaNotPublished("the configuration loop ended"))
-            }
+            published = published => match published {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(_)) => Err(OperatorError::CaNotPublished("the configuration loop ended")),
+                Err(_) => Err(OperatorError::CaNotPublished("the configuration was not applied with it in time")),
+            },
             () = stop.cancelled() => Err(OperatorError::CaNotPublished("stopping")),
             lost = leading.wait_for(|leading| !*leading) => {
                 drop(lost);
