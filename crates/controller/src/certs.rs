@@ -22,7 +22,7 @@ mod x509;
 
 use std::time::Duration;
 
-pub use bundle::{Ca, CertificateBundle, Serving};
+pub use bundle::{Ca, CertificateBundle, KeyProblem, SecretContent, Serving};
 pub use issue::{ServingNames, generate_ca, issue_serving};
 pub use rotation::{Lifetimes, Reconciled, next_check, reconcile};
 pub use x509::{Validity, validity};

@@ -1,21 +1,28 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease in the operator's namespace
 //! (docs/architecture.md, decisions 6 and 14: replicas all serve; only the leader writes).
 //!
-//! [`decide`] is the pure decision: given the Lease as read (or its absence), who we are and the
-//! time, whether to create it, renew it, take it over or wait; [`next_lease`] and [`released`]
-//! say what to write. [`run`] is the thin loop around them: every
-//! [`renew_interval`](LeaderElectionConfig::renew_interval) it reads the Lease, decides, and
-//! writes it with the `resourceVersion` it read, so that when two replicas race only one write
-//! succeeds and the other gets `409 Conflict`. It publishes whether this replica leads on a
-//! `watch` channel, which the writers (status, webhook configuration, certificates) follow.
+//! [`decide`] is the pure decision: given the Lease as read (or its absence), who we are and how
+//! long this replica has seen the Lease unchanged, whether to create it, renew it, take it over
+//! or wait; [`next_lease`] and [`released`] say what to write. [`campaign`] is the thin loop
+//! around them: every [`renew_interval`](LeaderElectionConfig::renew_interval) it reads the
+//! Lease, decides, and writes it with the `resourceVersion` it read, so that when two replicas
+//! race only one write succeeds and the other gets `409 Conflict`. It publishes whether this
+//! replica leads on a `watch` channel, which the writers (status, webhook configuration,
+//! certificates) follow.
+//!
+//! No clock is compared across replicas. As client-go does, a Lease held by another replica
+//! is judged by when *this* replica saw it change ([`LeaseObserver`]: its `resourceVersion`,
+//! holder or `renewTime`), on its own monotonic clock: it is taken over only once it has
+//! stayed unchanged for its `leaseDurationSeconds`. The `renewTime` written by the holder's
+//! clock is never compared with ours, so a holder whose clock is hours behind or ahead is
+//! neither robbed while it renews nor waited for after it stops.
 //!
 //! Safety margin: a leader that cannot renew for
 //! [`renew_deadline`](LeaderElectionConfig::renew_deadline) (measured on its own monotonic
 //! clock from the start of its last successful renewal) stops leading, while another replica
-//! takes over only [`lease_duration`](LeaderElectionConfig::lease_duration) after the
-//! `renewTime` it reads. The difference between the two (5 s by default) is what covers clock
-//! skew between nodes, since `renewTime` is wall-clock time written by one node and compared by
-//! another.
+//! takes over only [`lease_duration`](LeaderElectionConfig::lease_duration) after it saw that
+//! renewal, which is later. The difference between the two (5 s by default) covers clocks
+//! that run at slightly different rates, and the time a write takes.
 
 use std::fmt;
 use std::time::Duration;
@@ -85,7 +92,7 @@ impl LeaderElectionConfig {
 
     /// Checks that the names are set and that
     /// `0 < renew_interval < renew_deadline < lease_duration`: without that ordering two
-    /// replicas could lead at once. [`run`] calls it first.
+    /// replicas could lead at once. [`campaign`] calls it first.
     pub fn validate(&self) -> Result<(), LeaderError> {
         let invalid = |reason: String| Err(LeaderError::InvalidConfig(reason));
         if self.lease_name.is_empty() {
@@ -159,8 +166,8 @@ pub enum Decision {
     Wait {
         /// The holder.
         holder: String,
-        /// When the Lease expires unless its holder renews it.
-        until: MicroTime,
+        /// How much longer the Lease stays held unless this replica sees it change.
+        remaining: Duration,
     },
 }
 
@@ -173,25 +180,70 @@ impl fmt::Display for Decision {
             Decision::TakeOver {
                 previous: Some(previous),
             } => write!(f, "took over the lease {previous} let expire"),
-            Decision::Wait { holder, until } => {
-                write!(f, "the lease is held by {holder} until {}", until.0)
+            Decision::Wait { holder, remaining } => {
+                write!(
+                    f,
+                    "the lease is held by {holder} for another {remaining:?} unless renewed"
+                )
             }
         }
     }
 }
 
-/// Decides what to do with `lease` (`None` when it does not exist) as `identity` at `now`.
+/// What identifies one write of a Lease, for [`LeaseObserver`]: any write changes the
+/// `resourceVersion`; the holder and `renewTime` are compared too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct LeaseVersion {
+    resource_version: Option<String>,
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+}
+
+impl LeaseVersion {
+    fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.as_ref();
+        LeaseVersion {
+            resource_version: lease.metadata.resource_version.clone(),
+            holder: spec.and_then(|spec| spec.holder_identity.clone()),
+            renew_time: spec.and_then(|spec| spec.renew_time.clone()),
+        }
+    }
+}
+
+/// When this replica last saw the Lease change, on its own monotonic clock: what [`decide`]
+/// judges another holder's Lease by, instead of the `renewTime` the holder's clock wrote.
+#[derive(Debug, Default)]
+pub struct LeaseObserver {
+    last: Option<(LeaseVersion, Instant)>,
+}
+
+impl LeaseObserver {
+    /// Records `lease` as read at `now`; returns how long it has looked the same to this
+    /// replica (zero when it changed, or was never seen before).
+    pub fn observe(&mut self, lease: &Lease, now: Instant) -> Duration {
+        let version = LeaseVersion::of(lease);
+        match &self.last {
+            Some((seen, since)) if *seen == version => now.saturating_duration_since(*since),
+            _ => {
+                self.last = Some((version, now));
+                Duration::ZERO
+            }
+        }
+    }
+}
+
+/// Decides what to do with `lease` (`None` when it does not exist) as `identity`, when this
+/// replica has seen it unchanged for `unchanged_for` (see [`LeaseObserver`]).
 ///
-/// Another holder's Lease expires `leaseDurationSeconds` after its `renewTime` (its
-/// `acquireTime` if it was never renewed); `lease_duration` stands in when the Lease states no
-/// positive duration. A holder with neither time is treated as expired: nothing would ever
-/// make such a Lease expire otherwise. A Lease we hold is renewed even when it has expired:
-/// nobody has taken it over, and the write carries the `resourceVersion` read, so it fails if
-/// someone does in the meantime.
+/// Another holder's Lease expires once it has stayed unchanged for its `leaseDurationSeconds`
+/// (`lease_duration` when it states no positive duration); its times are not read, since they
+/// come from another clock. A Lease we hold is renewed even when it has expired: nobody has
+/// taken it over, and the write carries the `resourceVersion` read, so it fails if someone does
+/// in the meantime.
 pub fn decide(
     lease: Option<&Lease>,
     identity: &str,
-    now: &MicroTime,
+    unchanged_for: Duration,
     lease_duration: Duration,
 ) -> Decision {
     let Some(lease) = lease else {
@@ -207,29 +259,20 @@ pub fn decide(
     if holder == identity {
         return Decision::Renew;
     }
-    match expiry(spec, lease_duration) {
-        Some(until) if *now < until => Decision::Wait {
+    let duration = spec
+        .lease_duration_seconds
+        .and_then(|seconds| u64::try_from(seconds).ok())
+        .filter(|&seconds| seconds > 0)
+        .map_or(lease_duration, Duration::from_secs);
+    match duration.checked_sub(unchanged_for) {
+        Some(remaining) if !remaining.is_zero() => Decision::Wait {
             holder: holder.to_owned(),
-            until,
+            remaining,
         },
         _ => Decision::TakeOver {
             previous: Some(holder.to_owned()),
         },
     }
-}
-
-/// When a held Lease expires, if it says when it was last renewed or acquired.
-fn expiry(spec: &LeaseSpec, fallback: Duration) -> Option<MicroTime> {
-    let since = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?;
-    let duration = spec
-        .lease_duration_seconds
-        .and_then(|seconds| u64::try_from(seconds).ok())
-        .filter(|&seconds| seconds > 0)
-        .map_or(fallback, Duration::from_secs);
-    // Past the last representable instant (year 9999) the Lease is as good as held forever.
-    Some(MicroTime(
-        since.0.checked_add(duration).unwrap_or(Timestamp::MAX),
-    ))
 }
 
 /// `duration` as `leaseDurationSeconds`: whole seconds rounded up, so other replicas never wait
@@ -328,6 +371,7 @@ pub async fn campaign(
         leading,
         is_leading: false,
         renewed_at: None,
+        observer: LeaseObserver::default(),
     };
     // Leading was not established by this call, whatever the channel held before.
     elector.set_leading(false);
@@ -369,7 +413,7 @@ enum Round {
     Conflict,
 }
 
-/// The state of [`run`].
+/// The state of [`campaign`].
 struct Elector {
     api: Api<Lease>,
     config: LeaderElectionConfig,
@@ -378,19 +422,24 @@ struct Elector {
     is_leading: bool,
     /// When the last successful acquisition or renewal started, while leading.
     renewed_at: Option<Instant>,
+    /// When this replica saw the Lease change.
+    observer: LeaseObserver,
 }
 
 impl Elector {
     /// Reads the Lease, decides, and writes it if we should hold it.
-    async fn attempt(&self) -> Result<Round, kube::Error> {
-        let now = MicroTime(Timestamp::now());
+    async fn attempt(&mut self) -> Result<Round, kube::Error> {
         let current = self.get().await?;
+        let unchanged_for = current.as_ref().map_or(Duration::ZERO, |lease| {
+            self.observer.observe(lease, Instant::now())
+        });
         let decision = decide(
             current.as_ref(),
             &self.config.identity,
-            &now,
+            unchanged_for,
             self.config.lease_duration,
         );
+        let now = MicroTime(Timestamp::now());
         let Some(lease) = next_lease(current.as_ref(), &decision, &self.config, &now) else {
             return Ok(Round::Follower(decision));
         };

@@ -25,6 +25,13 @@ pub struct TemplateStateLabels {
     pub state: String,
 }
 
+/// Labels of a certificate Secret key.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SecretKeyLabels {
+    /// The Secret key: `ca.crt`, `ca.key`, `ca-previous.crt`, `tls.crt` or `tls.key`.
+    pub key: String,
+}
+
 /// Every controller metric.
 #[derive(Debug)]
 pub struct ControllerMetrics {
@@ -34,6 +41,8 @@ pub struct ControllerMetrics {
     certificate_expiry: Gauge<i64, AtomicI64>,
     leader: Gauge,
     entry_cycles: Gauge,
+    unreadable_secret_keys: Family<SecretKeyLabels, Counter>,
+    templates_not_served: Gauge,
 }
 
 impl ControllerMetrics {
@@ -46,6 +55,8 @@ impl ControllerMetrics {
             certificate_expiry: Gauge::default(),
             leader: Gauge::default(),
             entry_cycles: Gauge::default(),
+            unreadable_secret_keys: Family::default(),
+            templates_not_served: Gauge::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -78,7 +89,32 @@ impl ControllerMetrics {
             "Cycles among templates that select on labels other templates add: their entries cannot all be ordered after the labels they need (set by the leader)",
             metrics.entry_cycles.clone(),
         );
+        registry.register(
+            "certificate_secret_unreadable_keys",
+            "Reads of the certificate Secret that found this key missing or unreadable (the rest of the Secret is kept)",
+            metrics.unreadable_secret_keys.clone(),
+        );
+        registry.register(
+            "templates_not_served",
+            "Valid templates left without a webhook entry because the configuration would not fit with it (set by the leader)",
+            metrics.templates_not_served.clone(),
+        );
         metrics
+    }
+
+    /// Sets how many valid templates have no webhook entry.
+    pub fn set_templates_not_served(&self, count: usize) {
+        self.templates_not_served
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one read of the certificate Secret that found `key` missing or unreadable.
+    pub fn record_unreadable_secret_key(&self, key: &str) {
+        self.unreadable_secret_keys
+            .get_or_create(&SecretKeyLabels {
+                key: key.to_owned(),
+            })
+            .inc();
     }
 
     /// Sets how many dependency cycles the webhook configuration's entry order met.
@@ -139,6 +175,8 @@ mod tests {
         metrics.set_certificate_expiry(UNIX_EPOCH + std::time::Duration::from_secs(1_900_000_000));
         metrics.set_leader(true);
         metrics.set_entry_cycles(1);
+        metrics.record_unreadable_secret_key("ca-previous.crt");
+        metrics.set_templates_not_served(2);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -149,6 +187,8 @@ mod tests {
             "sidecar_injector_serving_certificate_expiry_timestamp_seconds 1900000000",
             "sidecar_injector_leader 1",
             "sidecar_injector_webhook_entry_cycles 1",
+            "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1",
+            "sidecar_injector_templates_not_served 2",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

@@ -6,13 +6,13 @@
 //! [`crate::webhook_config`], [`crate::status`]); the API calls live in small functions here
 //! that the mocked-API-server tests drive directly.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
-use injector_core::Templates;
+use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -21,7 +21,8 @@ use kube::Client;
 use kube::api::{Api, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,9 @@ use crate::webhook_config::{self, WebhookConfigOptions};
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
 
+/// How often the leader compares each template's status with the one it wants.
+const STATUS_PERIOD: Duration = Duration::from_secs(2);
+
 /// Why an API call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OperatorError {
@@ -49,6 +53,10 @@ pub enum OperatorError {
     /// A blocking task panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// A new CA cannot be put into the webhook configuration yet, so the Secret holding it is
+    /// not written either (the API server would not trust what replicas then serve).
+    #[error("the new CA cannot be published to the webhook configuration yet: {0}")]
+    CaNotPublished(&'static str),
 }
 
 /// Everything the operator needs to know about where it runs.
@@ -68,8 +76,13 @@ pub struct OperatorOptions {
 
 /// Loads the serving certificate from `secret` into the store; returns the bundle, or `None`
 /// when the Secret holds no usable bundle yet (the current certificate stays in service).
-pub fn load_secret(secret: &Secret, store: &CertificateStore) -> Option<CertificateBundle> {
-    let bundle = bundle_in(secret, "keeping the current certificate")?;
+/// Keys that cannot be read are logged and counted in `metrics`.
+pub fn load_secret(
+    secret: &Secret,
+    store: &CertificateStore,
+    metrics: &ControllerMetrics,
+) -> Option<CertificateBundle> {
+    let bundle = bundle_in(secret, metrics).bundle?;
     match store.set_pem(
         bundle.serving.chain_pem.as_bytes(),
         bundle.serving.key_pem.as_bytes(),
@@ -82,25 +95,37 @@ pub fn load_secret(secret: &Secret, store: &CertificateStore) -> Option<Certific
     }
 }
 
-/// The bundle `secret` holds; `None` when it holds none, or an unusable one (logged, with
-/// what happens `then`).
-fn bundle_in(secret: &Secret, then: &str) -> Option<CertificateBundle> {
-    match CertificateBundle::from_secret_data(secret.data.as_ref()?) {
-        Ok(bundle) => bundle,
-        Err(error) => {
-            tracing::warn!(%error, "the certificate Secret is unusable; {then}");
-            None
-        }
+/// What `secret` holds, every readable part kept. Each key that cannot be read is logged and
+/// counted.
+fn bundle_in(secret: &Secret, metrics: &ControllerMetrics) -> certs::SecretContent {
+    let Some(data) = secret.data.as_ref() else {
+        return certs::SecretContent {
+            bundle: None,
+            problems: Vec::new(),
+        };
+    };
+    let content = CertificateBundle::from_secret_data(data);
+    for problem in &content.problems {
+        metrics.record_unreadable_secret_key(problem.key);
+        tracing::warn!(key = problem.key, error = %problem.error, "a key of the certificate Secret cannot be used; the rest is kept");
     }
+    content
 }
 
 /// Reads the certificate Secret, decides with [`certs::reconcile`] (off the async runtime:
-/// key generation is CPU work) and, when something must change, publishes the new caBundle
-/// through `publish_ca` *before* writing the Secret, so the API server trusts the new CA
-/// before any replica serves a certificate signed by it.
+/// key generation is CPU work) and writes what changed; a Secret with keys that cannot be read
+/// is written again without them.
+///
+/// When the new bundle's CA is not the one the Secret held (a rotation, or a first CA), the
+/// new caBundle goes through `publish_ca` *before* the Secret is written, so the API server
+/// trusts the new CA before any replica serves a certificate signed by it. If `publish_ca`
+/// fails (for instance [`OperatorError::CaNotPublished`]: the configuration cannot be written
+/// yet), nothing is written and the error is returned: the rotation waits for the next try.
+/// A renewal from the same CA publishes nothing: that CA is trusted already.
 pub async fn rotate_certificates<F, Fut>(
     secrets: &Api<Secret>,
     options: &OperatorOptions,
+    metrics: &ControllerMetrics,
     publish_ca: F,
 ) -> Result<CertificateBundle, OperatorError>
 where
@@ -108,9 +133,11 @@ where
     Fut: Future<Output = Result<(), OperatorError>>,
 {
     let current = secrets.get_opt(&options.secret_name).await?;
-    let existing = current
-        .as_ref()
-        .and_then(|secret| bundle_in(secret, "replacing it"));
+    let (existing, unreadable) = match current.as_ref().map(|secret| bundle_in(secret, metrics)) {
+        Some(content) => (content.bundle, !content.problems.is_empty()),
+        None => (None, false),
+    };
+    let trusted_ca = existing.as_ref().map(|bundle| bundle.ca.cert_pem.clone());
     let names = options.serving_names.clone();
     let lifetimes = options.lifetimes;
     let reconciled = tokio::task::spawn_blocking(move || {
@@ -118,7 +145,9 @@ where
     })
     .await??;
     let owner = options.webhook.owner.as_ref();
-    if !reconciled.changed {
+    // A Secret with keys that cannot be read is written again without them, even when the
+    // certificates themselves need nothing.
+    if !reconciled.changed && !unreadable {
         // A Secret written before the owner was configured (an upgrade) gets it now, so that
         // uninstalling removes it.
         if let (Some(mut secret), Some(owner)) = (current, owner)
@@ -130,8 +159,14 @@ where
         }
         return Ok(reconciled.bundle);
     }
-    tracing::info!(reasons = %reconciled.reasons.join("; "), "rotating certificates");
-    publish_ca(reconciled.bundle.ca_bundle_pem(SystemTime::now())).await?;
+    if reconciled.changed {
+        tracing::info!(reasons = %reconciled.reasons.join("; "), "rotating certificates");
+    } else {
+        tracing::info!("rewriting the certificate Secret without the keys that cannot be read");
+    }
+    if trusted_ca.as_ref() != Some(&reconciled.bundle.ca.cert_pem) {
+        publish_ca(reconciled.bundle.ca_bundle_pem(SystemTime::now())).await?;
+    }
     let data = reconciled.bundle.to_secret_data();
     match current {
         Some(mut secret) => {
@@ -257,6 +292,59 @@ pub async fn watch_templates<W, S>(
     }
 }
 
+/// Whether `observed` (what a watch event showed of the configuration; `None`: deleted) is
+/// another writer's work undoing `last_applied`, what this replica last applied: repairing it
+/// is a fight, and each round of a fight waits longer.
+pub fn overwritten(
+    last_applied: Option<&MutatingWebhookConfiguration>,
+    observed: Option<Option<&MutatingWebhookConfiguration>>,
+) -> bool {
+    match (last_applied, observed) {
+        (Some(_), Some(None)) => true,
+        (Some(applied), Some(Some(actual))) => webhook_config::drift(applied, actual).is_some(),
+        _ => false,
+    }
+}
+
+/// The backoff of every retry in the operator's loops: kube-runtime's default (as client-go's
+/// reflector: 0.8 s doubling up to 30 s, plus up to as much again in jitter, back to the start
+/// after two quiet minutes).
+fn retry_backoff() -> DefaultBackoff {
+    DefaultBackoff::default()
+}
+
+/// The next delay of `backoff` (never exhausted; [`RESYNC`] if it were).
+fn next_delay(backoff: &mut DefaultBackoff) -> Duration {
+    backoff.next().unwrap_or(RESYNC)
+}
+
+/// Sleeps until `at`, forever when there is no `at`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What the configuration loop works from.
+struct Desired {
+    /// The configuration to apply.
+    configuration: MutatingWebhookConfiguration,
+    /// The caBundle it carries.
+    ca: String,
+    /// The valid templates it has no entry for.
+    left_out: BTreeSet<String>,
+}
+
+/// Why a template in [`Operator::not_served`] has no entry, for its status and event.
+fn not_served_why() -> String {
+    format!(
+        "its webhook entry would take the configuration past {} bytes (too many, or too large, \
+         distinct selectors across templates)",
+        webhook_config::MAX_CONFIGURATION_BYTES
+    )
+}
+
 /// The shared state of the operator's loops.
 pub struct Operator {
     client: Client,
@@ -268,17 +356,20 @@ pub struct Operator {
     templates_changed: Notify,
     /// Wakes the certificate loop when the Secret is deleted.
     secret_deleted: Notify,
-    /// The configuration this replica last applied, shared by the certificate loop (which
-    /// applies a new caBundle itself, before writing the Secret) and the configuration loop,
-    /// so the loop does not apply it again.
-    last_applied: Mutex<Option<MutatingWebhookConfiguration>>,
+    /// The caBundle the configuration should carry.
     ca_bundle: watch::Sender<Option<String>>,
+    /// The valid templates the configuration has no entry for (it would not fit with them).
+    not_served: Mutex<BTreeSet<String>>,
+    /// The caBundle of the configuration this replica last applied: the certificate loop waits
+    /// for a new CA to be there before it writes the Secret.
+    applied_ca: watch::Sender<Option<String>>,
     leading: watch::Receiver<bool>,
 }
 
 impl Operator {
     /// The operator; `leading` says whether this replica leads (always true without
-    /// leader election).
+    /// leader election). When its sender is dropped (the election ended), this replica no
+    /// longer knows whether it leads: the leader's loops stop, and the replica keeps serving.
     pub fn new(
         client: Client,
         options: OperatorOptions,
@@ -296,8 +387,9 @@ impl Operator {
             observed: ObservedTemplates::default(),
             templates_changed: Notify::new(),
             secret_deleted: Notify::new(),
-            last_applied: Mutex::new(None),
             ca_bundle: watch::channel(None).0,
+            not_served: Mutex::new(BTreeSet::new()),
+            applied_ca: watch::channel(None).0,
             leading,
         })
     }
@@ -318,8 +410,23 @@ impl Operator {
         }
     }
 
+    /// Whether this replica leads; never once the election is gone (its channel closed).
     fn is_leader(&self) -> bool {
-        *self.leading.borrow()
+        self.leading.has_changed().is_ok() && *self.leading.borrow()
+    }
+
+    /// Waits for leadership to change; `false` when the election is gone, and the calling
+    /// leader loop must stop: nothing would tell it any more when it stops leading, and a
+    /// closed channel is always "changed", so waiting on it again would spin.
+    async fn leadership_changed(leading: &mut watch::Receiver<bool>, what: &str) -> bool {
+        if leading.changed().await.is_ok() {
+            return true;
+        }
+        tracing::error!(
+            loop_ = what,
+            "leader election ended: this replica stops writing and keeps serving"
+        );
+        false
     }
 
     /// Every replica: SidecarTemplates into the registry the webhook serves from.
@@ -364,10 +471,12 @@ impl Operator {
             };
             match event {
                 Ok(Some(Event::Apply(secret) | Event::InitApply(secret))) => {
-                    if let Some(bundle) = load_secret(&secret, &self.certificates) {
+                    if let Some(bundle) = load_secret(&secret, &self.certificates, &self.metrics) {
                         tracing::info!("serving certificate loaded from the Secret");
-                        self.ca_bundle
-                            .send_replace(Some(bundle.ca_bundle_pem(SystemTime::now())));
+                        let ca = bundle.ca_bundle_pem(SystemTime::now());
+                        if !ca.is_empty() {
+                            self.ca_bundle.send_replace(Some(ca));
+                        }
                         if let Ok(expiry) = bundle.serving_expiry() {
                             self.metrics.set_certificate_expiry(expiry);
                         }
@@ -388,37 +497,80 @@ impl Operator {
         }
     }
 
-    /// Leader: keeps the CA and serving certificate current.
+    /// Leader: keeps the CA and serving certificate current. A failed or waiting rotation is
+    /// tried again after a growing delay.
     async fn rotate_loop(self: Arc<Self>, stop: CancellationToken) {
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), &self.options.namespace);
         let mut leading = self.leading.clone();
+        let mut retry = retry_backoff();
         loop {
-            let mut wait = Duration::from_secs(5);
+            let mut wait = RESYNC;
             if self.is_leader() {
                 let this = Arc::clone(&self);
-                let result = rotate_certificates(&secrets, &self.options, |ca| async move {
-                    this.ca_bundle.send_replace(Some(ca));
-                    this.apply_current_configuration().await
-                })
-                .await;
+                let publish_stop = stop.clone();
+                let result =
+                    rotate_certificates(&secrets, &self.options, &self.metrics, |ca| async move {
+                        this.publish_ca(ca, &publish_stop).await
+                    })
+                    .await;
                 match result {
                     Ok(bundle) => {
                         self.metrics.record_reconcile("certificates", true);
+                        retry.reset();
                         let next = certs::next_check(&bundle, &self.options.lifetimes);
                         let until = next.duration_since(SystemTime::now()).unwrap_or_default();
                         wait = until.clamp(Duration::from_secs(1), RESYNC);
                     }
+                    Err(OperatorError::CaNotPublished(why)) => {
+                        wait = next_delay(&mut retry);
+                        tracing::info!(why, retry_in = ?wait, "the new certificates wait until the webhook configuration trusts their CA");
+                    }
                     Err(error) => {
                         self.metrics.record_reconcile("certificates", false);
-                        tracing::warn!(%error, "certificate reconcile failed; retrying");
+                        wait = next_delay(&mut retry);
+                        tracing::warn!(%error, retry_in = ?wait, "certificate reconcile failed; retrying");
                     }
                 }
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
-                _ = leading.changed() => {}
+                changed = Self::leadership_changed(&mut leading, "certificates") => if !changed { return },
                 _ = self.secret_deleted.notified() => {}
+            }
+        }
+    }
+
+    /// Hands the new caBundle `ca` to the configuration loop (the only writer of the webhook
+    /// configuration) and waits until it has applied it. Fails, so that the Secret is not
+    /// written, when the configuration cannot be written yet (the template list is not
+    /// synced), when it is not applied within [`RESYNC`], or when leadership is lost or `stop`
+    /// comes first.
+    async fn publish_ca(&self, ca: String, stop: &CancellationToken) -> Result<(), OperatorError> {
+        if !self.templates.is_synced() {
+            return Err(OperatorError::CaNotPublished(
+                "the template list is not synced yet, so the configuration cannot be written",
+            ));
+        }
+        let mut applied = self.applied_ca.subscribe();
+        let mut leading = self.leading.clone();
+        self.ca_bundle.send_replace(Some(ca.clone()));
+        // Bounded: if the caBundle is replaced meanwhile (the Secret's watch reloads the old
+        // one), this CA is never applied, and the rotation starts again.
+        let published = tokio::time::timeout(
+            RESYNC,
+            applied.wait_for(|applied| applied.as_deref() == Some(ca.as_str())),
+        );
+        tokio::select! {
+            published = published => match published {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(_)) => Err(OperatorError::CaNotPublished("the configuration loop ended")),
+                Err(_) => Err(OperatorError::CaNotPublished("the configuration was not applied with it in time")),
+            },
+            () = stop.cancelled() => Err(OperatorError::CaNotPublished("stopping")),
+            lost = leading.wait_for(|leading| !*leading) => {
+                drop(lost);
+                Err(OperatorError::CaNotPublished("no longer the leader"))
             }
         }
     }
@@ -426,59 +578,86 @@ impl Operator {
     /// The configuration the templates and the caBundle call for; `None` before there is a
     /// caBundle, or while the registry is not synced (an entry list built from a partial
     /// registry would drop entries).
-    fn desired_configuration(&self) -> Option<MutatingWebhookConfiguration> {
+    fn desired_configuration(&self) -> Option<Desired> {
         let ca = self.ca_bundle.borrow().clone()?;
         if !self.templates.is_synced() {
             return None;
         }
-        Some(webhook_config::desired_configuration(
-            &self.templates.snapshot(),
-            &self.options.webhook,
-            ca.as_bytes(),
-        ))
+        let snapshot = self.templates.snapshot();
+        let configuration =
+            webhook_config::desired_configuration(&snapshot, &self.options.webhook, ca.as_bytes());
+        let left_out = webhook_config::left_out(&snapshot, &configuration)
+            .into_iter()
+            .flat_map(|group| group.templates.iter().map(|t| t.name.clone()))
+            .collect();
+        Some(Desired {
+            configuration,
+            ca,
+            left_out,
+        })
     }
 
-    /// Applies `desired` and remembers it as the last applied.
-    async fn apply_desired(
-        &self,
-        desired: MutatingWebhookConfiguration,
-    ) -> Result<(), OperatorError> {
-        apply_configuration(&Api::all(self.client.clone()), &desired).await?;
-        self.set_last_applied(Some(desired));
-        Ok(())
-    }
-
-    fn set_last_applied(&self, configuration: Option<MutatingWebhookConfiguration>) {
-        *self
-            .last_applied
+    /// Records which templates have no webhook entry, for the status loop and the metric, and
+    /// logs a change.
+    fn note_left_out(&self, left_out: BTreeSet<String>) {
+        let mut not_served = self
+            .not_served
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = configuration;
-    }
-
-    async fn apply_current_configuration(&self) -> Result<(), OperatorError> {
-        match self.desired_configuration() {
-            Some(desired) => self.apply_desired(desired).await,
-            None => Ok(()),
+            .unwrap_or_else(PoisonError::into_inner);
+        if *not_served == left_out {
+            return;
         }
+        self.metrics.set_templates_not_served(left_out.len());
+        if !left_out.is_empty() {
+            let names: Vec<&str> = left_out.iter().map(String::as_str).collect();
+            tracing::warn!(
+                templates = %names.join(","),
+                limit_bytes = webhook_config::MAX_CONFIGURATION_BYTES,
+                "these templates have no webhook entry: the configuration would not fit with them"
+            );
+        }
+        *not_served = left_out;
     }
 
     /// Leader: the webhook configuration follows the templates and the caBundle, and is
-    /// restored within seconds when someone edits or deletes it.
+    /// restored within seconds when someone edits or deletes it. The only writer of the
+    /// configuration.
+    ///
+    /// Retries back off: a failed apply is tried again after a growing delay, and so is each
+    /// repair of a configuration another writer keeps changing (two writers fighting would
+    /// otherwise write as fast as the API server answers). While a retry is pending, other
+    /// triggers wait for it.
     async fn configuration_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.options.webhook.name));
-        let mut drift = watcher::watcher(api, config).default_backoff().boxed();
+        let mut drift = watcher::watcher(api.clone(), config)
+            .default_backoff()
+            .boxed();
         let mut ca = self.ca_bundle.subscribe();
         let mut leading = self.leading.clone();
+        let mut last_applied: Option<MutatingWebhookConfiguration> = None;
+        // The latest watch event not acted on yet (`Some(None)`: deleted).
+        let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
+        let mut retry = retry_backoff();
+        let mut retry_at: Option<Instant> = None;
         loop {
-            let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
+            let mut due = false;
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = self.templates_changed.notified() => {}
                 _ = ca.changed() => {}
-                _ = leading.changed() => self.set_last_applied(None),
-                _ = tokio::time::sleep(RESYNC) => self.set_last_applied(None),
+                changed = Self::leadership_changed(&mut leading, "webhook configuration") => {
+                    if !changed {
+                        return;
+                    }
+                    last_applied = None;
+                }
+                _ = tokio::time::sleep(RESYNC) => last_applied = None,
+                () = sleep_until_some(retry_at) => {
+                    retry_at = None;
+                    due = true;
+                }
                 event = drift.next() => match event {
                     Some(Ok(Event::Apply(actual) | Event::InitApply(actual))) => observed = Some(Some(actual)),
                     Some(Ok(Event::Delete(_))) => observed = Some(None),
@@ -490,19 +669,29 @@ impl Operator {
                     None => return,
                 },
             }
-            if !self.is_leader() {
+            if retry_at.is_some() || !self.is_leader() {
                 continue;
             }
-            let Some(desired) = self.desired_configuration() else {
+            let Some(Desired {
+                configuration: desired,
+                ca: desired_ca,
+                left_out,
+            }) = self.desired_configuration()
+            else {
                 continue;
             };
+            self.note_left_out(left_out);
+            let fight = overwritten(last_applied.as_ref(), observed.as_ref().map(Option::as_ref));
+            if fight && !due {
+                let delay = next_delay(&mut retry);
+                tracing::warn!(name = %self.options.webhook.name, retry_in = ?delay, "someone else keeps changing the webhook configuration; restoring it after a delay");
+                retry_at = Some(Instant::now() + delay);
+                continue;
+            }
             let reason = configuration_change(
                 &desired,
-                observed.as_ref().map(Option::as_ref),
-                self.last_applied
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .as_ref(),
+                observed.take().as_ref().map(Option::as_ref),
+                last_applied.as_ref(),
             );
             let Some(reason) = reason else {
                 continue;
@@ -510,18 +699,23 @@ impl Operator {
             tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
             self.report_entry_cycles();
             let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
-            match self.apply_desired(desired).await {
+            match apply_configuration(&api, &desired).await {
                 Ok(()) => {
                     self.metrics.record_reconcile("webhook_configuration", true);
                     tracing::info!(name = %self.options.webhook.name, entries, "webhook configuration applied");
+                    last_applied = Some(desired);
+                    self.applied_ca.send_replace(Some(desired_ca));
+                    if !fight {
+                        retry.reset();
+                    }
                 }
                 Err(error) => {
                     self.metrics
                         .record_reconcile("webhook_configuration", false);
-                    tracing::warn!(%error, "applying the webhook configuration failed; retrying");
-                    self.set_last_applied(None);
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    self.templates_changed.notify_one();
+                    let delay = next_delay(&mut retry);
+                    tracing::warn!(%error, retry_in = ?delay, "applying the webhook configuration failed; retrying");
+                    last_applied = None;
+                    retry_at = Some(Instant::now() + delay);
                 }
             }
         }
@@ -541,8 +735,10 @@ impl Operator {
         }
     }
 
-    /// Leader: each template's status, and an Event when one is invalid (`Invalid`, or
-    /// `InvalidGenerationKept` when a required template's last valid generation stays).
+    /// Leader: each template's status, naming the entry that serves it, and an Event when one
+    /// is invalid (`Invalid`, or `InvalidGenerationKept` when a required template's last valid
+    /// generation stays) or has no entry (`NotServed`).
+    /// After a round with a failed write, the next one waits a growing delay.
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
         let recorder = Recorder::new(
@@ -554,7 +750,9 @@ impl Operator {
         );
         let mut evented: BTreeSet<(String, i64)> = BTreeSet::new();
         let mut leading = self.leading.clone();
+        let mut retry = retry_backoff();
         loop {
+            let mut failed = false;
             if self.is_leader() {
                 let work: Vec<_> = self
                     .observed
@@ -563,57 +761,94 @@ impl Operator {
                     .values()
                     .cloned()
                     .collect();
-                for observed in work {
+                let not_served = self
+                    .not_served
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                // The entry that serves each template: its own group's, or a merged one.
+                let snapshot = self.templates.snapshot();
+                let serving: HashMap<&str, &GroupId> = snapshot
+                    .groups()
+                    .iter()
+                    .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
+                    .collect();
+                for mut observed in work {
+                    let name = observed.template.metadata.name.clone().unwrap_or_default();
+                    if let Some(&served) = serving.get(name.as_str()) {
+                        if let Ok(group) = &mut observed.outcome {
+                            group.clone_from(served);
+                        }
+                        if let Some(kept) = &mut observed.kept {
+                            kept.group.clone_from(served);
+                        }
+                    }
                     let template = &observed.template;
-                    let name = template.metadata.name.clone().unwrap_or_default();
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
-                    let desired = crate::status::desired_status_kept(
-                        template,
-                        &observed.outcome,
-                        observed.kept.as_ref(),
-                        now(),
-                    );
+                    let unserved = outcome.is_ok() && not_served.contains(&name);
+                    let desired = if unserved {
+                        crate::status::desired_status_not_served(template, &not_served_why(), now())
+                    } else {
+                        crate::status::desired_status_kept(
+                            template,
+                            &observed.outcome,
+                            observed.kept.as_ref(),
+                            now(),
+                        )
+                    };
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
                             Ok(()) => self.metrics.record_reconcile("status", true),
                             Err(error) => {
+                                failed = true;
                                 self.metrics.record_reconcile("status", false);
                                 tracing::warn!(template = %name, %error, "writing template status failed");
                             }
                         }
                     }
-                    if let Err(errors) = outcome {
-                        let key = (
-                            name.clone(),
-                            template.metadata.generation.unwrap_or_default(),
-                        );
-                        if !evented.contains(&key) {
-                            let published = match &observed.kept {
-                                Some(kept) => {
-                                    crate::status::record_kept(&recorder, template, &errors, kept)
-                                        .await
-                                }
-                                None => {
-                                    crate::status::record_invalid(&recorder, template, &errors)
-                                        .await
-                                }
-                            };
-                            match published {
-                                Ok(()) => {
-                                    evented.insert(key);
-                                }
-                                Err(error) => {
-                                    tracing::warn!(template = %name, %error, "recording the Invalid event failed")
-                                }
+                    let key = (
+                        name.clone(),
+                        template.metadata.generation.unwrap_or_default(),
+                    );
+                    if (outcome.is_err() || unserved) && !evented.contains(&key) {
+                        let published = match (&outcome, &observed.kept) {
+                            (Ok(()), _) => {
+                                crate::status::record_not_served(
+                                    &recorder,
+                                    template,
+                                    &not_served_why(),
+                                )
+                                .await
+                            }
+                            (Err(errors), Some(kept)) => {
+                                crate::status::record_kept(&recorder, template, errors, kept).await
+                            }
+                            (Err(errors), None) => {
+                                crate::status::record_invalid(&recorder, template, errors).await
+                            }
+                        };
+                        match published {
+                            Ok(()) => {
+                                evented.insert(key);
+                            }
+                            Err(error) => {
+                                failed = true;
+                                tracing::warn!(template = %name, %error, "recording the template's event failed")
                             }
                         }
                     }
                 }
             }
+            let wait = if failed {
+                next_delay(&mut retry).max(STATUS_PERIOD)
+            } else {
+                retry.reset();
+                STATUS_PERIOD
+            };
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                _ = leading.changed() => {}
+                _ = tokio::time::sleep(wait) => {}
+                changed = Self::leadership_changed(&mut leading, "status") => if !changed { return },
             }
         }
     }
@@ -622,3 +857,6 @@ impl Operator {
 fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,14 +5,17 @@
 //! template, or `False`/`Invalid` with every validation message, both stamped with the
 //! generation they describe. A required template whose current generation is invalid but whose
 //! last valid generation stays in force also gets `Degraded=True`/`InvalidGenerationKept`,
-//! naming that generation and every validation message. [`needs_update`] tells whether that status differs from the one in
-//! the cluster on anything but `lastTransitionTime`, so that a resync of an unchanged template
-//! writes nothing. Both are pure.
+//! naming that generation and every validation message. A valid template the webhook
+//! configuration has no room for gets `Ready=False`/`NotServed`
+//! ([`desired_status_not_served`]). [`needs_update`] tells whether that status differs from
+//! the one in the cluster on anything but `lastTransitionTime`, so that a resync of an
+//! unchanged template writes nothing. They are pure.
 //!
 //! [`write_status`] applies a status to the `status` subresource, and [`record_invalid`]
 //! publishes a `Warning` event on an invalid template (`kubectl describe` shows it), reason
-//! `Invalid`, or `InvalidGenerationKept` when its last valid generation stays in force. They are
-//! the only functions here that talk to the API server.
+//! `Invalid`, or `InvalidGenerationKept` when its last valid generation stays in force
+//! ([`record_kept`]), or `NotServed` ([`record_not_served`]). They are the only functions here
+//! that talk to the API server.
 
 use injector_api::{FailurePolicy, LastValid, SidecarTemplate, SidecarTemplateStatus};
 use injector_core::{GroupId, ValidationErrors};
@@ -43,6 +46,13 @@ pub const REASON_VALID: &str = "Valid";
 
 /// The reason of a `Ready=False` condition, and of the event on an invalid template.
 pub const REASON_INVALID: &str = "Invalid";
+
+/// The reason of a `Ready=False` condition on a valid template that has no webhook entry
+/// (the configuration would not fit with it), and of the event on it.
+pub const REASON_NOT_SERVED: &str = "NotServed";
+
+/// The action of the event on a template that has no webhook entry.
+pub const ACTION_SERVE: &str = "Serve";
 
 /// The action of the event on an invalid template.
 pub const ACTION_VALIDATE: &str = "Validate";
@@ -81,7 +91,6 @@ pub fn desired_status_kept(
     kept: Option<&Kept>,
     now: Time,
 ) -> SidecarTemplateStatus {
-    let generation = template.metadata.generation;
     let (status, reason, message) = match outcome {
         Ok(group) => (
             "True",
@@ -94,6 +103,55 @@ pub fn desired_status_kept(
             truncate(invalid_message(errors), CONDITION_MESSAGE_MAX_BYTES),
         ),
     };
+    let degraded = match (kept, outcome) {
+        (Some(kept), Err(errors)) => Some(truncate(
+            kept_message(template, errors, kept),
+            CONDITION_MESSAGE_MAX_BYTES,
+        )),
+        _ => None,
+    };
+    status_with(
+        template,
+        (status, reason, message),
+        degraded,
+        last_valid(template, outcome.is_ok(), kept.is_some()),
+        now,
+    )
+}
+
+/// The status of a valid `template` that has no webhook entry, because the configuration
+/// would not fit with it (docs/architecture.md, decision 19): `Ready=False`, reason
+/// `NotServed`, saying `why`.
+pub fn desired_status_not_served(
+    template: &SidecarTemplate,
+    why: &str,
+    now: Time,
+) -> SidecarTemplateStatus {
+    let message = truncate(not_served_message(why), CONDITION_MESSAGE_MAX_BYTES);
+    status_with(
+        template,
+        ("False", REASON_NOT_SERVED, message),
+        None,
+        last_valid(template, true, false),
+        now,
+    )
+}
+
+fn not_served_message(why: &str) -> String {
+    format!("valid, but not in use: {why}")
+}
+
+/// A status with a `Ready` condition saying `ready` (status, reason, message), and a
+/// `Degraded=True`/`InvalidGenerationKept` condition saying `degraded` if there is one.
+/// A condition keeps its `lastTransitionTime` while its status stays the same.
+fn status_with(
+    template: &SidecarTemplate,
+    (status, reason, message): (&str, &str, String),
+    degraded: Option<String>,
+    last_valid: Option<LastValid>,
+    now: Time,
+) -> SidecarTemplateStatus {
+    let generation = template.metadata.generation;
     let existing = |type_: &str| {
         template
             .status
@@ -115,15 +173,12 @@ pub fn desired_status_kept(
         last_transition_time: since(READY, status),
         observed_generation: generation,
     }];
-    if let (Some(kept), Err(errors)) = (kept, outcome) {
+    if let Some(message) = degraded {
         conditions.push(Condition {
             type_: DEGRADED.to_owned(),
             status: "True".to_owned(),
             reason: REASON_INVALID_GENERATION_KEPT.to_owned(),
-            message: truncate(
-                kept_message(template, errors, kept),
-                CONDITION_MESSAGE_MAX_BYTES,
-            ),
+            message,
             last_transition_time: since(DEGRADED, "True"),
             observed_generation: generation,
         });
@@ -131,7 +186,7 @@ pub fn desired_status_kept(
     SidecarTemplateStatus {
         conditions,
         observed_generation: generation,
-        last_valid: last_valid(template, outcome.is_ok(), kept.is_some()),
+        last_valid,
     }
 }
 
@@ -243,19 +298,8 @@ pub async fn record_invalid(
     template: &SidecarTemplate,
     errors: &ValidationErrors,
 ) -> Result<(), kube::Error> {
-    let mut regarding = template.object_ref(&());
-    // The recorder folds repeats by reference, reason and action, not by note, and a folded
-    // repeat keeps the first note: naming the resourceVersion makes an edited template (with
-    // different problems) a new event, while a resync of the same version is still folded.
-    regarding.resource_version = template.metadata.resource_version.clone();
-    let event = Event {
-        type_: EventType::Warning,
-        reason: REASON_INVALID.to_owned(),
-        note: Some(truncate(invalid_message(errors), NOTE_MAX_BYTES)),
-        action: ACTION_VALIDATE.to_owned(),
-        secondary: None,
-    };
-    recorder.publish(&event, &regarding).await
+    let note = invalid_message(errors);
+    warn_about(recorder, template, REASON_INVALID, ACTION_VALIDATE, note).await
 }
 
 /// Publishes a `Warning` event, reason `InvalidGenerationKept`, action `Validate`, on a
@@ -268,16 +312,40 @@ pub async fn record_kept(
     errors: &ValidationErrors,
     kept: &Kept,
 ) -> Result<(), kube::Error> {
+    let note = kept_message(template, errors, kept);
+    let reason = REASON_INVALID_GENERATION_KEPT;
+    warn_about(recorder, template, reason, ACTION_VALIDATE, note).await
+}
+
+/// Publishes a `Warning` event, reason `NotServed`, action `Serve`, on a valid `template` that
+/// has no webhook entry, its note saying `why`. Folded like [`record_invalid`]'s.
+pub async fn record_not_served(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    why: &str,
+) -> Result<(), kube::Error> {
+    let note = not_served_message(why);
+    warn_about(recorder, template, REASON_NOT_SERVED, ACTION_SERVE, note).await
+}
+
+/// Publishes a `Warning` event on `template` (its note cut to [`NOTE_MAX_BYTES`]).
+async fn warn_about(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    reason: &str,
+    action: &str,
+    note: String,
+) -> Result<(), kube::Error> {
     let mut regarding = template.object_ref(&());
+    // The recorder folds repeats by reference, reason and action, not by note, and a folded
+    // repeat keeps the first note: naming the resourceVersion makes an edited template (with
+    // different problems) a new event, while a resync of the same version is still folded.
     regarding.resource_version = template.metadata.resource_version.clone();
     let event = Event {
         type_: EventType::Warning,
-        reason: REASON_INVALID_GENERATION_KEPT.to_owned(),
-        note: Some(truncate(
-            kept_message(template, errors, kept),
-            NOTE_MAX_BYTES,
-        )),
-        action: ACTION_VALIDATE.to_owned(),
+        reason: reason.to_owned(),
+        note: Some(truncate(note, NOTE_MAX_BYTES)),
+        action: action.to_owned(),
         secondary: None,
     };
     recorder.publish(&event, &regarding).await

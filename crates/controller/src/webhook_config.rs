@@ -18,7 +18,7 @@
 //!
 //! Nothing here does I/O.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::ops::RangeInclusive;
 
@@ -55,6 +55,12 @@ pub const DEFAULT_TIMEOUT_SECONDS: i32 = 10;
 
 /// The `timeoutSeconds` values the API server accepts.
 pub const TIMEOUT_SECONDS_RANGE: RangeInclusive<i32> = 1..=30;
+
+/// The most bytes the configuration may take as JSON; entries past it are left out
+/// ([`desired_configuration`], docs/architecture.md, decision 19). etcd accepts objects of up
+/// to 1.5 MiB by default; the rest is left for what the API server adds (`managedFields`,
+/// metadata).
+pub const MAX_CONFIGURATION_BYTES: usize = 1024 * 1024;
 
 /// The port the API server uses for a service reference that names none.
 const DEFAULT_SERVICE_PORT: i32 = 443;
@@ -273,9 +279,15 @@ pub fn entry_name(group_id: &GroupId) -> String {
 }
 
 /// The configuration the operator wants in the cluster: one entry per selector group of
-/// `snapshot`, in [`entry_order`], each trusting `ca_bundle_pem` (one or more PEM
-/// certificates; during a CA rotation, the old and the new CA). An empty bundle leaves
-/// `caBundle` out, so the API server falls back to its system trust roots.
+/// `snapshot` (at most [`MAX_GROUPS`](injector_core::group::MAX_GROUPS) unless their namespace
+/// selectors differ: the snapshot merges the others), in [`entry_order`], each trusting
+/// `ca_bundle_pem` (one or more PEM certificates; during a CA rotation, the old and the new CA).
+/// An empty bundle leaves `caBundle` out, so the API server falls back to its system trust
+/// roots.
+///
+/// The entries that would take the configuration past [`MAX_CONFIGURATION_BYTES`] (as JSON)
+/// are left out, from the first that does not fit on, so that the configuration can always be
+/// applied; [`left_out`] says which groups that leaves without an entry.
 pub fn desired_configuration(
     snapshot: &Snapshot,
     options: &WebhookConfigOptions,
@@ -283,21 +295,68 @@ pub fn desired_configuration(
 ) -> MutatingWebhookConfiguration {
     let ca_bundle = (!ca_bundle_pem.is_empty()).then(|| ByteString(ca_bundle_pem.to_vec()));
     let namespace_exclusions = namespace_exclusions(&options.operator_namespace);
-    let webhooks = entry_order(snapshot)
-        .groups
-        .into_iter()
-        .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
-        .collect();
     let mut labels = options.labels.clone();
     labels.insert(MANAGED_BY_LABEL.to_owned(), MANAGED_BY.to_owned());
-    MutatingWebhookConfiguration {
+    let mut configuration = MutatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(options.name.clone()),
             labels: Some(labels),
             owner_references: options.owner.clone().map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
-        webhooks: Some(webhooks),
+        webhooks: Some(Vec::new()),
+    };
+    let mut bytes = json_size(&configuration);
+    let webhooks = entry_order(snapshot)
+        .groups
+        .into_iter()
+        .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
+        .take_while(|entry| {
+            // One more for the comma between entries.
+            bytes = bytes.saturating_add(json_size(entry)).saturating_add(1);
+            bytes <= MAX_CONFIGURATION_BYTES
+        })
+        .collect();
+    configuration.webhooks = Some(webhooks);
+    configuration
+}
+
+/// The groups of `snapshot` that have no entry in `configuration` (left out by
+/// [`desired_configuration`] because the configuration would not fit), in the snapshot's order.
+pub fn left_out<'s>(
+    snapshot: &'s Snapshot,
+    configuration: &MutatingWebhookConfiguration,
+) -> Vec<&'s Group> {
+    let entries: BTreeSet<&str> = configuration
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|entry| entry.name.as_str())
+        .collect();
+    snapshot
+        .groups()
+        .iter()
+        .filter(|group| !entries.contains(entry_name(&group.id).as_str()))
+        .map(AsRef::as_ref)
+        .collect()
+}
+
+/// How many bytes `value` takes as JSON; what cannot be serialized counts as too large.
+fn json_size(value: &impl serde::Serialize) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 
@@ -627,4 +686,4 @@ fn canonical_selector(selector: Option<&LabelSelector>) -> LabelSelector {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use http::{Method, Request, Response, StatusCode};
 use injector_controller::certs::{self, CertificateBundle, Lifetimes, ServingNames};
+use injector_controller::metrics::ControllerMetrics;
 use injector_controller::operator::{
     OperatorOptions, apply_configuration, load_secret, rotate_certificates,
 };
@@ -18,6 +19,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::client::Body;
+use prometheus_client::registry::Registry as MetricsRegistry;
 use serde_json::{Value, json};
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -107,13 +109,26 @@ fn fresh_bundle(options: &OperatorOptions) -> CertificateBundle {
     .bundle
 }
 
+/// Metrics for one test, with the registry that exposes them.
+fn metrics() -> (ControllerMetrics, MetricsRegistry) {
+    let mut registry = MetricsRegistry::default();
+    (ControllerMetrics::register(&mut registry), registry)
+}
+
+/// The text exposition of `registry`.
+fn exposed(registry: &MetricsRegistry) -> String {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
 /// [`rotate_certificates`] where publishing a CA would be a bug (the certificates are current).
 async fn rotate_without_publishing(
     client: kube::Client,
     options: &OperatorOptions,
 ) -> CertificateBundle {
     let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
-    rotate_certificates(&secrets, options, |_| async {
+    rotate_certificates(&secrets, options, &metrics().0, |_| async {
         panic!("nothing to publish")
     })
     .await
@@ -172,7 +187,7 @@ async fn a_missing_secret_is_created_after_the_ca_is_published() {
     });
     let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
     let published = Arc::clone(&events);
-    let bundle = rotate_certificates(&secrets, &owned_options(), |ca| async move {
+    let bundle = rotate_certificates(&secrets, &owned_options(), &metrics().0, |ca| async move {
         assert!(ca.contains("BEGIN CERTIFICATE"));
         published.lock().unwrap().push("ca published".into());
         Ok(())
@@ -189,7 +204,7 @@ async fn a_missing_secret_is_created_after_the_ca_is_published() {
     // What was written is what was returned, and a replica loads it.
     let secret: Secret = serde_json::from_value(created).unwrap();
     let store = CertificateStore::new();
-    let loaded = load_secret(&secret, &store).unwrap();
+    let loaded = load_secret(&secret, &store, &metrics().0).unwrap();
     assert_eq!(loaded, bundle);
     assert!(store.is_loaded());
 }
@@ -268,12 +283,75 @@ async fn an_expiring_serving_certificate_is_replaced_keeping_its_resource_versio
         respond(send, StatusCode::OK, body);
     });
     let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
-    let bundle = rotate_certificates(&secrets, &options, |_| async { Ok(()) })
+    let bundle = rotate_certificates(&secrets, &options, &metrics().0, |_| async { Ok(()) })
         .await
         .unwrap();
     assert_ne!(bundle.serving.chain_pem, old_serving);
     assert_eq!(bundle.ca, old.ca, "the CA is not due yet");
     server.await.unwrap();
+}
+
+/// The Secret of `bundle` with `ca-previous.crt` garbage.
+fn with_garbage_previous(bundle: &CertificateBundle) -> Secret {
+    let mut secret = stored_secret(bundle, "9");
+    secret.data.as_mut().unwrap().insert(
+        "ca-previous.crt".into(),
+        k8s_openapi::ByteString(b"-----BEGIN CERTIFICATE-----\ngarbage\n".to_vec()),
+    );
+    secret
+}
+
+#[tokio::test]
+async fn an_unreadable_previous_ca_is_dropped_and_the_readable_ca_kept() {
+    let (client, mut handle) = mock();
+    let options = options();
+    let fresh = fresh_bundle(&options);
+    let secret = with_garbage_previous(&fresh);
+    let server = tokio::spawn(async move {
+        let (parts, _, send) = next(&mut handle).await;
+        assert_eq!(parts.method, Method::GET);
+        respond(send, StatusCode::OK, serde_json::to_value(&secret).unwrap());
+        let (parts, body, send) = next(&mut handle).await;
+        assert_eq!(parts.method, Method::PUT);
+        respond(send, StatusCode::OK, body.clone());
+        body
+    });
+    let (metrics, registry) = metrics();
+    let secrets: Api<Secret> = Api::namespaced(client, "sidecar-injector");
+    // The CA stays: nothing new to publish.
+    let bundle = rotate_certificates(&secrets, &options, &metrics, |_| async {
+        panic!("the readable CA was replaced")
+    })
+    .await
+    .unwrap();
+    assert_eq!(bundle, fresh);
+    let written = server.await.unwrap();
+    let expected = serde_json::to_value(fresh.to_secret_data()).unwrap();
+    assert_eq!(
+        written["data"], expected,
+        "the rest kept, the garbage dropped"
+    );
+    let text = exposed(&registry);
+    assert!(
+        text.contains(
+            "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_replica_serves_from_a_secret_with_an_unreadable_previous_ca() {
+    let options = options();
+    let fresh = fresh_bundle(&options);
+    let store = CertificateStore::new();
+    let (metrics, registry) = metrics();
+    let loaded = load_secret(&with_garbage_previous(&fresh), &store, &metrics).unwrap();
+    assert_eq!(loaded, fresh);
+    assert!(store.is_loaded());
+    assert!(exposed(&registry).contains(
+        "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1"
+    ));
 }
 
 fn snapshot() -> Arc<injector_core::Snapshot> {
@@ -359,10 +437,10 @@ async fn an_unusable_secret_keeps_the_current_certificate() {
         ),
         ..Default::default()
     };
-    assert!(load_secret(&garbage, &store).is_none());
+    assert!(load_secret(&garbage, &store, &metrics().0).is_none());
     assert!(!store.is_loaded());
     let empty = Secret::default();
-    assert!(load_secret(&empty, &store).is_none());
+    assert!(load_secret(&empty, &store, &metrics().0).is_none());
 }
 
 #[test]

@@ -179,7 +179,9 @@ fn bench_plan(c: &mut Criterion) {
 const TARGET_TEMPLATES: usize = 3;
 
 /// A registry of `fillers` templates, each with its own pod selector (so each in its own
-/// group), plus [`TARGET_TEMPLATES`] templates sharing one group; and that group's id.
+/// group) and its own namespace selector (so that past the 64-group bound they are still not
+/// merged: `group::merge_past_bound`), plus [`TARGET_TEMPLATES`] templates sharing one group;
+/// and that group's id.
 fn registry(fillers: usize) -> (Arc<Snapshot>, String) {
     let mut registry = Registry::new();
     for i in 0..fillers {
@@ -188,6 +190,7 @@ fn registry(fillers: usize) -> (Arc<Snapshot>, String) {
             "spec": {
                 "priority": i % 1000,
                 "podSelector": {"matchLabels": {"app": format!("service-{i:05}")}},
+                "namespaceSelector": {"matchExpressions": [{"key": format!("filler-{i:05}"), "operator": "DoesNotExist"}]},
                 "containers": [{"name": format!("agent-{i:05}"), "image": "registry.example.com/agent:1"}]
             }
         })));

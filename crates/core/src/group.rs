@@ -1,6 +1,9 @@
 //! Selector groups: templates that share (namespaceSelector, podSelector, failurePolicy) are
-//! served by one webhook entry, at `/mutate/<id>` (docs/architecture.md, decision 2).
+//! served by one webhook entry, at `/mutate/<id>` (docs/architecture.md, decision 2). Past
+//! [`MAX_GROUPS`] groups, those that differ only in their pod selector are merged
+//! ([`merge_past_bound`], decision 19).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -46,6 +49,27 @@ impl GroupKey {
         hasher.update(self.namespace_selector.to_string().as_bytes());
         hasher.update([0]);
         hasher.update(self.pod_selector.to_string().as_bytes());
+        self.id_from(hasher)
+    }
+
+    /// The key and id of the group that merges every group of this namespace selector and
+    /// policy: no pod selector, and an id hashed apart from every selector group's (so a
+    /// replica that has not merged yet does not answer a merged entry with a part of its
+    /// templates, but as a group it does not know).
+    fn merged(&self) -> (GroupKey, GroupId) {
+        let mut hasher = Sha256::new();
+        hasher.update(self.namespace_selector.to_string().as_bytes());
+        hasher.update([1]);
+        let key = GroupKey {
+            namespace_selector: self.namespace_selector.clone(),
+            pod_selector: Selector::default(),
+            failure_policy: self.failure_policy,
+        };
+        let id = self.id_from(hasher);
+        (key, id)
+    }
+
+    fn id_from(&self, hasher: Sha256) -> GroupId {
         let digest = hasher.finalize();
         let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         let policy = match self.failure_policy {
@@ -54,6 +78,76 @@ impl GroupKey {
         };
         GroupId(format!("{policy}-{hex}"))
     }
+}
+
+/// The most webhook entries the groups make before [`merge_past_bound`] merges some: each
+/// entry is another call the API server may make for one Pod, and another caBundle in an
+/// object that must stay well under what etcd accepts.
+pub const MAX_GROUPS: usize = 64;
+
+/// `groups` (one per key), with those sharing a namespace selector and a failure policy merged
+/// into one group when there are more than [`MAX_GROUPS`]: the largest such sets first, until
+/// at most `MAX_GROUPS` remain or nothing more can be merged.
+///
+/// A merged group has no pod selector, so its entry is called for every Pod of its namespaces
+/// (for a required group: such Pods then depend on the webhook); each template still selects
+/// Pods by its own pod selector, which the engine checks. Groups that differ in namespace
+/// selector or failure policy are never merged: the webhook does not see a Pod's namespace
+/// labels, and an entry has one policy. A whole set is merged or none of it, so the same
+/// templates always make the same groups.
+pub fn merge_past_bound(groups: Vec<Group>) -> Vec<Group> {
+    if groups.len() <= MAX_GROUPS {
+        return groups;
+    }
+    let class = |group: &Group| {
+        (
+            group.key.namespace_selector.clone(),
+            group.key.failure_policy,
+        )
+    };
+    let mut sizes: BTreeMap<(Selector, FailurePolicy), usize> = BTreeMap::new();
+    for group in &groups {
+        *sizes.entry(class(group)).or_default() += 1;
+    }
+    let mut largest_first: Vec<_> = sizes.into_iter().filter(|(_, size)| *size > 1).collect();
+    largest_first.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    let mut remaining = groups.len();
+    let mut to_merge = BTreeSet::new();
+    for (set, size) in largest_first {
+        if remaining <= MAX_GROUPS {
+            break;
+        }
+        remaining -= size - 1;
+        to_merge.insert(set);
+    }
+    let mut kept = Vec::with_capacity(remaining);
+    let mut merged: BTreeMap<(Selector, FailurePolicy), Group> = BTreeMap::new();
+    for group in groups {
+        let set = class(&group);
+        if !to_merge.contains(&set) {
+            kept.push(group);
+            continue;
+        }
+        merged
+            .entry(set)
+            .or_insert_with(|| {
+                let (key, id) = group.key.merged();
+                Group {
+                    id,
+                    key,
+                    templates: Vec::new(),
+                }
+            })
+            .templates
+            .extend(group.templates);
+    }
+    for mut group in merged.into_values() {
+        group
+            .templates
+            .sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        kept.push(group);
+    }
+    kept
 }
 
 /// The `failurePolicy` a group id says its entry has (`fail-…` or `ignore-…`), `None` when it
@@ -124,6 +218,95 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+
+    use crate::template::compile;
+
+    /// A template selecting Pods labelled `app=<app>` in namespaces labelled `team=<team>`.
+    fn template(name: &str, app: &str, team: &str, policy: &str) -> Arc<CompiledTemplate> {
+        let value = serde_json::json!({
+            "apiVersion": "sidecar.dev/v1alpha1", "kind": "SidecarTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": policy,
+                "podSelector": {"matchLabels": {"app": app}},
+                "namespaceSelector": {"matchLabels": {"team": team}},
+                "containers": [{"name": name, "image": "x"}],
+            },
+        });
+        Arc::new(compile(&serde_json::from_value(value).unwrap()).unwrap())
+    }
+
+    /// One group per template (each has a key of its own).
+    fn groups(templates: &[Arc<CompiledTemplate>]) -> Vec<Group> {
+        templates
+            .iter()
+            .map(|t| Group {
+                id: t.group_id.clone(),
+                key: t.group.clone(),
+                templates: vec![Arc::clone(t)],
+            })
+            .collect()
+    }
+
+    fn ids(groups: &[Group]) -> BTreeSet<&str> {
+        groups.iter().map(|g| g.id.as_str()).collect()
+    }
+
+    #[test]
+    fn groups_within_the_bound_are_kept_as_they_are() {
+        let templates: Vec<_> = (0..MAX_GROUPS)
+            .map(|i| template(&format!("t{i}"), &format!("app{i}"), "a", "Fail"))
+            .collect();
+        let kept = merge_past_bound(groups(&templates));
+        assert_eq!(ids(&kept), ids(&groups(&templates)));
+    }
+
+    #[test]
+    fn past_the_bound_the_largest_set_sharing_namespaces_and_policy_is_merged() {
+        let mut templates = Vec::new();
+        for (team, policy, count) in [("a", "Fail", 40), ("b", "Fail", 20), ("a", "Ignore", 10)] {
+            for i in 0..count {
+                let name = format!("{team}-{policy}-{i:02}").to_lowercase();
+                templates.push(template(&name, &format!("app{i}"), team, policy));
+            }
+        }
+        let bounded = merge_past_bound(groups(&templates));
+        assert_eq!(
+            bounded.len(),
+            70 - 39,
+            "only team a's 40 required groups merged"
+        );
+        let merged: Vec<_> = bounded.iter().filter(|g| g.templates.len() > 1).collect();
+        assert_eq!(merged.len(), 1);
+        let merged = merged[0];
+        assert_eq!(merged.templates.len(), 40);
+        assert!(merged.key.pod_selector.is_empty(), "called for every Pod");
+        assert_eq!(
+            merged.key.namespace_selector,
+            templates[0].group.namespace_selector
+        );
+        assert_eq!(merged.key.failure_policy, FailurePolicy::Fail);
+        assert_eq!(policy_of_id(merged.id.as_str()), Some(FailurePolicy::Fail));
+        assert_ne!(
+            merged.id,
+            merged.key.id(),
+            "not the id of a catch-all selector group"
+        );
+        let names: Vec<&str> = merged.templates.iter().map(|t| t.name.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "in application order");
+        // The same templates always make the same groups.
+        assert_eq!(ids(&merge_past_bound(groups(&templates))), ids(&bounded));
+    }
+
+    #[test]
+    fn groups_of_different_namespaces_are_never_merged() {
+        let templates: Vec<_> = (0..MAX_GROUPS + 6)
+            .map(|i| template(&format!("t{i}"), "web", &format!("team{i}"), "Fail"))
+            .collect();
+        assert_eq!(merge_past_bound(groups(&templates)).len(), MAX_GROUPS + 6);
+    }
 
     #[test]
     fn the_policy_is_read_back_from_an_id() {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-use crate::group::{Group, GroupId, GroupKey};
+use crate::group::{Group, GroupId, GroupKey, merge_past_bound};
 use crate::template::CompiledTemplate;
 
 /// An immutable view of every valid template, indexed for the webhook.
@@ -33,17 +33,19 @@ impl Snapshot {
                 .or_default()
                 .push(Arc::clone(template));
         }
-        let mut groups_in_order: Vec<Arc<Group>> = grouped
+        let groups: Vec<Group> = grouped
             .into_iter()
             .filter_map(|(key, templates)| {
                 let id = templates.first()?.group_id.clone();
-                Some(Arc::new(Group {
+                Some(Group {
                     id,
                     key: key.clone(),
                     templates,
-                }))
+                })
             })
             .collect();
+        let mut groups_in_order: Vec<Arc<Group>> =
+            merge_past_bound(groups).into_iter().map(Arc::new).collect();
         groups_in_order.sort_by(|a, b| (a.priority(), &a.id).cmp(&(b.priority(), &b.id)));
         let groups = groups_in_order
             .iter()

@@ -69,57 +69,92 @@ impl fmt::Debug for CertificateBundle {
     }
 }
 
+/// What [`CertificateBundle::from_secret_data`] found in the Secret: the bundle, every readable
+/// part of it kept, and each key that is missing or cannot be read.
+#[derive(Debug)]
+pub struct SecretContent {
+    /// `None` when the Secret holds none of `ca.crt`, `ca.key`, `tls.crt`, `tls.key` (or only
+    /// empty values): nothing was generated yet.
+    pub bundle: Option<CertificateBundle>,
+    /// The keys that are missing (while others are there) or cannot be read, with why.
+    pub problems: Vec<KeyProblem>,
+}
+
+/// One key of the certificate Secret that is missing or cannot be read.
+#[derive(Debug)]
+pub struct KeyProblem {
+    /// The Secret key (`ca.crt`, `ca-previous.crt`, …).
+    pub key: &'static str,
+    /// Why it cannot be used.
+    pub error: CertError,
+}
+
 impl CertificateBundle {
-    /// Reads the bundle from a Secret's `data`.
+    /// Reads the bundle from a Secret's `data`, keeping every part that can be read: one bad
+    /// key must not cost a readable CA, or the leader would replace a CA the API server trusts
+    /// (and that replicas still serve from) with one it does not trust yet.
     ///
-    /// `Ok(None)` when the Secret holds none of `ca.crt`, `ca.key`, `tls.crt`, `tls.key` (or only
-    /// empty values): nothing was generated yet. An error when some of them are present but not
-    /// all, a value is not UTF-8, or a certificate or key cannot be parsed. Whether the pieces
-    /// fit together (key matches certificate, serving certificate issued by the CA, validity) is
-    /// [`reconcile`](super::reconcile)'s business, not this function's.
-    pub fn from_secret_data(
-        data: &BTreeMap<String, ByteString>,
-    ) -> Result<Option<Self>, CertError> {
-        let text = |key: &'static str| -> Result<Option<String>, CertError> {
-            match data.get(key) {
-                None => Ok(None),
-                Some(bytes) => {
-                    let text =
-                        String::from_utf8(bytes.0.clone()).map_err(|_| CertError::NotUtf8(key))?;
-                    Ok((!text.trim().is_empty()).then_some(text))
-                }
-            }
-        };
-        let ca_cert = text(CA_CERT_KEY)?;
-        let ca_key = text(CA_KEY_KEY)?;
-        let tls_cert = text(TLS_CERT_KEY)?;
-        let tls_key = text(TLS_KEY_KEY)?;
-        let previous = text(PREVIOUS_CA_CERT_KEY)?;
-        if ca_cert.is_none() && ca_key.is_none() && tls_cert.is_none() && tls_key.is_none() {
-            return Ok(None);
+    /// A key that is missing (while others are there), not UTF-8, or does not parse is reported
+    /// in [`SecretContent::problems`]. An unreadable `ca-previous.crt` is left out of the
+    /// bundle; any other such key is kept as its text (empty when missing or not UTF-8), and
+    /// [`reconcile`](super::reconcile) replaces what cannot be used: a new serving certificate
+    /// from a good CA, or a new CA when the CA itself is unusable. Whether the pieces fit
+    /// together (key matches certificate, serving certificate issued by the CA, validity) is
+    /// also `reconcile`'s business.
+    pub fn from_secret_data(data: &BTreeMap<String, ByteString>) -> SecretContent {
+        let main = [CA_CERT_KEY, CA_KEY_KEY, TLS_CERT_KEY, TLS_KEY_KEY];
+        if main.iter().all(|key| read(data, key).is_none()) {
+            return SecretContent {
+                bundle: None,
+                problems: Vec::new(),
+            };
         }
-        let required = |value: Option<String>, key: &'static str| -> Result<String, CertError> {
-            value.ok_or(CertError::MissingKey(key))
+        let mut problems = Vec::new();
+        let mut part = |key: &'static str, check: fn(&str, &str) -> Result<(), CertError>| {
+            let error = match read(data, key) {
+                Some(Ok(text)) => match check(key, text) {
+                    Ok(()) => return text.to_owned(),
+                    Err(error) => {
+                        problems.push(KeyProblem { key, error });
+                        return text.to_owned();
+                    }
+                },
+                Some(Err(error)) => error,
+                None => CertError::MissingKey(key),
+            };
+            problems.push(KeyProblem { key, error });
+            String::new()
         };
-        let bundle = CertificateBundle {
-            ca: Ca {
-                cert_pem: required(ca_cert, CA_CERT_KEY)?,
-                key_pem: required(ca_key, CA_KEY_KEY)?,
-            },
-            previous_ca_cert_pem: previous,
-            serving: Serving {
-                chain_pem: required(tls_cert, TLS_CERT_KEY)?,
-                key_pem: required(tls_key, TLS_KEY_KEY)?,
-            },
+        let ca = Ca {
+            cert_pem: part(CA_CERT_KEY, |key, pem| single_cert(key, pem).map(drop)),
+            key_pem: part(CA_KEY_KEY, |key, pem| parse_key(key, pem).map(drop)),
         };
-        single_cert(CA_CERT_KEY, &bundle.ca.cert_pem)?;
-        parse_key(CA_KEY_KEY, &bundle.ca.key_pem)?;
-        if let Some(previous) = &bundle.previous_ca_cert_pem {
-            single_cert(PREVIOUS_CA_CERT_KEY, previous)?;
+        let serving = Serving {
+            chain_pem: part(TLS_CERT_KEY, |key, pem| cert_chain(key, pem).map(drop)),
+            key_pem: part(TLS_KEY_KEY, |key, pem| parse_key(key, pem).map(drop)),
+        };
+        let previous = read(data, PREVIOUS_CA_CERT_KEY).and_then(|text| {
+            let error = match text {
+                Ok(text) => match single_cert(PREVIOUS_CA_CERT_KEY, text) {
+                    Ok(_) => return Some(text.to_owned()),
+                    Err(error) => error,
+                },
+                Err(error) => error,
+            };
+            problems.push(KeyProblem {
+                key: PREVIOUS_CA_CERT_KEY,
+                error,
+            });
+            None
+        });
+        SecretContent {
+            bundle: Some(CertificateBundle {
+                ca,
+                previous_ca_cert_pem: previous,
+                serving,
+            }),
+            problems,
         }
-        cert_chain(TLS_CERT_KEY, &bundle.serving.chain_pem)?;
-        parse_key(TLS_KEY_KEY, &bundle.serving.key_pem)?;
-        Ok(Some(bundle))
     }
 
     /// The Secret `data` holding this bundle: `ca.crt`, `ca.key`, `ca-previous.crt` (only when
@@ -140,9 +175,13 @@ impl CertificateBundle {
     }
 
     /// The caBundle every webhook entry carries: the current CA, followed by the previous CA
-    /// while it is still valid at `now` (a previous CA that cannot be parsed is left out).
+    /// while it is still valid at `now`. A certificate that cannot be parsed is left out (empty
+    /// when neither can be).
     pub fn ca_bundle_pem(&self, now: SystemTime) -> String {
-        let mut pem = with_newline(&self.ca.cert_pem);
+        let mut pem = String::new();
+        if single_cert(CA_CERT_KEY, &self.ca.cert_pem).is_ok() {
+            pem.push_str(&with_newline(&self.ca.cert_pem));
+        }
         if let Some(previous) = &self.previous_ca_cert_pem
             && single_cert(PREVIOUS_CA_CERT_KEY, previous)
                 .is_ok_and(|info| !info.validity.is_expired(now))
@@ -156,6 +195,18 @@ impl CertificateBundle {
     /// `notAfter`.
     pub fn serving_expiry(&self) -> Result<SystemTime, CertError> {
         Ok(validity(&self.serving.chain_pem)?.not_after)
+    }
+}
+
+/// The text under `key`: `None` when absent or blank, an error when it is not UTF-8.
+fn read<'a>(
+    data: &'a BTreeMap<String, ByteString>,
+    key: &'static str,
+) -> Option<Result<&'a str, CertError>> {
+    let text = std::str::from_utf8(&data.get(key)?.0).map_err(|_| CertError::NotUtf8(key));
+    match text {
+        Ok(text) if text.trim().is_empty() => None,
+        text => Some(text),
     }
 }
 

@@ -403,6 +403,13 @@ fn generate_and_issue_with_explicit_ca() {
     unchanged(&bundle, after(1, 0));
 }
 
+/// The bundle read back from `data`, which must hold no problem.
+fn read_back(data: &BTreeMap<String, ByteString>) -> CertificateBundle {
+    let content = CertificateBundle::from_secret_data(data);
+    assert!(content.problems.is_empty(), "{:?}", content.problems);
+    content.bundle.unwrap()
+}
+
 #[test]
 fn secret_data_round_trip() {
     let bundle = fresh();
@@ -411,8 +418,7 @@ fn secret_data_round_trip() {
         data.keys().map(String::as_str).collect::<Vec<_>>(),
         [CA_CERT_KEY, CA_KEY_KEY, TLS_CERT_KEY, TLS_KEY_KEY]
     );
-    let back = CertificateBundle::from_secret_data(&data).unwrap().unwrap();
-    assert_eq!(back, bundle);
+    assert_eq!(read_back(&data), bundle);
 
     let rotated = reconcile(Some(&bundle), &names(), &short(), after(20, 0))
         .unwrap()
@@ -422,69 +428,91 @@ fn secret_data_round_trip() {
         data[PREVIOUS_CA_CERT_KEY].0,
         bundle.ca.cert_pem.as_bytes().to_vec()
     );
-    assert_eq!(
-        CertificateBundle::from_secret_data(&data).unwrap().unwrap(),
-        rotated
-    );
+    assert_eq!(read_back(&data), rotated);
 }
 
 #[test]
 fn empty_secret_is_none() {
-    assert_eq!(
-        CertificateBundle::from_secret_data(&BTreeMap::new()).unwrap(),
-        None
-    );
+    let content = CertificateBundle::from_secret_data(&BTreeMap::new());
+    assert_eq!(content.bundle, None);
+    assert!(content.problems.is_empty());
     let mut data = BTreeMap::new();
     data.insert("unrelated".to_owned(), ByteString(b"x".to_vec()));
     data.insert(TLS_CERT_KEY.to_owned(), ByteString(Vec::new()));
     data.insert(CA_KEY_KEY.to_owned(), ByteString(b" \n".to_vec()));
-    assert_eq!(CertificateBundle::from_secret_data(&data).unwrap(), None);
+    let content = CertificateBundle::from_secret_data(&data);
+    assert_eq!(content.bundle, None);
+    assert!(content.problems.is_empty());
+}
+
+/// What reading `good` with `key` set to `value` (or removed, for `None`) gives: the bundle,
+/// and the one problem it must report, about `key`.
+fn with_bad_key(
+    good: &BTreeMap<String, ByteString>,
+    key: &str,
+    value: Option<&[u8]>,
+) -> (CertificateBundle, CertError) {
+    let mut data = good.clone();
+    match value {
+        Some(value) => data.insert(key.to_owned(), ByteString(value.to_vec())),
+        None => data.remove(key),
+    };
+    let mut content = CertificateBundle::from_secret_data(&data);
+    assert_eq!(content.problems.len(), 1, "{:?}", content.problems);
+    let problem = content.problems.pop().unwrap();
+    assert_eq!(problem.key, key);
+    (content.bundle.unwrap(), problem.error)
 }
 
 #[test]
-fn garbage_secret_data_gives_clear_errors() {
-    let good = fresh().to_secret_data();
-    let with = |key: &str, value: &[u8]| {
-        let mut data = good.clone();
-        data.insert(key.to_owned(), ByteString(value.to_vec()));
-        CertificateBundle::from_secret_data(&data).unwrap_err()
-    };
+fn garbage_secret_data_gives_clear_errors_and_keeps_the_rest() {
+    let bundle = fresh();
+    let good = bundle.to_secret_data();
 
-    let e = with(CA_CERT_KEY, b"not a certificate");
+    let (read, e) = with_bad_key(&good, CA_CERT_KEY, Some(b"not a certificate"));
     assert!(matches!(&e, CertError::Certificate { what, .. } if what == CA_CERT_KEY));
     assert_eq!(
         e.to_string(),
         "ca.crt: not a usable certificate: no CERTIFICATE PEM block"
     );
+    assert_eq!(read.serving, bundle.serving, "the rest is kept");
+    assert_eq!(read.ca.key_pem, bundle.ca.key_pem);
 
-    let e = with(
+    let (read, e) = with_bad_key(
+        &good,
         TLS_CERT_KEY,
-        b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        Some(b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"),
     );
     assert!(
         matches!(&e, CertError::Certificate { what, .. } if what == TLS_CERT_KEY),
         "{e}"
     );
+    assert_eq!(read.ca, bundle.ca, "a bad serving certificate keeps the CA");
 
-    let e = with(
+    let (read, e) = with_bad_key(
+        &good,
         PREVIOUS_CA_CERT_KEY,
-        b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n",
+        Some(b"-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n"),
     );
     assert!(
         e.to_string()
             .starts_with("ca-previous.crt: not a usable certificate: bad PEM"),
         "{e}"
     );
+    assert_eq!(
+        read, bundle,
+        "an unreadable previous CA is left out, the rest kept"
+    );
 
     let key_pem = good[CA_KEY_KEY].0.clone();
-    let e = with(CA_CERT_KEY, &key_pem);
+    let (_, e) = with_bad_key(&good, CA_CERT_KEY, Some(&key_pem));
     assert!(
         e.to_string()
             .contains("unexpected PEM block \"PRIVATE KEY\""),
         "{e}"
     );
 
-    let e = with(TLS_KEY_KEY, b"garbage");
+    let (read, e) = with_bad_key(&good, TLS_KEY_KEY, Some(b"garbage"));
     assert!(
         matches!(&e, CertError::Key { what, .. } if what == TLS_KEY_KEY),
         "{e}"
@@ -494,22 +522,59 @@ fn garbage_secret_data_gives_clear_errors() {
             .starts_with("tls.key: not a usable private key"),
         "{e}"
     );
+    assert_eq!(read.ca, bundle.ca);
 
-    let e = with(CA_KEY_KEY, &[0xff, 0xfe, 0x00]);
+    let (read, e) = with_bad_key(&good, CA_KEY_KEY, Some(&[0xff, 0xfe, 0x00]));
     assert!(matches!(e, CertError::NotUtf8(CA_KEY_KEY)), "{e}");
     assert_eq!(
         e.to_string(),
         "the certificate Secret's \"ca.key\" is not UTF-8 text"
     );
+    assert_eq!(read.ca.cert_pem, bundle.ca.cert_pem);
+    assert_eq!(read.ca.key_pem, "");
 
-    let mut partial = good.clone();
-    partial.remove(TLS_KEY_KEY);
-    let e = CertificateBundle::from_secret_data(&partial).unwrap_err();
+    let (_, e) = with_bad_key(&good, PREVIOUS_CA_CERT_KEY, Some(&[0xff]));
+    assert!(matches!(e, CertError::NotUtf8(PREVIOUS_CA_CERT_KEY)), "{e}");
+
+    let (read, e) = with_bad_key(&good, TLS_KEY_KEY, None);
     assert!(matches!(e, CertError::MissingKey(TLS_KEY_KEY)), "{e}");
     assert_eq!(
         e.to_string(),
         "the certificate Secret has some of its keys but not \"tls.key\""
     );
+    assert_eq!(read.ca, bundle.ca);
+}
+
+#[test]
+fn what_cannot_be_read_is_replaced_and_a_readable_ca_is_kept() {
+    let bundle = fresh();
+    let good = bundle.to_secret_data();
+    // A bad serving certificate or key, or none: a new one from the same CA.
+    for (key, value) in [
+        (TLS_CERT_KEY, Some(&b"junk"[..])),
+        (TLS_KEY_KEY, Some(&b"junk"[..])),
+        (TLS_CERT_KEY, None),
+    ] {
+        let (read, _) = with_bad_key(&good, key, value);
+        let r = reconcile(Some(&read), &names(), &short(), after(1, 0)).unwrap();
+        assert!(r.changed);
+        assert_eq!(r.bundle.ca, bundle.ca, "{key}");
+        assert_serving_from(&r.bundle, &bundle.ca.cert_pem);
+    }
+    // An unreadable previous CA: dropped, nothing else changes.
+    let (read, _) = with_bad_key(&good, PREVIOUS_CA_CERT_KEY, Some(b"junk"));
+    unchanged(&read, after(1, 0));
+    // An unreadable CA key: a new CA, the old certificate still trusted as the previous one.
+    let (read, _) = with_bad_key(&good, CA_KEY_KEY, Some(b"junk"));
+    let r = reconcile(Some(&read), &names(), &short(), after(1, 0)).unwrap();
+    assert_ne!(r.bundle.ca, bundle.ca);
+    assert_eq!(
+        r.bundle.previous_ca_cert_pem,
+        Some(bundle.ca.cert_pem.clone())
+    );
+    // An unreadable CA certificate: the caBundle leaves it out rather than carry garbage.
+    let (read, _) = with_bad_key(&good, CA_CERT_KEY, Some(b"junk"));
+    assert_eq!(read.ca_bundle_pem(after(1, 0)), "");
 }
 
 #[test]

@@ -68,10 +68,12 @@ fn spec(lease: &Lease) -> &LeaseSpec {
     lease.spec.as_ref().unwrap()
 }
 
+const SECOND: Duration = Duration::from_secs(1);
+
 #[test]
 fn no_lease_is_created() {
     assert_eq!(
-        decide(None, ME, &at(0), DEFAULT_LEASE_DURATION),
+        decide(None, ME, Duration::ZERO, DEFAULT_LEASE_DURATION),
         Decision::Create
     );
 }
@@ -80,58 +82,57 @@ fn no_lease_is_created() {
 fn our_lease_is_renewed_even_when_expired() {
     let fresh = held_by(ME, at(0), 15);
     assert_eq!(
-        decide(Some(&fresh), ME, &at(1), DEFAULT_LEASE_DURATION),
+        decide(Some(&fresh), ME, SECOND, DEFAULT_LEASE_DURATION),
         Decision::Renew
     );
     assert_eq!(
-        decide(Some(&fresh), ME, &at(3600), DEFAULT_LEASE_DURATION),
+        decide(Some(&fresh), ME, 3600 * SECOND, DEFAULT_LEASE_DURATION),
         Decision::Renew
     );
 }
 
 #[test]
-fn a_fresh_lease_of_another_is_waited_for_until_it_expires() {
+fn a_lease_of_another_is_waited_for_until_it_stays_unchanged_for_its_duration() {
     let held = held_by(OTHER, at(0), 15);
-    let wait = Decision::Wait {
+    let wait = |seconds: u32| Decision::Wait {
         holder: OTHER.into(),
-        until: at(15),
+        remaining: seconds * SECOND,
     };
     assert_eq!(
-        decide(Some(&held), ME, &at(0), DEFAULT_LEASE_DURATION),
-        wait
+        decide(Some(&held), ME, Duration::ZERO, DEFAULT_LEASE_DURATION),
+        wait(15)
     );
     assert_eq!(
-        decide(Some(&held), ME, &at(14), DEFAULT_LEASE_DURATION),
-        wait
+        decide(Some(&held), ME, 14 * SECOND, DEFAULT_LEASE_DURATION),
+        wait(1)
     );
     assert_eq!(
-        wait.to_string(),
-        "the lease is held by injector-7d9f-fghij until 2023-11-14T22:13:35Z"
+        wait(15).to_string(),
+        "the lease is held by injector-7d9f-fghij for another 15s unless renewed"
     );
-    // A holder whose clock is ahead: fresh until its renewTime plus the duration.
-    let ahead = held_by(OTHER, at(100), 15);
-    assert_eq!(
-        decide(Some(&ahead), ME, &at(0), DEFAULT_LEASE_DURATION),
-        Decision::Wait {
-            holder: OTHER.into(),
-            until: at(115),
-        }
-    );
+    // Its times, written by another clock, do not count: long past or far ahead.
+    for renewed in [at(-86_400), at(86_400), MicroTime(Timestamp::MAX)] {
+        let lease = held_by(OTHER, renewed, 15);
+        assert_eq!(
+            decide(Some(&lease), ME, 14 * SECOND, DEFAULT_LEASE_DURATION),
+            wait(1)
+        );
+    }
 }
 
 #[test]
-fn decide_takes_over_an_expired_lease_of_another() {
+fn decide_takes_over_a_lease_of_another_unchanged_for_its_duration() {
     let held = held_by(OTHER, at(0), 15);
     let take_over = Decision::TakeOver {
         previous: Some(OTHER.into()),
     };
     assert_eq!(
-        decide(Some(&held), ME, &at(15), DEFAULT_LEASE_DURATION),
+        decide(Some(&held), ME, 15 * SECOND, DEFAULT_LEASE_DURATION),
         take_over,
-        "expired at exactly renewTime + leaseDurationSeconds"
+        "expired after exactly leaseDurationSeconds unchanged"
     );
     assert_eq!(
-        decide(Some(&held), ME, &at(3600), DEFAULT_LEASE_DURATION),
+        decide(Some(&held), ME, 3600 * SECOND, DEFAULT_LEASE_DURATION),
         take_over
     );
     assert_eq!(
@@ -158,7 +159,7 @@ fn a_released_lease_is_taken_over_at_once() {
         },
     ] {
         assert_eq!(
-            decide(Some(&lease), ME, &at(0), DEFAULT_LEASE_DURATION),
+            decide(Some(&lease), ME, Duration::ZERO, DEFAULT_LEASE_DURATION),
             Decision::TakeOver { previous: None },
             "{lease:?}"
         );
@@ -172,41 +173,45 @@ fn missing_fields_of_another_holders_lease() {
         let mut lease = held_by(OTHER, at(0), 0);
         lease.spec.as_mut().unwrap().lease_duration_seconds = seconds;
         assert_eq!(
-            decide(Some(&lease), ME, &at(0), Duration::from_secs(20)),
+            decide(Some(&lease), ME, 5 * SECOND, 20 * SECOND),
             Decision::Wait {
                 holder: OTHER.into(),
-                until: at(20),
+                remaining: 15 * SECOND,
             },
             "{seconds:?}"
         );
     }
-    // Acquired but never renewed: counted from the acquisition.
-    let mut acquired = held_by(OTHER, at(10), 15);
-    acquired.spec.as_mut().unwrap().renew_time = None;
-    assert_eq!(
-        decide(Some(&acquired), ME, &at(0), DEFAULT_LEASE_DURATION),
-        Decision::Wait {
-            holder: OTHER.into(),
-            until: at(25),
-        }
-    );
-    // Neither time: nothing would ever make it expire, so it counts as expired.
-    acquired.spec.as_mut().unwrap().acquire_time = None;
-    assert_eq!(
-        decide(Some(&acquired), ME, &at(0), DEFAULT_LEASE_DURATION),
-        Decision::TakeOver {
-            previous: Some(OTHER.into())
-        }
-    );
-    // Renewed at the end of time: held forever rather than an overflow.
-    let end = held_by(OTHER, MicroTime(Timestamp::MAX), 15);
-    assert_eq!(
-        decide(Some(&end), ME, &at(0), DEFAULT_LEASE_DURATION),
-        Decision::Wait {
-            holder: OTHER.into(),
-            until: MicroTime(Timestamp::MAX),
-        }
-    );
+    // Neither time: judged like any other, by how long it stays unchanged.
+    let mut timeless = held_by(OTHER, at(10), 15);
+    let spec = timeless.spec.as_mut().unwrap();
+    spec.renew_time = None;
+    spec.acquire_time = None;
+    assert!(matches!(
+        decide(Some(&timeless), ME, Duration::ZERO, DEFAULT_LEASE_DURATION),
+        Decision::Wait { .. }
+    ));
+}
+
+#[test]
+fn the_observer_counts_from_the_last_change_it_saw() {
+    let start = Instant::now();
+    let later = |seconds: u32| start + seconds * SECOND;
+    let mut observer = LeaseObserver::default();
+    let lease = held_by(OTHER, at(0), 15);
+    assert_eq!(observer.observe(&lease, later(0)), Duration::ZERO);
+    assert_eq!(observer.observe(&lease, later(4)), 4 * SECOND);
+    // Any write: a new resourceVersion, holder or renewTime starts the count again.
+    let mut renewed = lease.clone();
+    renewed.metadata.resource_version = Some("42".into());
+    assert_eq!(observer.observe(&renewed, later(5)), Duration::ZERO);
+    assert_eq!(observer.observe(&renewed, later(7)), 2 * SECOND);
+    let mut moved = renewed.clone();
+    moved.spec.as_mut().unwrap().renew_time = Some(at(-3600));
+    assert_eq!(observer.observe(&moved, later(8)), Duration::ZERO);
+    let mut taken = moved.clone();
+    taken.spec.as_mut().unwrap().holder_identity = Some(ME.into());
+    assert_eq!(observer.observe(&taken, later(9)), Duration::ZERO);
+    assert_eq!(observer.observe(&taken, later(10)), SECOND);
 }
 
 #[test]
@@ -236,7 +241,7 @@ fn creating_writes_a_new_lease_held_by_us() {
         })
     );
     assert_eq!(
-        decide(Some(&lease), ME, &at(0), LEASE_DURATION),
+        decide(Some(&lease), ME, Duration::ZERO, LEASE_DURATION),
         Decision::Renew
     );
 }
@@ -277,7 +282,7 @@ fn renewing_keeps_the_acquisition_and_moves_the_renewal() {
 #[test]
 fn taking_over_counts_a_transition() {
     let current = held_by(OTHER, at(0), 15);
-    let decision = decide(Some(&current), ME, &at(60), LEASE_DURATION);
+    let decision = decide(Some(&current), ME, 60 * SECOND, LEASE_DURATION);
     let taken = next_lease(Some(&current), &decision, &config(), &at(60)).unwrap();
     assert_eq!(taken.metadata, current.metadata);
     assert_eq!(
@@ -294,7 +299,7 @@ fn taking_over_counts_a_transition() {
     // A released lease, and one that never counted transitions.
     let mut free = released(&current, &at(5));
     free.spec.as_mut().unwrap().lease_transitions = None;
-    let decision = decide(Some(&free), ME, &at(6), LEASE_DURATION);
+    let decision = decide(Some(&free), ME, SECOND, LEASE_DURATION);
     assert_eq!(decision, Decision::TakeOver { previous: None });
     let taken = next_lease(Some(&free), &decision, &config(), &at(6)).unwrap();
     assert_eq!(spec(&taken).lease_transitions, Some(1));
@@ -325,7 +330,7 @@ fn the_owner_is_set_on_creation_and_restored_on_renewal() {
 #[test]
 fn waiting_writes_nothing() {
     let current = held_by(OTHER, at(0), 15);
-    let decision = decide(Some(&current), ME, &at(1), LEASE_DURATION);
+    let decision = decide(Some(&current), ME, SECOND, LEASE_DURATION);
     assert!(matches!(decision, Decision::Wait { .. }));
     assert_eq!(
         next_lease(Some(&current), &decision, &config(), &at(1)),
@@ -443,6 +448,21 @@ impl Fixture {
     async fn expect_put(&mut self) -> (Lease, Reply) {
         let (lease, reply) = self.expect(Method::PUT, ITEM_PATH).await;
         (lease.expect("a Lease in the PUT"), reply)
+    }
+
+    /// Answers every read with `current()` until a write comes (within 1,000 rounds); returns
+    /// the Lease written, unanswered.
+    async fn serve_until_written(&mut self, mut current: impl FnMut() -> Lease) -> (Lease, Reply) {
+        for _ in 0..1_000 {
+            let (request, reply) = self.server.next_request().await.expect("a request");
+            if request.method() == Method::PUT {
+                let body = request.into_body().collect_bytes().await.unwrap();
+                return (serde_json::from_slice(&body).unwrap(), reply);
+            }
+            assert_eq!(request.method(), Method::GET);
+            ok(reply, &current());
+        }
+        panic!("no write within 1,000 rounds");
     }
 
     /// Plays the API server through the creation of the Lease; returns the Lease stored.
@@ -565,23 +585,61 @@ async fn a_fresh_lease_of_another_is_left_alone() {
     );
 }
 
+/// A Lease of another holder whose clock is `offset` away from ours.
+fn held_with_clock_off(offset: i64, version: u64) -> Lease {
+    let mut lease = held_by(OTHER, wall_clock(SignedDuration::from_secs(offset)), 1);
+    lease.metadata.resource_version = Some(version.to_string());
+    lease
+}
+
+const CLOCK_OFFSETS: [i64; 2] = [-3600, 3600];
+
 #[tokio::test(start_paused = true)]
-async fn an_expired_lease_of_another_is_taken_over() {
-    let mut api = start();
-    let expired = held_by(OTHER, wall_clock(SignedDuration::from_secs(-3600)), 15);
-    ok(api.expect_get().await, &expired);
-    let (taken, reply) = api.expect_put().await;
-    assert!(!*api.leading.borrow());
-    assert_eq!(taken.metadata.resource_version.as_deref(), Some("41"));
-    let spec = spec(&taken);
-    assert_eq!(spec.holder_identity.as_deref(), Some(ME));
-    assert_eq!(spec.lease_transitions, Some(4));
-    assert_eq!(spec.lease_duration_seconds, Some(1));
-    assert!(spec.renew_time > expired.spec.as_ref().unwrap().renew_time);
-    assert_eq!(spec.acquire_time, spec.renew_time);
-    ok(reply, &stored(&taken, "42"));
-    api.leading.wait_for(|leading| *leading).await.unwrap();
-    api.stop_releasing(&stored(&taken, "42")).await;
+async fn a_lease_of_another_unchanged_for_its_duration_is_taken_over_whatever_its_clock() {
+    for offset in CLOCK_OFFSETS {
+        let mut api = start();
+        // Its renewTime, an hour behind or ahead of ours, says nothing: counted from when this
+        // replica first saw it, it expires after its one second.
+        let stale = held_with_clock_off(offset, 41);
+        let first_seen = Instant::now();
+        let (taken, reply) = api.serve_until_written(|| stale.clone()).await;
+        let waited = first_seen.elapsed();
+        assert!(waited >= Duration::from_secs(1), "{offset}: {waited:?}");
+        assert!(
+            waited < Duration::from_secs(1) + RENEW_INTERVAL + TIMER_SLACK,
+            "{offset}: {waited:?}"
+        );
+        assert!(!*api.leading.borrow());
+        assert_eq!(taken.metadata.resource_version.as_deref(), Some("41"));
+        let spec = spec(&taken);
+        assert_eq!(spec.holder_identity.as_deref(), Some(ME));
+        assert_eq!(spec.lease_transitions, Some(4));
+        assert_eq!(spec.lease_duration_seconds, Some(1));
+        assert_eq!(spec.acquire_time, spec.renew_time);
+        ok(reply, &stored(&taken, "42"));
+        api.leading.wait_for(|leading| *leading).await.unwrap();
+        api.stop_releasing(&stored(&taken, "42")).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_another_keeps_renewing_is_never_taken_over_whatever_its_clock() {
+    for offset in CLOCK_OFFSETS {
+        let mut api = start();
+        let started = Instant::now();
+        // Renewed every round (a new resourceVersion), its renewTime an hour off ours and its
+        // duration one second: 250 rounds are five seconds, five durations.
+        for version in 41..291 {
+            ok(
+                api.expect_get().await,
+                &held_with_clock_off(offset, version),
+            );
+        }
+        assert!(started.elapsed() >= Duration::from_secs(4), "{offset}");
+        drop(api.expect_get().await);
+        assert!(!api.leading.has_changed().unwrap(), "{offset}: never led");
+        assert!(api.stop().await.is_ok());
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -615,7 +673,10 @@ async fn renewing_keeps_the_acquire_time_and_bumps_the_renew_time() {
 #[tokio::test(start_paused = true)]
 async fn a_conflict_is_not_leading_and_not_an_error() {
     let mut api = start();
-    let expired = held_by(OTHER, wall_clock(SignedDuration::from_secs(-3600)), 15);
+    let expired = released(
+        &held_by(OTHER, wall_clock(SignedDuration::ZERO), 15),
+        &wall_clock(SignedDuration::ZERO),
+    );
 
     // Losing the race to take over.
     ok(api.expect_get().await, &expired);

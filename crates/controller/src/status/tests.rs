@@ -78,6 +78,25 @@ fn valid_template_is_ready_and_names_its_webhook_entry() {
 }
 
 #[test]
+fn a_valid_template_without_an_entry_is_not_ready_and_says_why() {
+    let template = valid();
+    let id = outcome(&template).unwrap();
+    let served = desired_status(&template, &Ok::<_, ValidationErrors>(id), at(100));
+    let status =
+        desired_status_not_served(&with_status(template, served.clone()), "too big", at(200));
+    let condition = ready(&status);
+    assert_eq!(condition.status, "False");
+    assert_eq!(condition.reason, "NotServed");
+    assert_eq!(condition.message, "valid, but not in use: too big");
+    assert_eq!(condition.last_transition_time, at(200), "a transition");
+    assert_eq!(
+        status.last_valid, served.last_valid,
+        "still its last valid generation"
+    );
+    assert!(needs_update(Some(&served), &status));
+}
+
+#[test]
 fn invalid_template_is_not_ready_with_every_message() {
     let template = invalid();
     let outcome = outcome(&template);

@@ -965,3 +965,90 @@ fn a_new_ca_or_a_new_template_group_is_drift() {
         "{drift}"
     );
 }
+
+/// `count` best-effort templates that neither share an entry nor can be merged (each selects
+/// namespaces of its own), each selector listing `values` values of 54 bytes: an entry takes
+/// about `values * 57` bytes. (Best effort, so that their status records no `lastValid`.)
+pub(crate) fn templates_with_large_selectors(count: usize, values: usize) -> Vec<SidecarTemplate> {
+    (0..count)
+        .map(|i| {
+            let values: Vec<String> = (0..values)
+                .map(|v| format!("team-{i:03}-{v:04}-{}", "x".repeat(40)))
+                .collect();
+            serde_json::from_value(json!({
+                "apiVersion": "sidecar.dev/v1alpha1", "kind": "SidecarTemplate",
+                "metadata": {"name": format!("large-{i:03}"), "generation": 1},
+                "spec": {
+                    "failurePolicy": "Ignore",
+                    "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": values}]},
+                    "containers": [{"name": format!("large-{i:03}"), "image": "x"}],
+                },
+            }))
+            .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn many_groups_sharing_namespaces_are_merged_into_at_most_the_bound_of_entries() {
+    let mut templates = Vec::new();
+    for (team, policy) in [("a", "Fail"), ("b", "Fail"), ("a", "Ignore")] {
+        for i in 0..100 {
+            templates.push(template(
+                &format!("{team}-{}-{i:03}", policy.to_lowercase()),
+                i,
+                policy,
+                &format!("{{matchLabels: {{team: {team}}}}}"),
+                &format!("{{matchLabels: {{app: app-{i}}}}}"),
+            ));
+        }
+    }
+    let snapshot = snapshot_of(&templates);
+    let config = desired_configuration(&snapshot, &service_options(), CA);
+    let entries = webhooks(&config);
+    assert_eq!(
+        entries.len(),
+        3,
+        "one merged entry per namespace selector and policy"
+    );
+    assert!(
+        left_out(&snapshot, &config).is_empty(),
+        "every template is served"
+    );
+    for entry in entries {
+        assert_eq!(
+            entry.object_selector, None,
+            "{}: called for every Pod",
+            entry.name
+        );
+    }
+    let served: usize = snapshot.groups().iter().map(|g| g.templates.len()).sum();
+    assert_eq!(served, templates.len());
+}
+
+#[test]
+fn a_configuration_that_would_not_fit_leaves_entries_out_and_says_which() {
+    let snapshot = snapshot_of(&templates_with_large_selectors(120, 250));
+    let config = desired_configuration(&snapshot, &service_options(), CA);
+    let bytes = serde_json::to_vec(&config).unwrap().len();
+    assert!(bytes <= MAX_CONFIGURATION_BYTES, "{bytes}");
+    assert!(
+        bytes > MAX_CONFIGURATION_BYTES - 20_000,
+        "as many as fit: {bytes}"
+    );
+    let missing = left_out(&snapshot, &config);
+    assert!(!missing.is_empty());
+    assert_eq!(webhooks(&config).len() + missing.len(), 120);
+    // The entries kept are the first ones, in entry order.
+    let order: Vec<String> = entry_order(&snapshot)
+        .groups
+        .iter()
+        .map(|g| entry_name(&g.id))
+        .collect();
+    assert_eq!(names(&config), order[..webhooks(&config).len()]);
+    // Within the bound, nothing is left out.
+    let small = snapshot_of(&templates_with_large_selectors(10, 250));
+    let config = desired_configuration(&small, &service_options(), CA);
+    assert!(left_out(&small, &config).is_empty());
+    assert_eq!(webhooks(&config).len(), 10);
+}
