@@ -7,8 +7,10 @@
 
 pub mod defaulted;
 pub mod error;
+pub mod fingerprint;
 pub mod freshness;
 pub mod group;
+pub mod lifecycle;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;

@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::defaulted::{ItemKind, Surroundings, difference};
+use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::{MetadataKey, PodFacts};
 use crate::selector::Labels;
@@ -42,12 +43,24 @@ pub struct Applied {
     pub name: String,
     /// The template's generation.
     pub generation: i64,
+    /// What it injects.
+    pub fingerprint: Fingerprint,
+}
+
+impl Applied {
+    fn of(template: &CompiledTemplate) -> Self {
+        Applied {
+            name: template.name.clone(),
+            generation: template.generation,
+            fingerprint: template.fingerprint,
+        }
+    }
 }
 
 impl std::fmt::Display for Applied {
-    /// `name@generation`, its entry in the `sidecar.dev/injected` annotation.
+    /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.name, self.generation)
+        write!(f, "{}@{}#{}", self.name, self.generation, self.fingerprint)
     }
 }
 
@@ -389,9 +402,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         seen: &Seen,
         recognised: &Recognised,
     ) -> Self {
-        let opted_out = view
-            .annotation(INJECT_ANNOTATION)
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
+        let opted_out = opts_out(view.annotation(INJECT_ANNOTATION));
         let facts = PodFacts {
             name: view.name,
             namespace: namespace_name,
@@ -457,10 +468,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
                         );
                         pass.present.push(template);
                         if applied.added {
-                            plan.applied.push(Applied {
-                                name: template.name.clone(),
-                                generation: template.generation,
-                            });
+                            plan.applied.push(Applied::of(template));
                         } else {
                             plan.skipped.push(Skipped {
                                 name: template.name.clone(),
@@ -566,16 +574,12 @@ impl<'k, 't: 'k> Pass<'k, 't> {
             listed.push(name);
             if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
                 let template = unrecorded.remove(at);
-                record.push(format!("{}@{}", template.name, template.generation));
+                record.push(Applied::of(template).to_string());
             } else if !absent.contains(&name) {
                 record.push(entry.to_owned());
             }
         }
-        record.extend(
-            unrecorded
-                .iter()
-                .map(|t| format!("{}@{}", t.name, t.generation)),
-        );
+        record.extend(unrecorded.iter().map(|t| Applied::of(t).to_string()));
         let record = record.join(",");
         if claimed != record {
             builder.annotations.set(INJECTED_ANNOTATION, record);
@@ -610,14 +614,45 @@ fn entry_name(entry: &str) -> &str {
 }
 
 /// The `name@generation` entries of the `sidecar.dev/injected` annotation.
-fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
+pub(crate) fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
     annotation
         .split(',')
         .map(str::trim)
         .filter(|entry| !entry.is_empty())
 }
 
-fn pod_wide_skip(namespace_name: &str, namespace: &NamespaceInfo<'_>) -> Option<SkipReason> {
+/// Why `template` does not select a Pod with these labels and annotations, or `None` when it
+/// does: its pod selector, and for an `OnRequest` template the Pod's request.
+pub(crate) fn unselected_by_pod(
+    template: &CompiledTemplate,
+    labels: &impl Labels,
+    annotations: &impl Labels,
+) -> Option<SkipReason> {
+    if !template.pod_selector.matches(labels) {
+        return Some(SkipReason::PodNotSelected);
+    }
+    if template.injection == Injection::OnRequest {
+        let requested = annotations
+            .label(TEMPLATES_ANNOTATION)
+            .unwrap_or_default()
+            .split(',')
+            .any(|name| name.trim() == template.name);
+        if !requested {
+            return Some(SkipReason::NotRequested);
+        }
+    }
+    None
+}
+
+/// Whether a Pod's `sidecar.dev/inject: "false"` opts it out (of best-effort templates).
+pub(crate) fn opts_out(annotation: Option<&str>) -> bool {
+    annotation.is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
+}
+
+pub(crate) fn pod_wide_skip(
+    namespace_name: &str,
+    namespace: &NamespaceInfo<'_>,
+) -> Option<SkipReason> {
     if ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace_name) {
         Some(SkipReason::NamespaceExcluded(namespace_name.to_owned()))
     } else if namespace.labels.is_some_and(|l| {
@@ -1046,24 +1081,11 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             pod: self.view.labels,
             added: &self.labels,
         };
-        if !template.pod_selector.matches(&labels) {
-            return Some(SkipReason::PodNotSelected);
-        }
-        if template.injection == Injection::OnRequest {
-            let annotations = Effective {
-                pod: self.view.annotations,
-                added: &self.annotations,
-            };
-            let requested = annotations
-                .label(TEMPLATES_ANNOTATION)
-                .unwrap_or_default()
-                .split(',')
-                .any(|name| name.trim() == template.name);
-            if !requested {
-                return Some(SkipReason::NotRequested);
-            }
-        }
-        None
+        let annotations = Effective {
+            pod: self.view.annotations,
+            added: &self.annotations,
+        };
+        unselected_by_pod(template, &labels, &annotations)
     }
 
     /// Applies one template, all or nothing: `Err` lists the conflicts that stop it.

@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{FieldError, ValidationErrors};
+use crate::fingerprint::Fingerprint;
 use crate::group::{GroupId, GroupKey};
 use crate::placeholder::{MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
@@ -86,6 +87,8 @@ pub struct CompiledTemplate {
     /// The labels and annotations its placeholders read: when a template adds one, what this
     /// template renders depends on it.
     pub metadata_reads: Vec<MetadataKey>,
+    /// What it injects, as recorded on the Pods it is applied to.
+    pub fingerprint: Fingerprint,
 }
 
 impl CompiledTemplate {
@@ -255,6 +258,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         labels,
         annotations,
         metadata_reads,
+        fingerprint: Fingerprint::of(spec),
     };
     if compiled.injects_nothing() {
         errors.push(FieldError::new(

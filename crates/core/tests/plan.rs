@@ -27,10 +27,7 @@ fn injects_containers_and_creates_missing_lists() {
     let out = apply(&pod, &plan);
     assert_eq!(names(&out["spec"]["containers"]), ["app", "logger"]);
     assert_eq!(names(&out["spec"]["volumes"]), ["logs"]);
-    assert_eq!(
-        out["metadata"]["annotations"]["sidecar.dev/injected"],
-        "logger@3"
-    );
+    assert_eq!(record(&out), "logger@3");
     assert_eq!(plan.applied.len(), 1);
     assert_eq!(
         (plan.applied[0].name.as_str(), plan.applied[0].generation),
@@ -76,10 +73,7 @@ fn a_reinvocation_adds_only_new_templates_and_extends_the_record() {
         names(&out["spec"]["containers"]),
         ["app", "logger", "agent"]
     );
-    assert_eq!(
-        out["metadata"]["annotations"]["sidecar.dev/injected"],
-        "logger@3,agent@1"
-    );
+    assert_eq!(record(&out), "logger@3,agent@1");
 }
 
 #[test]
@@ -227,10 +221,7 @@ fn priority_then_name_decides_order_whatever_the_input_order() {
         names(&one["spec"]["containers"]),
         ["app", "zeta", "alpha", "beta"]
     );
-    assert_eq!(
-        one["metadata"]["annotations"]["sidecar.dev/injected"],
-        "zeta@1,alpha@1,beta@1"
-    );
+    assert_eq!(record(&one), "zeta@1,alpha@1,beta@1");
 }
 
 #[test]
@@ -412,15 +403,43 @@ spec:
 }
 
 #[test]
+fn the_record_carries_a_fingerprint_of_what_was_injected() {
+    let pod = pod(APP_POD);
+    let v1 = template(SIDECAR);
+    let out = apply(&pod, &plan_in(&pod, std::slice::from_ref(&v1)));
+    let entry = format!("logger@3#{}", v1.fingerprint);
+    assert_eq!(
+        out["metadata"]["annotations"]["sidecar.dev/injected"],
+        entry
+    );
+
+    // Not what selects or orders it, only what it injects.
+    let reordered = template(
+        &SIDECAR
+            .replace(
+                "generation: 3",
+                "generation: 4
+  ",
+            )
+            .replace(
+                "spec:",
+                "spec:
+  priority: 7",
+            ),
+    );
+    assert_eq!(reordered.fingerprint, v1.fingerprint);
+    let reimaged = template(&SIDECAR.replace("fluent-bit:3", "fluent-bit:4"));
+    assert!(reimaged.fingerprint.only_images_differ(&v1.fingerprint));
+}
+
+#[test]
 fn missing_metadata_maps_are_created() {
     let pod = pod("spec:\n  containers: [{name: app, image: a}]");
     let t = template("metadata: {name: t}\nspec:\n  metadata: {labels: {a: b}}");
     let out = apply(&pod, &plan_in(&pod, &[t]));
     assert_eq!(out["metadata"]["labels"], json!({"a": "b"}));
-    assert_eq!(
-        out["metadata"]["annotations"],
-        json!({"sidecar.dev/injected": "t@1"})
-    );
+    assert_eq!(record(&out), "t@1");
+    assert_eq!(out["metadata"]["annotations"].as_object().unwrap().len(), 1);
 }
 
 #[test]
@@ -552,10 +571,7 @@ fn a_name_given_twice_counts_once_and_the_newest_generation_wins() {
     for templates in [[old.clone(), new.clone()], [new.clone(), old.clone()]] {
         let out = apply(&pod, &plan_in(&pod, &templates));
         assert_eq!(names(&out["spec"]["containers"]), ["app", "new"]);
-        assert_eq!(
-            out["metadata"]["annotations"]["sidecar.dev/injected"],
-            "t@2"
-        );
+        assert_eq!(record(&out), "t@2");
     }
 }
 

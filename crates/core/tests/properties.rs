@@ -712,7 +712,7 @@ proptest! {
                 .as_str()
                 .unwrap_or_default();
             prop_assert!(
-                record.split(',').any(|e| e == format!("{}@{}", applied.name, applied.generation)),
+                record.split(',').any(|e| e == applied.to_string()),
                 "{} missing from {record:?}", applied.name
             );
             prop_assert!(plan.denials.iter().all(|d| d.template != applied.name));
@@ -1220,7 +1220,7 @@ proptest! {
                 .as_str()
                 .unwrap_or_default();
             prop_assert!(
-                record.split(',').any(|e| e == format!("{}@{}", template.name, template.generation)),
+                record.split(',').any(|e| e == format!("{}@{}#{}", template.name, template.generation, template.fingerprint)),
                 "{} missing from the record {record:?}", template.name
             );
         }

@@ -160,8 +160,10 @@ impl Served {
 /// The binary under test: this build's, or `SIDECAR_INJECTOR_BIN` (to measure a release
 /// build).
 pub fn binary() -> PathBuf {
-    std::env::var_os("SIDECAR_INJECTOR_BIN")
-        .map_or_else(|| env!("CARGO_BIN_EXE_sidecar-injector").into(), PathBuf::from)
+    std::env::var_os("SIDECAR_INJECTOR_BIN").map_or_else(
+        || env!("CARGO_BIN_EXE_sidecar-injector").into(),
+        PathBuf::from,
+    )
 }
 
 /// The examples' templates.

@@ -66,3 +66,15 @@ pub fn names(list: &Value) -> Vec<&str> {
         .map(|items| items.iter().map(|i| i["name"].as_str().unwrap()).collect())
         .unwrap_or_default()
 }
+
+/// The Pod's `sidecar.dev/injected` record without the entries' fingerprints (`name@generation`,
+/// comma-separated), which tests that are not about fingerprints need not spell out.
+pub fn record(pod: &Value) -> String {
+    pod["metadata"]["annotations"]["sidecar.dev/injected"]
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .map(|entry| entry.split_once('#').map_or(entry, |(kept, _)| kept))
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,125 @@
+//! Where a running Pod stands with each template, from its metadata alone: **current** (it
+//! carries what the template injects now), **stale** (it carries an earlier version of it) or
+//! **missing** (the template selects it now but it does not carry it: created before the
+//! template, or admitted while a best-effort template's webhook was down).
+//!
+//! A Pod's record (`sidecar.dev/injected`, written at admission) lists `name@generation#fingerprint`
+//! for each template it carries; the fingerprint covers only what is injected, so an edit of a
+//! template's priority or selectors leaves its Pods current. Records written before
+//! fingerprints existed (`name@generation`) count as stale: what they carry is unknown.
+
+use std::collections::BTreeMap;
+
+use injector_api::FailurePolicy;
+use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
+
+use crate::fingerprint::Fingerprint;
+use crate::plan::{NamespaceInfo, injected_entries, opts_out, pod_wide_skip, unselected_by_pod};
+use crate::template::CompiledTemplate;
+
+/// Where a Pod stands with a template that selects it or that it carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// It carries what the template injects now.
+    Current,
+    /// It carries an earlier version: `in_place` when only images differ.
+    Stale {
+        /// Only the images of injected containers changed since.
+        in_place: bool,
+    },
+    /// The template selects it but it does not carry it.
+    Missing,
+}
+
+/// What is known of a Pod without its spec: where it runs and its labels and annotations.
+#[derive(Clone, Copy, Debug)]
+pub struct PodMeta<'a> {
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// Its labels.
+    pub labels: &'a BTreeMap<String, String>,
+    /// Its annotations.
+    pub annotations: &'a BTreeMap<String, String>,
+}
+
+/// One entry of a Pod's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded<'a> {
+    /// The template's name.
+    pub name: &'a str,
+    /// The generation it was injected at, when written.
+    pub generation: Option<i64>,
+    /// What it injected, when written (records from before fingerprints have none).
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl<'a> Recorded<'a> {
+    /// Reads `name@generation#fingerprint` (each part after the name optional).
+    pub fn parse(entry: &'a str) -> Self {
+        let (rest, fingerprint) = match entry.rsplit_once('#') {
+            Some((rest, fingerprint)) => (rest, Fingerprint::parse(fingerprint)),
+            None => (entry, None),
+        };
+        let (name, generation) = match rest.rsplit_once('@') {
+            Some((name, generation)) => (name, generation.parse().ok()),
+            None => (rest, None),
+        };
+        Recorded {
+            name,
+            generation,
+            fingerprint,
+        }
+    }
+}
+
+/// The entries of a Pod's record.
+pub fn recorded<'a>(
+    annotations: &'a BTreeMap<String, String>,
+) -> impl Iterator<Item = Recorded<'a>> {
+    annotations
+        .get(INJECTED_ANNOTATION)
+        .map(String::as_str)
+        .into_iter()
+        .flat_map(injected_entries)
+        .map(Recorded::parse)
+}
+
+/// Where `pod` stands with `template`, in `namespace` (its labels, when known, for the
+/// template's namespace selector): `None` when the template neither selects it nor is carried.
+pub fn state(
+    template: &CompiledTemplate,
+    pod: &PodMeta<'_>,
+    namespace: &NamespaceInfo<'_>,
+) -> Option<PodState> {
+    if let Some(entry) = recorded(pod.annotations).find(|e| e.name == template.name) {
+        return Some(match entry.fingerprint {
+            Some(fingerprint) if fingerprint == template.fingerprint => PodState::Current,
+            Some(fingerprint) => PodState::Stale {
+                in_place: fingerprint.only_images_differ(&template.fingerprint),
+            },
+            None => PodState::Stale { in_place: false },
+        });
+    }
+    selects(template, pod, namespace).then_some(PodState::Missing)
+}
+
+/// Whether `template` would be applied to `pod` if it were created now, as far as its
+/// metadata tells: the same rules as admission's (excluded and opted-out namespaces, the
+/// namespace and pod selectors, `OnRequest`, a Pod's opt-out of best-effort templates).
+pub fn selects(
+    template: &CompiledTemplate,
+    pod: &PodMeta<'_>,
+    namespace: &NamespaceInfo<'_>,
+) -> bool {
+    let opted_out = opts_out(pod.annotations.get(INJECT_ANNOTATION).map(String::as_str));
+    pod_wide_skip(pod.namespace, namespace).is_none()
+        && !(opted_out && template.failure_policy == FailurePolicy::Ignore)
+        && namespace
+            .labels
+            .is_none_or(|labels| template.namespace_selector.matches(labels))
+        && unselected_by_pod(template, pod.labels, pod.annotations).is_none()
+}
+
+#[cfg(test)]
+#[path = "lifecycle/tests.rs"]
+mod tests;

@@ -1,0 +1,181 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+
+use injector_api::SidecarTemplate;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::template::compile;
+
+fn template(name: &str, spec: Value) -> CompiledTemplate {
+    let template: SidecarTemplate = serde_json::from_value(json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec,
+    }))
+    .unwrap();
+    compile(&template).unwrap()
+}
+
+fn mesh() -> CompiledTemplate {
+    template(
+        "mesh",
+        json!({
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "containers": [{"name": "proxy", "image": "envoy:1.30"}],
+        }),
+    )
+}
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+const ANY_NAMESPACE: NamespaceInfo<'static> = NamespaceInfo {
+    name: "shop",
+    labels: None,
+};
+
+fn state_of(
+    template: &CompiledTemplate,
+    labels: &[(&str, &str)],
+    record: Option<String>,
+) -> Option<PodState> {
+    let labels = map(labels);
+    let mut annotations = BTreeMap::new();
+    if let Some(record) = record {
+        annotations.insert(INJECTED_ANNOTATION.to_owned(), record);
+    }
+    let pod = PodMeta {
+        namespace: "shop",
+        labels: &labels,
+        annotations: &annotations,
+    };
+    state(template, &pod, &ANY_NAMESPACE)
+}
+
+#[test]
+fn current_stale_and_missing() {
+    let mesh = mesh();
+    let web = [("app", "web")];
+    let current = format!("other@2,mesh@1#{}", mesh.fingerprint);
+    assert_eq!(
+        state_of(&mesh, &web, Some(current)),
+        Some(PodState::Current)
+    );
+    assert_eq!(state_of(&mesh, &web, None), Some(PodState::Missing));
+    assert_eq!(state_of(&mesh, &[("app", "db")], None), None);
+
+    // Injected before an image change: stale, in place; before any other change: stale.
+    let old_image = template(
+        "mesh",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "proxy", "image": "envoy:1.29"}]}),
+    );
+    let record = format!("mesh@1#{}", old_image.fingerprint);
+    assert_eq!(
+        state_of(&mesh, &web, Some(record)),
+        Some(PodState::Stale { in_place: true })
+    );
+    let old_args = template(
+        "mesh",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "proxy", "image": "envoy:1.30", "args": ["-v"]}]}),
+    );
+    let record = format!("mesh@1#{}", old_args.fingerprint);
+    assert_eq!(
+        state_of(&mesh, &web, Some(record)),
+        Some(PodState::Stale { in_place: false })
+    );
+    // A record from before fingerprints: what it carries is unknown.
+    assert_eq!(
+        state_of(&mesh, &web, Some("mesh@1".into())),
+        Some(PodState::Stale { in_place: false })
+    );
+    // Carried but no longer selected: still carried, and current.
+    let current = format!("mesh@1#{}", mesh.fingerprint);
+    assert_eq!(
+        state_of(&mesh, &[("app", "db")], Some(current)),
+        Some(PodState::Current)
+    );
+}
+
+#[test]
+fn selection_follows_admissions_rules() {
+    let mesh = mesh();
+    let labels = map(&[("app", "web")]);
+    let none = BTreeMap::new();
+    let pod = |namespace| PodMeta {
+        namespace,
+        labels: &labels,
+        annotations: &none,
+    };
+    assert!(selects(&mesh, &pod("shop"), &ANY_NAMESPACE));
+    assert!(!selects(&mesh, &pod("kube-system"), &ANY_NAMESPACE));
+    let disabled = map(&[("sidecar.dev/injection", "disabled")]);
+    let opted_out_namespace = NamespaceInfo {
+        name: "shop",
+        labels: Some(&disabled),
+    };
+    assert!(!selects(&mesh, &pod("shop"), &opted_out_namespace));
+
+    let opt_out = map(&[("sidecar.dev/inject", "false")]);
+    let opted_out = PodMeta {
+        namespace: "shop",
+        labels: &labels,
+        annotations: &opt_out,
+    };
+    assert!(
+        selects(&mesh, &opted_out, &ANY_NAMESPACE),
+        "required: applies anyway"
+    );
+    let best_effort = template(
+        "mesh",
+        json!({"failurePolicy": "Ignore", "containers": [{"name": "proxy", "image": "envoy"}]}),
+    );
+    assert!(!selects(&best_effort, &opted_out, &ANY_NAMESPACE));
+
+    let on_request = template(
+        "agent",
+        json!({"injection": "OnRequest", "containers": [{"name": "agent", "image": "agent"}]}),
+    );
+    assert!(!selects(&on_request, &pod("shop"), &ANY_NAMESPACE));
+    let asks = map(&[("sidecar.dev/templates", "mesh, agent")]);
+    let asking = PodMeta {
+        namespace: "shop",
+        labels: &labels,
+        annotations: &asks,
+    };
+    assert!(selects(&on_request, &asking, &ANY_NAMESPACE));
+}
+
+#[test]
+fn record_entries_are_read_whatever_their_age() {
+    assert_eq!(
+        Recorded::parse("mesh@3#0123456789abcdef"),
+        Recorded {
+            name: "mesh",
+            generation: Some(3),
+            fingerprint: Fingerprint::parse("0123456789abcdef"),
+        }
+    );
+    assert_eq!(
+        Recorded::parse("mesh@3"),
+        Recorded {
+            name: "mesh",
+            generation: Some(3),
+            fingerprint: None
+        }
+    );
+    assert_eq!(
+        Recorded::parse("mesh"),
+        Recorded {
+            name: "mesh",
+            generation: None,
+            fingerprint: None
+        }
+    );
+}
