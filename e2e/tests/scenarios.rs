@@ -822,11 +822,13 @@ spec:
     let first = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
     let ns = cp.namespace("update", &[("e2e.sidecar.dev/scenario", "update")])?;
     let pod = wait_injected(cp, &ns, &[], "updater")?;
+    let (entries, fingerprints) = record(&pod);
     ensure!(
-        annotation(&pod, INJECTED) == Some(format!("{name}@{first}").as_str()),
+        entries == format!("{name}@{first}") && fingerprints[0].len() == 16,
         "{INJECTED}: {:?}, generation {first}",
         annotation(&pod, INJECTED)
     );
+    let first_fingerprint = fingerprints[0].to_owned();
 
     cp.apply_yaml(&template("busybox:1.37"))?;
     wait_served(cp, name)?;
@@ -838,13 +840,15 @@ spec:
         &format!("{expected} to be injected (dry run)"),
         || {
             let (pod, _) = create_pod(cp, &ns, "probe", &[], &[], true)?;
-            Ok((annotation(&pod, INJECTED) == Some(expected.as_str())).then_some(()))
+            Ok((record(&pod).0 == expected).then_some(()))
         },
     )?;
     let (pod, _) = create_pod(cp, &ns, "after-update", &[], &[], false)?;
+    let (entries, fingerprints) = record(&pod);
+    // A new image: a new fingerprint, which tells the earlier Pods stale.
     ensure!(
-        annotation(&pod, INJECTED) == Some(expected.as_str()),
-        "{INJECTED}: {:?}",
+        entries == expected && fingerprints[0] != first_fingerprint,
+        "{INJECTED}: {:?} (before: {first_fingerprint})",
         annotation(&pod, INJECTED)
     );
     let image = pod["spec"]["containers"]
@@ -1440,7 +1444,7 @@ spec:
         );
         let injected = annotation(&pod, INJECTED).unwrap_or_default();
         ensure!(
-            injected == format!("{name}@{valid_generation}"),
+            record(&pod).0 == format!("{name}@{valid_generation}"),
             "{INJECTED}: {injected:?}, want the last valid generation"
         );
         let recorded = &template_now["status"]["lastValid"];
@@ -1631,6 +1635,21 @@ fn volumes(pod: &Value) -> Vec<String> {
 
 fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
     object["metadata"]["annotations"][key].as_str()
+}
+
+/// The Pod's record as `name@generation` entries, and the fingerprint each carries.
+fn record(pod: &Value) -> (String, Vec<&str>) {
+    let entries: Vec<(&str, &str)> = annotation(pod, INJECTED)
+        .unwrap_or_default()
+        .split(',')
+        .map(|e| e.split_once('#').unwrap_or((e, "")))
+        .collect();
+    let names = entries
+        .iter()
+        .map(|(n, _)| *n)
+        .collect::<Vec<_>>()
+        .join(",");
+    (names, entries.into_iter().map(|(_, f)| f).collect())
 }
 
 /// A required template whose containers and volumes use most fields the API server defaults

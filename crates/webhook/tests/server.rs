@@ -35,10 +35,13 @@ async fn v1_review_is_answered_with_a_patch_warnings_and_audit_annotation() {
     let answer = &response["response"];
     assert_eq!(answer["uid"], "uid-1");
     assert_eq!(answer["allowed"], true);
-    assert_eq!(
-        answer["auditAnnotations"]["templates-applied"],
-        "agent@1,logger@2"
+    // Each entry: name@generation#fingerprint of what it injects.
+    let record = format!(
+        "agent@1#{},logger@2#{}",
+        template(AGENT).fingerprint,
+        template(LOGGER).fingerprint
     );
+    assert_eq!(answer["auditAnnotations"]["templates-applied"], record);
     let mutated = patched(&pod, &response);
     let names: Vec<&str> = mutated["spec"]["containers"]
         .as_array()
@@ -53,7 +56,7 @@ async fn v1_review_is_answered_with_a_patch_warnings_and_audit_annotation() {
     );
     assert_eq!(
         mutated["metadata"]["annotations"]["sidecar.dev/injected"],
-        "agent@1,logger@2"
+        record
     );
     // The mutated pod is a valid Pod.
     let _: k8s_openapi::api::core::v1::Pod = serde_json::from_value(mutated.clone()).unwrap();
