@@ -1,5 +1,5 @@
 //! `sidecar-injector serve` as a user runs it: the binary, template files, certificate files,
-//! a request over TLS, and SIGTERM.
+//! a request over TLS, and SIGTERM (a drain, then a clean exit).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -95,32 +95,10 @@ fn http_get(address: &str, path: &str) -> String {
 }
 
 #[test]
-fn serve_answers_from_template_files_and_stops_on_sigterm() {
+fn serve_answers_from_template_files_and_drains_on_sigterm() {
     let dir = scratch();
     let root = certificate(&dir);
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
-    let mut child = Killed(
-        Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
-            .args(["serve", "--templates"])
-            .arg(&examples)
-            .arg("--tls-cert")
-            .arg(dir.join("tls.crt"))
-            .arg("--tls-key")
-            .arg(dir.join("tls.key"))
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--log-format",
-                "json",
-            ])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let (admission, admin) = wait_for_address(&mut child.0);
+    let (mut child, admission, admin) = spawn_serve(&dir, "5s");
     assert!(http_get(&admin, "/readyz").starts_with("HTTP/1.1 200"));
 
     let review = serde_json::json!({
@@ -137,12 +115,8 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
             }
         }
     });
-    let response = https_post(
-        &admission,
-        &root,
-        "/mutate",
-        &serde_json::to_vec(&review).unwrap(),
-    );
+    let request = serde_json::to_vec(&review).unwrap();
+    let response = https_post(&admission, &root, "/mutate", &request);
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
     let review: serde_json::Value = serde_json::from_str(body).unwrap();
@@ -151,12 +125,19 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
         .unwrap();
     assert!(applied.contains("native-proxy@1"), "{applied}");
 
-    // SIGTERM: a clean exit.
-    let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    // SIGTERM: not ready at once, still answering during the drain, then a clean exit.
+    sigterm(&child.0);
+    let not_ready = wait_not_ready(&admin);
+    assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
+    assert!(not_ready.contains("shutting down"), "{not_ready}");
+    let response = https_post(&admission, &root, "/mutate", &request);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{response}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.0.try_wait().unwrap() {
@@ -167,6 +148,75 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_second_sigterm_cuts_the_drain_short() {
+    let dir = std::env::temp_dir().join(format!(
+        "sidecar-injector-serve-twice-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    certificate(&dir);
+    let (mut child, _, admin) = spawn_serve(&dir, "10m");
+    sigterm(&child.0);
+    // The first signal is taken (draining) before the second is sent.
+    assert!(wait_not_ready(&admin).starts_with("HTTP/1.1 503"));
+    sigterm(&child.0);
+    let status = child.0.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `serve` of the examples with the certificate in `dir`, on free ports, with `--drain-period
+/// drain`; and its admission and admin addresses.
+fn spawn_serve(dir: &Path, drain: &str) -> (Killed, String, String) {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+            .args(["serve", "--templates"])
+            .arg(&examples)
+            .arg("--tls-cert")
+            .arg(dir.join("tls.crt"))
+            .arg("--tls-key")
+            .arg(dir.join("tls.key"))
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+                "--drain-period",
+                drain,
+            ])
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (admission, admin) = wait_for_address(&mut child.0);
+    (child, admission, admin)
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// `/readyz` once it no longer answers 200 (or after 5 s).
+fn wait_not_ready(admin: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let readyz = http_get(admin, "/readyz");
+        if !readyz.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            return readyz;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]
