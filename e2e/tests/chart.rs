@@ -413,13 +413,14 @@ fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operat
 /// `--flag value` pair or a `--flag=value`, as the chart writes them (`operator.extraArgs` in
 /// the same forms; a bare boolean flag would need a value here).
 fn chart_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
-    const HARNESS: [&str; 6] = [
+    const HARNESS: [&str; 7] = [
         "--namespace",
         "--listen",
         "--admin-listen",
         "--log-format",
         "--leader-election",
         "--identity",
+        "--drain-period",
     ];
     let mut rest = args.iter();
     ensure!(
