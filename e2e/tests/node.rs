@@ -585,6 +585,11 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
         "[e2e] chart installed, 2 replicas Ready, {:.1?} after the import",
         started.elapsed()
     );
+    // Applied by c too; again here, so that g (or a later scenario) also runs alone: with no
+    // template the configuration has no entry to wait for.
+    cluster.apply_yaml(&with_stand_ins(&read_example(
+        "nginx-sidecar/sidecartemplate.yaml",
+    )?))?;
     let configuration = poll(
         Duration::from_secs(60),
         "the chart's webhook configuration",
@@ -607,10 +612,6 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
     );
     cluster.get_json("secret", Some("chart-system"), "chart-sidecar-injector-tls")?;
 
-    // Applied by c too; again here, so that g also runs alone.
-    cluster.apply_yaml(&with_stand_ins(&read_example(
-        "nginx-sidecar/sidecartemplate.yaml",
-    )?))?;
     let ns = cluster.namespace("chart-web", &[("sidecar.dev/example", "nginx-sidecar")])?;
     // The only webhook configuration now is the chart's: an injection is a call through the
     // Service.
