@@ -41,7 +41,7 @@ start_server() {
     port=$(free_port)
     admin=$(free_port)
     "$binary" serve --templates "$1" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
-        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --log "$log_filter" \
+        --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --log "$log_filter" --drain-period 0s \
         2>"$work/server.log" &
     server_pid=$!
     for _ in $(seq 1 100); do

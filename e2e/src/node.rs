@@ -255,15 +255,20 @@ impl Node {
             Ok(ready.then_some(()))
         })?;
         eprintln!("[e2e] node Ready after {:.1?}", started.elapsed());
-        // kube-proxy puts its jumps first in FORWARD and INPUT once it has synced.
+        // kube-proxy puts its jumps first in INPUT and FORWARD once it has synced, one after
+        // the other, and never moves them again: the fence goes on top after the last one
+        // (the load balancer firewall's in FORWARD, which follows KUBE-FORWARD), or it would
+        // stay second.
         poll(Duration::from_secs(30), "kube-proxy's first sync", || {
             self.check_running()?;
             let out = Command::new("iptables")
                 .args(["-w", "-S", "FORWARD"])
                 .output()?;
-            Ok(String::from_utf8_lossy(&out.stdout)
-                .contains("KUBE-FORWARD")
-                .then_some(()))
+            let rules = String::from_utf8_lossy(&out.stdout);
+            Ok(
+                (rules.contains("-j KUBE-FORWARD") && rules.contains("-j KUBE-PROXY-FIREWALL"))
+                    .then_some(()),
+            )
         })?;
         host::fence_on_top()
     }

@@ -18,7 +18,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often `/readyz` is polled while the operator starts.
 pub const READY_POLL: Duration = Duration::from_millis(10);
 
-/// How long the operator gets to exit after SIGTERM (it drains for up to 25 s).
+/// How long the operator gets to exit after SIGTERM (it finishes requests in flight for up to
+/// 25 s; no drain period out of cluster).
 const STOP_TIMEOUT: Duration = Duration::from_secs(35);
 
 /// How to run the operator.
@@ -142,6 +143,9 @@ impl Operator {
             ),
             "--log-format".to_owned(),
             "text".to_owned(),
+            // Out of cluster, in url mode: no Service routes to it, so nothing to drain from.
+            "--drain-period".to_owned(),
+            "0s".to_owned(),
         ];
         if let Some(lifetime) = &self.options.serving_lifetime {
             args.extend(["--serving-lifetime".to_owned(), lifetime.clone()]);

@@ -1,7 +1,10 @@
-//! The helm chart against a real local control plane: lint, schema validation of what it
-//! renders (and of the examples) with kubeconform, `helm install`, the operator run out of
-//! cluster with the chart's ServiceAccount token (its RBAC is enough), a `kubectl auth can-i`
-//! matrix (its RBAC is no more than enough), and `helm uninstall` leaving nothing behind.
+//! The helm chart against a real local control plane, without a node: lint, schema
+//! validation of what it renders (and of the examples) with kubeconform, `helm install`, and
+//! the operator run out of cluster with the chart's ServiceAccount token and the Deployment's
+//! arguments (its RBAC is enough for everything the operator does, including adopting a Lease
+//! left by an older release). The chart installed for real on the node, its `kubectl auth
+//! can-i` matrix (no more than enough) and `helm uninstall` leaving nothing behind are node
+//! scenarios (`e2e/tests/node.rs`).
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), like the scenarios.
 
@@ -12,6 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use injector_e2e::release::Release;
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
 use injector_e2e::steps::{
     example, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
@@ -23,29 +27,10 @@ use serde_json::Value;
 /// contains the chart's name) the name of every object it creates.
 const RELEASE: &str = "sidecar-injector";
 const NAMESPACE: &str = "sidecar-injector";
-const SECRET: &str = "sidecar-injector-tls";
-const LEASE: &str = "sidecar-injector-leader";
-const SERVICE_ACCOUNT: &str = "system:serviceaccount:sidecar-injector:sidecar-injector";
-
-/// The objects the chart installs with its default values, all named [`RELEASE`] (namespaced
-/// ones in [`NAMESPACE`]), besides the CRD, which helm leaves behind on uninstall.
-const INSTALLED: [(&str, Option<&str>); 8] = [
-    ("deployment", Some(NAMESPACE)),
-    ("service", Some(NAMESPACE)),
-    ("serviceaccount", Some(NAMESPACE)),
-    ("poddisruptionbudget", Some(NAMESPACE)),
-    ("role", Some(NAMESPACE)),
-    ("rolebinding", Some(NAMESPACE)),
-    ("clusterrole", None),
-    ("clusterrolebinding", None),
-];
-
-/// What the operator creates at run time, which uninstalling must remove.
-const CREATED_AT_RUN_TIME: [(&str, Option<&str>, &str); 3] = [
-    ("mutatingwebhookconfiguration", None, RELEASE),
-    ("secret", Some(NAMESPACE), SECRET),
-    ("lease", Some(NAMESPACE), LEASE),
-];
+const CHART: Release<'static> = Release {
+    namespace: NAMESPACE,
+    fullname: RELEASE,
+};
 
 #[test]
 fn chart() {
@@ -90,13 +75,13 @@ fn chart() {
     )
     .unwrap();
     wait_crd_established(&cp).expect("the chart's CRD is established");
-    for (kind, namespace) in INSTALLED {
+    for (kind, namespace) in CHART.installed() {
         cp.get_json(kind, namespace, RELEASE)
             .unwrap_or_else(|e| panic!("helm install created no {kind}: {e:#}"));
     }
-    for (kind, namespace, name) in CREATED_AT_RUN_TIME {
+    for (kind, namespace, name) in CHART.created_at_run_time() {
         assert!(
-            cp.try_get_json(kind, namespace, name).unwrap().is_none(),
+            cp.try_get_json(kind, namespace, &name).unwrap().is_none(),
             "helm rendered {kind} {name}: the operator owns it"
         );
     }
@@ -114,27 +99,7 @@ fn chart() {
         "the operator was refused something:\n{}",
         operator.log_tail(40)
     );
-
-    step("kubectl auth can-i: no more than enough");
-    can_i_matrix(&cp).unwrap();
-
-    step("helm uninstall (with the operator still running, as Pods outlive their Deployment)");
-    helm.run_with(&cp, &["uninstall", RELEASE, "--namespace", NAMESPACE])
-        .unwrap();
-    let uninstalled = Instant::now();
-    wait_uninstalled(&cp).unwrap();
-    eprintln!(
-        "[chart] everything gone {:.1?} after helm uninstall",
-        uninstalled.elapsed()
-    );
     operator.stop().unwrap();
-    // Nothing comes back once the operator has gone either.
-    std::thread::sleep(Duration::from_secs(3));
-    wait_uninstalled(&cp).unwrap();
-    // Helm never deletes the CRDs of a chart's crds/ (README: Uninstalling).
-    cp.get_json("crd", None, "sidecartemplates.sidecar.dev")
-        .expect("the CRD stays");
-
     eprintln!("[chart] passed in {:.1?}", started.elapsed());
 }
 
@@ -379,8 +344,9 @@ fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operat
     // A Lease without the owner reference, as a release from before owner references would
     // have left it (and long expired): the operator must adopt it, which under
     // OwnerReferencesPermissionEnforcement needs the chart's `delete` on it.
+    let lease = CHART.lease();
     cp.apply_yaml(&format!(
-        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {LEASE}, namespace: {NAMESPACE}}}\n\
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {lease}, namespace: {NAMESPACE}}}\n\
          spec: {{holderIdentity: an-older-replica, leaseDurationSeconds: 15, \
          renewTime: \"2025-01-01T00:00:00.000000Z\"}}\n"
     ))?;
@@ -413,13 +379,14 @@ fn start_operator_as_service_account(cp: &ControlPlane) -> anyhow::Result<Operat
 /// `--flag value` pair or a `--flag=value`, as the chart writes them (`operator.extraArgs` in
 /// the same forms; a bare boolean flag would need a value here).
 fn chart_arguments(args: &[String]) -> anyhow::Result<Vec<String>> {
-    const HARNESS: [&str; 6] = [
+    const HARNESS: [&str; 7] = [
         "--namespace",
         "--listen",
         "--admin-listen",
         "--log-format",
         "--leader-election",
         "--identity",
+        "--drain-period",
     ];
     let mut rest = args.iter();
     ensure!(
@@ -470,19 +437,7 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
     wait_invalid_event(cp, "chart-invalid")?;
     eprintln!("[chart] an invalid template got its Event");
 
-    let owner_uid = cp.get_json("clusterrole", None, RELEASE)?["metadata"]["uid"].clone();
-    for (kind, namespace, name) in CREATED_AT_RUN_TIME {
-        let object = cp.get_json(kind, namespace, name)?;
-        let owners = &object["metadata"]["ownerReferences"];
-        ensure!(
-            owners
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|o| o["kind"] == "ClusterRole" && o["uid"] == owner_uid),
-            "{kind} {name} is not owned by ClusterRole {RELEASE}: {owners}"
-        );
-    }
+    CHART.check_owned(cp)?;
 
     let uid =
         cp.get_json("mutatingwebhookconfiguration", None, RELEASE)?["metadata"]["uid"].clone();
@@ -502,165 +457,4 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
     );
     cp.kubectl_ok(&["delete", "sidecartemplate", "chart-invalid"])?;
     Ok(())
-}
-
-/// `kubectl auth can-i` as the chart's ServiceAccount: what the operator needs is allowed,
-/// and nothing around it.
-fn can_i_matrix(cp: &ControlPlane) -> anyhow::Result<()> {
-    // (verb, resource, namespace, allowed)
-    let matrix: &[(&str, &str, Option<&str>, bool)] = &[
-        // What it needs.
-        ("list", "sidecartemplates.sidecar.dev", None, true),
-        ("watch", "sidecartemplates.sidecar.dev", None, true),
-        ("patch", "sidecartemplates.sidecar.dev/status", None, true),
-        ("create", "events.events.k8s.io", Some("default"), true),
-        ("create", "mutatingwebhookconfigurations", None, true),
-        (
-            "patch",
-            "mutatingwebhookconfigurations/sidecar-injector",
-            None,
-            true,
-        ),
-        (
-            "watch",
-            "mutatingwebhookconfigurations/sidecar-injector",
-            None,
-            true,
-        ),
-        ("get", "secrets/sidecar-injector-tls", Some(NAMESPACE), true),
-        (
-            "update",
-            "secrets/sidecar-injector-tls",
-            Some(NAMESPACE),
-            true,
-        ),
-        ("create", "secrets", Some(NAMESPACE), true),
-        (
-            "update",
-            "leases.coordination.k8s.io/sidecar-injector-leader",
-            Some(NAMESPACE),
-            true,
-        ),
-        (
-            "create",
-            "leases.coordination.k8s.io",
-            Some(NAMESPACE),
-            true,
-        ),
-        ("get", "clusterroles/sidecar-injector", None, true),
-        // To add its owner to a Secret or Lease written before an upgrade, under the
-        // OwnerReferencesPermissionEnforcement admission plugin (the local API server has it on).
-        (
-            "delete",
-            "secrets/sidecar-injector-tls",
-            Some(NAMESPACE),
-            true,
-        ),
-        (
-            "delete",
-            "leases.coordination.k8s.io/sidecar-injector-leader",
-            Some(NAMESPACE),
-            true,
-        ),
-        // Other Secrets, here and elsewhere.
-        ("get", "secrets/other", Some(NAMESPACE), false),
-        ("list", "secrets", Some(NAMESPACE), false),
-        ("get", "secrets", Some("kube-system"), false),
-        ("list", "secrets", None, false),
-        // Other webhook configurations.
-        ("list", "mutatingwebhookconfigurations", None, false),
-        ("patch", "mutatingwebhookconfigurations/other", None, false),
-        ("delete", "mutatingwebhookconfigurations/other", None, false),
-        (
-            "update",
-            "validatingwebhookconfigurations/other",
-            None,
-            false,
-        ),
-        ("create", "validatingwebhookconfigurations", None, false),
-        // Pods, anywhere.
-        ("create", "pods", Some("default"), false),
-        ("patch", "pods", Some("default"), false),
-        ("delete", "pods", Some(NAMESPACE), false),
-        ("get", "pods", Some("default"), false),
-        // The templates themselves, other Leases, RBAC.
-        ("update", "sidecartemplates.sidecar.dev", None, false),
-        ("delete", "sidecartemplates.sidecar.dev", None, false),
-        (
-            "update",
-            "leases.coordination.k8s.io/other",
-            Some(NAMESPACE),
-            false,
-        ),
-        ("update", "clusterroles/sidecar-injector", None, false),
-        ("create", "clusterrolebindings", None, false),
-        ("bind", "clusterroles", None, false),
-        ("escalate", "clusterroles", None, false),
-        ("impersonate", "serviceaccounts", Some(NAMESPACE), false),
-        ("*", "*", None, false),
-    ];
-    let mut wrong = Vec::new();
-    for (verb, resource, namespace, allowed) in matrix {
-        // kubectl reads `resource/name`; a subresource is a flag of its own.
-        let mut args = vec!["auth", "can-i", verb, "--as", SERVICE_ACCOUNT];
-        match resource.strip_suffix("/status") {
-            Some(base) => args.extend([base, "--subresource", "status"]),
-            None => args.push(resource),
-        }
-        match namespace {
-            Some(ns) => args.extend(["--namespace", ns]),
-            None => args.push("--all-namespaces"),
-        }
-        let out = cp.kubectl(&args)?;
-        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        let yes = match answer.as_str() {
-            "yes" => true,
-            "no" => false,
-            _ => bail!(
-                "kubectl auth can-i {verb} {resource}: {answer:?} {}",
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        };
-        let scope = namespace.unwrap_or("cluster");
-        eprintln!("[chart] can-i {verb:<11} {resource:<55} {scope:<17} {answer}");
-        if yes != *allowed {
-            wrong.push(format!(
-                "{verb} {resource} ({scope}): {answer}, expected {}",
-                if *allowed { "yes" } else { "no" }
-            ));
-        }
-    }
-    ensure!(
-        wrong.is_empty(),
-        "RBAC matrix mismatches:\n{}",
-        wrong.join("\n")
-    );
-    Ok(())
-}
-
-/// Waits until every object of the release and every object the operator created is gone
-/// (garbage collection removes the latter once helm has deleted the owning ClusterRole).
-fn wait_uninstalled(cp: &ControlPlane) -> anyhow::Result<()> {
-    injector_e2e::poll_every(
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-        "nothing left after helm uninstall",
-        || {
-            let mut left = Vec::new();
-            for (kind, namespace, name) in CREATED_AT_RUN_TIME {
-                if cp.try_get_json(kind, namespace, name)?.is_some() {
-                    left.push(format!("{kind}/{name}"));
-                }
-            }
-            for (kind, namespace) in INSTALLED {
-                if cp.try_get_json(kind, namespace, RELEASE)?.is_some() {
-                    left.push(format!("{kind}/{RELEASE}"));
-                }
-            }
-            if !left.is_empty() {
-                eprintln!("[chart] still there: {}", left.join(", "));
-            }
-            Ok(left.is_empty().then_some(()))
-        },
-    )
 }

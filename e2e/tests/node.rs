@@ -9,7 +9,8 @@
 //! packages (`just node-packages`). Ignored unless `SIDECAR_INJECTOR_E2E=1`.
 //!
 //! The last scenarios (from g on) run on the chart installed from the operator's image: the
-//! first of them that runs installs it, and it is uninstalled after the last.
+//! first of them that runs installs it, and the last (l) uninstalls it and checks that nothing
+//! is left (or, when l did not run, it is uninstalled at the end).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,6 +24,7 @@ use anyhow::{Context, anyhow, bail, ensure};
 use injector_e2e::host::{BRIDGE_ADDRESS, check_fence};
 use injector_e2e::images::with_stand_ins;
 use injector_e2e::pod::{containers, init_containers};
+use injector_e2e::release::{CRD, Release};
 use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, wait_crd_established, wait_injected, wait_served,
 };
@@ -41,16 +43,29 @@ const CHART: &str = "g-chart-installed-from-the-image";
 const REQUIRED_DOWN: &str = "h-required-pod-refused-while-no-replica-serves";
 const FORCE_DELETED: &str = "i-operator-pod-force-deleted-under-load";
 const UPGRADE: &str = "j-helm-upgrade-under-load";
+const RBAC: &str = "k-rbac-of-the-installed-chart";
+const UNINSTALL: &str = "l-helm-uninstall-leaves-nothing";
 /// The scenarios that run on the chart's operator (last in `SCENARIOS`).
-const ON_THE_CHART: [&str; 4] = [CHART, REQUIRED_DOWN, FORCE_DELETED, UPGRADE];
+const ON_THE_CHART: [&str; 6] = [
+    CHART,
+    REQUIRED_DOWN,
+    FORCE_DELETED,
+    UPGRADE,
+    RBAC,
+    UNINSTALL,
+];
 
 /// The chart's release, its namespace, and the name of its objects (the Deployment, the
 /// Service, the MutatingWebhookConfiguration).
 const RELEASE: &str = "chart";
 const RELEASE_NAMESPACE: &str = "chart-system";
 const CHART_OBJECTS: &str = "chart-sidecar-injector";
+const INSTALLED_CHART: Release<'static> = Release {
+    namespace: RELEASE_NAMESPACE,
+    fullname: CHART_OBJECTS,
+};
 
-const SCENARIOS: [(&str, Scenario); 10] = [
+const SCENARIOS: [(&str, Scenario); 12] = [
     ("a-fence-and-no-registry", fence_and_no_registry),
     (
         "b-kubernetes-service-from-a-pod",
@@ -70,6 +85,8 @@ const SCENARIOS: [(&str, Scenario); 10] = [
     (REQUIRED_DOWN, required_while_no_replica_serves),
     (FORCE_DELETED, operator_pod_force_deleted_under_load),
     (UPGRADE, helm_upgrade_under_load),
+    (RBAC, rbac_of_the_installed_chart),
+    (UNINSTALL, helm_uninstall_leaves_nothing),
 ];
 
 /// The cluster with its node, and the operator out of cluster until the chart's replaces it.
@@ -130,21 +147,13 @@ fn main() -> ExitCode {
         return conclusion.exit_code();
     };
     let mut failed = conclusion.has_failed();
-    if node.on_the_chart {
-        let uninstalled = helm(
-            &node.cluster,
-            &[
-                "uninstall",
-                RELEASE,
-                "--namespace",
-                RELEASE_NAMESPACE,
-                "--wait",
-            ],
-        );
-        if let Err(e) = uninstalled {
-            eprintln!("[e2e] FAIL helm uninstall: {e:#}");
-            failed = true;
-        }
+    // Uninstalled by l, unless it did not run or failed before.
+    if node.on_the_chart
+        && is_installed(&node.cluster)
+        && let Err(e) = uninstall(&node.cluster)
+    {
+        eprintln!("[e2e] FAIL helm uninstall: {e:#}");
+        failed = true;
     }
     // kube-proxy resyncs all along: the fence must still be first at the end.
     if let Err(e) = check_fence() {
@@ -585,6 +594,11 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
         "[e2e] chart installed, 2 replicas Ready, {:.1?} after the import",
         started.elapsed()
     );
+    // Applied by c too; again here, so that g (or a later scenario) also runs alone: with no
+    // template the configuration has no entry to wait for.
+    cluster.apply_yaml(&with_stand_ins(&read_example(
+        "nginx-sidecar/sidecartemplate.yaml",
+    )?))?;
     let configuration = poll(
         Duration::from_secs(60),
         "the chart's webhook configuration",
@@ -607,10 +621,6 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
     );
     cluster.get_json("secret", Some("chart-system"), "chart-sidecar-injector-tls")?;
 
-    // Applied by c too; again here, so that g also runs alone.
-    cluster.apply_yaml(&with_stand_ins(&read_example(
-        "nginx-sidecar/sidecartemplate.yaml",
-    )?))?;
     let ns = cluster.namespace("chart-web", &[("sidecar.dev/example", "nginx-sidecar")])?;
     // The only webhook configuration now is the chart's: an injection is a call through the
     // Service.
@@ -760,8 +770,8 @@ const GUARD_LABEL: (&str, &str) = ("e2e.sidecar.dev/guard", "required");
 /// API server holds (a webhook call to a replica that is gone) does not delay the next.
 const LOAD_RATE: u32 = 12;
 /// Bounds of one load, whatever happens: it stops by itself at either.
-const LOAD_MAX_PODS: usize = 900;
-const LOAD_MAX_TIME: Duration = Duration::from_secs(75);
+const LOAD_MAX_PODS: usize = 1800;
+const LOAD_MAX_TIME: Duration = Duration::from_secs(150);
 
 /// h. A required template on the node, no replica serving (the Deployment scaled to 0, the
 /// Service without endpoints): a Pod it selects is refused; once the replicas are back it is
@@ -897,15 +907,16 @@ fn operator_pod_force_deleted_under_load(cluster: &Cluster) -> anyhow::Result<()
     settle();
     let report = load.stop()?;
     outcome?;
-    report.check(cluster, &ns, "the force deletion")?;
+    report.check(cluster, &ns, "the force deletion", Refusals::Reported)?;
     let _ = cluster.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
     Ok(())
 }
 
 /// j. `helm upgrade` with a changed Pod annotation, which rolls the Deployment (one surge
-/// replica, then the old ones stopped with SIGTERM), while Pods a required template selects are
-/// created at `LOAD_RATE`: none is admitted without the sidecar. Failed creations are counted
-/// and reported; zero needs a drain on SIGTERM (issue 12), so it is not asserted here.
+/// replica, then the old ones stopped with SIGTERM, each draining before it stops accepting),
+/// while Pods a required template selects are created at `LOAD_RATE`, through the Service,
+/// until the old replicas are gone: every creation succeeds, and none is admitted without the
+/// sidecar.
 fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
     ensure_chart(cluster)?;
     apply_guard(cluster)?;
@@ -953,9 +964,113 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
     settle();
     let report = load.stop()?;
     outcome?;
-    report.check(cluster, &ns, "the rollout")?;
+    report.check(cluster, &ns, "the rollout", Refusals::NoneAllowed)?;
     let _ = cluster.kubectl(&["delete", "namespace", &ns, "--wait=false"]);
     Ok(())
+}
+
+/// k. The installed chart's RBAC, as its ServiceAccount (`kubectl auth can-i`): what the
+/// operator needs is allowed and nothing around it; and the replicas running (j's, after
+/// their rollout and leader handover) were refused nothing (no "forbidden" in their logs).
+fn rbac_of_the_installed_chart(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    INSTALLED_CHART.can_i_matrix(cluster)?;
+    let selector = operator_selector(cluster)?;
+    let logs = cluster.kubectl_ok(&[
+        "logs",
+        "-n",
+        RELEASE_NAMESPACE,
+        "-l",
+        &selector,
+        "--tail=-1",
+        "--prefix",
+    ])?;
+    let refused: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    ensure!(
+        refused.is_empty(),
+        "the operator was refused something:\n{}",
+        refused.join("\n")
+    );
+    eprintln!(
+        "[e2e] the replicas' logs: {} lines, nothing refused",
+        logs.lines().count()
+    );
+    Ok(())
+}
+
+/// l. `helm uninstall`: helm deletes what it installed, the operator's Pods stop (after
+/// their drain), and what the operator created (the configuration, the Secret and the Lease,
+/// owned by the chart's ClusterRole) is garbage-collected; nothing comes back, and nothing of
+/// the release is left anywhere but the CRD, which helm never deletes (README: Uninstalling).
+fn helm_uninstall_leaves_nothing(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    // Garbage collection, not the test, must be what deletes those three.
+    INSTALLED_CHART.check_owned(cluster)?;
+    let selector = operator_selector(cluster)?;
+    uninstall(cluster)?;
+    let started = Instant::now();
+    INSTALLED_CHART.wait_uninstalled(cluster)?;
+    eprintln!(
+        "[e2e] the release's objects and what the operator created gone {:.1?} after helm \
+         uninstall returned",
+        started.elapsed()
+    );
+    poll(
+        Duration::from_secs(90),
+        "the operator's Pods to stop",
+        || {
+            let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
+            Ok(pods.is_empty().then_some(()))
+        },
+    )?;
+    eprintln!(
+        "[e2e] the operator's Pods gone (drained) {:.1?} after helm uninstall returned",
+        started.elapsed()
+    );
+    // Nothing comes back once the replicas have stopped either, and nothing else was left.
+    std::thread::sleep(Duration::from_secs(3));
+    let mut left = INSTALLED_CHART.leftovers(cluster)?;
+    left.extend(left_in_the_namespace(cluster)?);
+    left.extend(
+        cluster
+            .kubectl_ok(&[
+                "get",
+                "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,\
+                 validatingwebhookconfigurations",
+                "-l",
+                &format!("app.kubernetes.io/instance={RELEASE}"),
+                "-o",
+                "name",
+            ])?
+            .lines()
+            .map(str::to_owned),
+    );
+    ensure!(
+        left.is_empty(),
+        "left after helm uninstall: {}",
+        left.join(", ")
+    );
+    cluster
+        .get_json("crd", None, CRD)
+        .context("the CRD is gone")?;
+    Ok(())
+}
+
+/// What the release's namespace still holds, but for what Kubernetes puts in every namespace
+/// (the `default` ServiceAccount, the `kube-root-ca.crt` ConfigMap) and Events.
+fn left_in_the_namespace(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    const KINDS: &str = "pods,services,endpointslices,deployments,replicasets,secrets,\
+                         configmaps,serviceaccounts,leases,networkpolicies,poddisruptionbudgets,\
+                         roles,rolebindings";
+    let names = cluster.kubectl_ok(&["get", KINDS, "-n", RELEASE_NAMESPACE, "-o", "name"])?;
+    Ok(names
+        .lines()
+        .filter(|n| !matches!(*n, "serviceaccount/default" | "configmap/kube-root-ca.crt"))
+        .map(|n| format!("{RELEASE_NAMESPACE}/{n}"))
+        .collect())
 }
 
 /// The load goes on a little after the Deployment is back to 2 served replicas: kube-proxy's
@@ -985,15 +1100,31 @@ fn helm(cluster: &Cluster, args: &[&str]) -> anyhow::Result<String> {
 
 /// Installs the chart (scenario g) unless it already is, for a scenario run alone.
 fn ensure_chart(cluster: &Cluster) -> anyhow::Result<()> {
-    if helm(
-        cluster,
-        &["status", RELEASE, "--namespace", RELEASE_NAMESPACE],
-    )
-    .is_err()
-    {
+    if !is_installed(cluster) {
         chart_from_the_image(cluster)?;
     }
     Ok(())
+}
+
+fn is_installed(cluster: &Cluster) -> bool {
+    helm(
+        cluster,
+        &["status", RELEASE, "--namespace", RELEASE_NAMESPACE],
+    )
+    .is_ok()
+}
+
+fn uninstall(cluster: &Cluster) -> anyhow::Result<String> {
+    helm(
+        cluster,
+        &[
+            "uninstall",
+            RELEASE,
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--wait",
+        ],
+    )
 }
 
 fn apply_guard(cluster: &Cluster) -> anyhow::Result<()> {
@@ -1233,8 +1364,15 @@ async fn create_pods(
 impl LoadReport {
     /// Prints the figures and checks every Pod: each one the API server answered with, and
     /// each one the namespace holds (a creation the client saw fail may still have been
-    /// stored); none may lack the sidecar. The load must have lasted the whole of `what`.
-    fn check(&self, cluster: &Cluster, ns: &str, what: &str) -> anyhow::Result<()> {
+    /// stored); none may lack the sidecar. The load must have lasted the whole of `what`, and
+    /// refused or failed creations are only reported, or fail the check, as `refusals` says.
+    fn check(
+        &self,
+        cluster: &Cluster,
+        ns: &str,
+        what: &str,
+        refusals: Refusals,
+    ) -> anyhow::Result<()> {
         let stored = cluster.list_json("pods", Some(ns), None)?;
         eprintln!(
             "[e2e] load during {what}: {} creations in {:.1?} ({:.1}/s), {} admitted, {} refused \
@@ -1262,6 +1400,23 @@ impl LoadReport {
              end of {what}"
         );
         ensure_guarded(&self.admitted)?;
-        ensure_guarded(&stored)
+        ensure_guarded(&stored)?;
+        ensure!(
+            refusals == Refusals::Reported || self.refused.is_empty(),
+            "{} of {} creations refused or failed during {what}",
+            self.refused.len(),
+            self.attempted
+        );
+        Ok(())
     }
+}
+
+/// What a load's refused or failed creations mean.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Refusals {
+    /// Counted and reported (the goal is zero, but a replica killed without a drain may
+    /// leave the API server calling it for a moment).
+    Reported,
+    /// A failure: the replicas drain.
+    NoneAllowed,
 }

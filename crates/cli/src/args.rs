@@ -100,6 +100,8 @@ pub(crate) struct ServeArgs {
     )]
     cert_reload_seconds: u64,
     #[command(flatten)]
+    shutdown: ShutdownOptions,
+    #[command(flatten)]
     pub(crate) log: LogOptions,
 }
 
@@ -113,6 +115,7 @@ impl ServeArgs {
             admin_listen: self.addresses.admin_listen,
             // A zero interval would spin on the files.
             cert_reload_interval: Duration::from_secs(self.cert_reload_seconds.max(1)),
+            drain_period: self.shutdown.drain_period,
         }
     }
 }
@@ -187,6 +190,8 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     install_crd: bool,
     #[command(flatten)]
+    shutdown: ShutdownOptions,
+    #[command(flatten)]
     pub(crate) log: LogOptions,
 }
 
@@ -222,6 +227,7 @@ impl RunArgs {
             template_watch_grace: self.template_watch_grace,
             owner_cluster_role: self.owner_cluster_role,
             install_crd: self.install_crd,
+            drain_period: self.shutdown.drain_period,
         }
     }
 }
@@ -239,6 +245,17 @@ struct Addresses {
         env = "SIDECAR_INJECTOR_ADMIN_LISTEN"
     )]
     admin_listen: SocketAddr,
+}
+
+/// How the long-running commands (`serve` and `run`) stop.
+#[derive(clap::Args)]
+struct ShutdownOptions {
+    /// After SIGTERM, how long the webhook reports not ready while it still serves (so the
+    /// Service stops routing to this replica first), before it stops accepting and finishes
+    /// the requests in flight (up to 25 s more); such as 10s, or 0s out of a cluster. A second
+    /// signal exits at once.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration, env = "SIDECAR_INJECTOR_DRAIN_PERIOD")]
+    drain_period: Duration,
 }
 
 // How the long-running commands (`serve` and `run`) log.

@@ -81,17 +81,30 @@ where
     })
 }
 
-/// Cancels `stop` on SIGTERM or SIGINT.
+/// Exit status when a second signal cuts the shutdown short (128 + SIGTERM, as if killed).
+const EXIT_SIGNALLED_TWICE: i32 = 143;
+
+/// Cancels `stop` on the first SIGTERM or SIGINT (the server then drains and finishes what is
+/// in flight); a second one exits at once, for a person who will not wait.
 fn cancel_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut terminate = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM: finishing requests in flight, then stopping"),
-            _ = interrupt.recv() => tracing::info!("SIGINT: finishing requests in flight, then stopping"),
-        }
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(
+            "{name}: draining, then finishing the requests in flight (a second signal exits at once)"
+        );
         stop.cancel();
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::warn!("second signal ({name}): exiting now");
+        std::process::exit(EXIT_SIGNALLED_TWICE);
     });
     Ok(())
 }

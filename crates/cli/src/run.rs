@@ -59,6 +59,8 @@ pub struct RunOptions {
     pub owner_cluster_role: Option<String>,
     /// Development: apply the CRD at start.
     pub install_crd: bool,
+    /// How long, once stopped, the webhook reports not ready while still serving.
+    pub drain_period: Duration,
 }
 
 /// Why `run` stopped with an error.
@@ -78,7 +80,9 @@ pub enum RunError {
     Owner(String),
 }
 
-/// Runs the operator until `stop` is cancelled.
+/// Runs the operator until `stop` is cancelled. The controller's loops and the leader
+/// election stop at once (a leader gives up leadership and releases the Lease, so another
+/// replica takes over while this one drains); the webhook drains, then stops.
 pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), RunError> {
     let client = kube::Client::try_default().await?;
     if options.install_crd {
@@ -96,7 +100,10 @@ pub async fn run(options: RunOptions, stop: CancellationToken) -> Result<(), Run
         Templates::with_watch_grace(options.template_watch_grace),
         CertificateStore::new(),
         registry,
-        Limits::default(),
+        Limits {
+            drain_period: options.drain_period,
+            ..Limits::default()
+        },
     ));
 
     let (leading_tx, leading) = watch::channel(!options.leader_election);

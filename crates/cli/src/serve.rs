@@ -33,6 +33,8 @@ pub struct ServeOptions {
     pub admin_listen: SocketAddr,
     /// How often the certificate files are checked for changes.
     pub cert_reload_interval: Duration,
+    /// How long, once stopped, the webhook reports not ready while still serving.
+    pub drain_period: Duration,
 }
 
 /// Why `serve` stopped with an error.
@@ -59,7 +61,8 @@ pub struct Bound {
 }
 
 /// Loads everything, binds both servers, reports the bound addresses through `on_bound`, and
-/// serves until `stop` is cancelled; requests in flight then finish before it returns.
+/// serves until `stop` is cancelled; then drains (not ready, still serving) for the drain
+/// period, stops accepting, and lets the requests in flight finish before it returns.
 pub async fn serve(
     options: ServeOptions,
     stop: CancellationToken,
@@ -93,7 +96,10 @@ pub async fn serve(
         shared,
         certificates,
         MetricsRegistry::default(),
-        Limits::default(),
+        Limits {
+            drain_period: options.drain_period,
+            ..Limits::default()
+        },
     ));
 
     let admission = injector_webhook::server::bind(options.listen).await?;

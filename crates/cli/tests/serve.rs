@@ -1,18 +1,19 @@
 //! `sidecar-injector serve` as a user runs it: the binary, template files, certificate files,
-//! a request over TLS, and SIGTERM.
+//! a request over TLS, and SIGTERM (a drain, then a clean exit).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{Served, certificate, examples, http_get, scratch};
 
 #[test]
-fn serve_answers_from_template_files_and_stops_on_sigterm() {
-    let mut served = Served::start(&examples(), &[]);
-    assert!(http_get(&served.admin, "/readyz").starts_with("HTTP/1.1 200"));
+fn serve_answers_from_template_files_and_drains_on_sigterm() {
+    let mut served = Served::start(&examples(), &["--drain-period", "5s"]);
+    let admin = served.admin.clone();
+    assert!(http_get(&admin, "/readyz").starts_with("HTTP/1.1 200"));
 
     let review = serde_json::json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -28,7 +29,8 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
             }
         }
     });
-    let response = served.post("/mutate", &serde_json::to_vec(&review).unwrap());
+    let request = serde_json::to_vec(&review).unwrap();
+    let response = served.post("/mutate", &request);
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     let body = &response[response.find("\r\n\r\n").unwrap() + 4..];
     let review: serde_json::Value = serde_json::from_str(body).unwrap();
@@ -37,12 +39,19 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
         .unwrap();
     assert!(applied.contains("native-proxy@1"), "{applied}");
 
-    // SIGTERM: a clean exit.
-    let status = Command::new("kill")
-        .args(["-TERM", &served.child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    // SIGTERM: not ready at once, still answering during the drain, then a clean exit.
+    sigterm(&served.child.0);
+    let not_ready = wait_not_ready(&admin);
+    assert!(not_ready.starts_with("HTTP/1.1 503"), "{not_ready}");
+    assert!(not_ready.contains("shutting down"), "{not_ready}");
+    let response = served.post("/mutate", &request);
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(
+        response
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{response}"
+    );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = served.child.0.try_wait().unwrap() {
@@ -53,6 +62,38 @@ fn serve_answers_from_template_files_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::fs::remove_dir_all(&served.dir).unwrap();
+}
+
+#[test]
+fn a_second_sigterm_cuts_the_drain_short() {
+    let mut served = Served::start(&examples(), &["--drain-period", "10m"]);
+    sigterm(&served.child.0);
+    // The first signal is taken (draining) before the second is sent.
+    assert!(wait_not_ready(&served.admin).starts_with("HTTP/1.1 503"));
+    sigterm(&served.child.0);
+    let status = served.child.0.wait().unwrap();
+    assert_eq!(status.code(), Some(143), "{status:?}");
+    std::fs::remove_dir_all(&served.dir).unwrap();
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// `/readyz` once it no longer answers 200 (or after 5 s).
+fn wait_not_ready(admin: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let readyz = http_get(admin, "/readyz");
+        if !readyz.starts_with("HTTP/1.1 200") || Instant::now() > deadline {
+            return readyz;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 #[test]

@@ -2,17 +2,21 @@
 //!
 //! Bounded everywhere: request body size, JSON depth (serde_json stops at 128 levels), time to
 //! read the headers, time to read the body, TLS handshake time and concurrent connections.
-//! Shutdown stops accepting, lets the requests in flight finish, then returns.
+//!
+//! Shutdown ([`serve_both`]) first drains: the replica reports not ready and keeps serving
+//! for [`Limits::drain_period`], so that the Service stops routing to it while it still
+//! answers; then it stops accepting, lets the requests in flight finish, and returns.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -30,7 +34,7 @@ use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, Route, Target, decide};
 use crate::tls::CertificateStore;
 
-/// Bounds on what one client can make the server do.
+/// Bounds on what one client can make the server do, and on shutdown.
 #[derive(Clone, Debug)]
 pub struct Limits {
     /// Largest request body accepted (larger: 413).
@@ -43,7 +47,10 @@ pub struct Limits {
     pub handshake_timeout: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
-    /// How long shutdown waits for requests in flight.
+    /// How long, once asked to stop, the server reports not ready and still serves, so that
+    /// the Service's endpoints drop it before it stops accepting.
+    pub drain_period: Duration,
+    /// How long shutdown waits for requests in flight once it stops accepting.
     pub shutdown_grace: Duration,
     /// Memory for the requests in flight: each reserves its body and the allowance to decode
     /// its Pod before its body is read, and waits (at most `request_timeout`, then 503) while
@@ -60,6 +67,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(10),
             handshake_timeout: Duration::from_secs(5),
             max_connections: 1024,
+            drain_period: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(25),
             memory_budget_bytes: 24 * 1024 * 1024,
         }
@@ -83,6 +91,8 @@ pub struct Webhook {
     memory: Arc<Semaphore>,
     /// The thread deciding large requests (see [`OFF_RUNTIME_BYTES`]).
     large: Option<std::sync::mpsc::Sender<Job>>,
+    /// Set once shutdown has begun: not ready, and every answer closes its connection.
+    draining: AtomicBool,
 }
 
 impl Webhook {
@@ -109,6 +119,7 @@ impl Webhook {
             registry,
             limits,
             memory,
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -134,10 +145,24 @@ impl Webhook {
         }
     }
 
-    /// Ready means correct: templates synced, the template watch not failing for longer
-    /// than its grace period, and a certificate loaded.
+    /// Begins the drain: from now on the replica is not ready, and every admission answer
+    /// closes its connection, so that clients reconnect through the Service (to another
+    /// replica) instead of reusing a connection this one is about to close.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the drain has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Ready means correct and staying: not shutting down, templates synced, the template
+    /// watch not failing for longer than its grace period, and a certificate loaded.
     pub fn readiness(&self) -> Result<(), &'static str> {
-        if !self.templates.is_synced() {
+        if self.is_draining() {
+            Err("shutting down")
+        } else if !self.templates.is_synced() {
             Err("templates not synced yet")
         } else if let Err(stale) = self.templates.freshness(Instant::now().into_std()) {
             Err(stale)
@@ -459,8 +484,20 @@ pub async fn serve_admission(
                 }
             };
             let service_webhook = Arc::clone(&webhook);
-            let service =
-                service_fn(move |request| admission(request, Arc::clone(&service_webhook)));
+            let service = service_fn(move |request| {
+                let webhook = Arc::clone(&service_webhook);
+                async move {
+                    let mut response = admission(request, Arc::clone(&webhook)).await?;
+                    if webhook.is_draining() {
+                        // hyper closes the connection after this answer; the client knows
+                        // not to send another on it.
+                        response
+                            .headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(response)
+                }
+            });
             let connection = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(webhook.limits.header_read_timeout)
@@ -560,20 +597,62 @@ pub async fn serve_admin(
     Ok(())
 }
 
-/// Serves the admin port in the background and admission requests until `stop` is cancelled;
-/// then cancels `stop` (so everything else sharing it stops too, also when admission serving
-/// failed) and waits for the admin server to finish.
+/// Serves the admin port in the background and admission requests until `stop` is
+/// cancelled, then shuts down in three steps:
+///
+/// 1. drain: not ready (`/readyz` fails), still accepting and answering, every answer closing
+///    its connection, for [`Limits::drain_period`] (the endpoints controller and every
+///    kube-proxy, or the API server's own routing, take a moment to drop this replica);
+/// 2. stop accepting and let the requests in flight finish (at most
+///    [`Limits::shutdown_grace`]);
+/// 3. stop the admin server.
+///
+/// Returns once all is done, after cancelling `stop` (so everything else sharing it stops
+/// too, also when admission serving failed).
 pub async fn serve_both(
     admission: TcpListener,
     admin: TcpListener,
     webhook: Arc<Webhook>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
-    let result = serve_admission(admission, webhook, stop.clone()).await;
+    let close = CancellationToken::new();
+    let admin_task = tokio::spawn(serve_admin(admin, Arc::clone(&webhook), close.clone()));
+    let drain_task = tokio::spawn(drain_then_close(
+        Arc::clone(&webhook),
+        stop.clone(),
+        close.clone(),
+    ));
+    let result = serve_admission(admission, webhook, close.clone()).await;
+    close.cancel();
     stop.cancel();
+    let _ = drain_task.await;
     let _ = admin_task.await;
     result
+}
+
+/// Once `stop` is cancelled: begins the drain, waits the drain period, then cancels `close`.
+/// Returns at once when `close` is cancelled first (admission serving ended by itself).
+async fn drain_then_close(
+    webhook: Arc<Webhook>,
+    stop: CancellationToken,
+    close: CancellationToken,
+) {
+    tokio::select! {
+        () = stop.cancelled() => {}
+        () = close.cancelled() => return,
+    }
+    webhook.start_draining();
+    let period = webhook.limits.drain_period;
+    tracing::info!(
+        ?period,
+        "draining: reporting not ready, still serving until the Service has dropped this replica"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(period) => {}
+        () = close.cancelled() => return,
+    }
+    tracing::info!("drained: no longer accepting; finishing the requests in flight");
+    close.cancel();
 }
 
 /// Binds a listener, with the address in the error.

@@ -11,12 +11,14 @@ use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use injector_core::{Registry, Templates, compile};
-use injector_webhook::{CertificateStore, Limits, Webhook, serve_admin, serve_admission};
+use injector_webhook::{
+    CertificateStore, Limits, Webhook, serve_admin, serve_admission, serve_both,
+};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use rustls::RootCertStore;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::Value;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
@@ -90,6 +92,34 @@ pub async fn start(templates: &[&str]) -> Server {
 }
 
 pub async fn start_with(templates: &[&str], limits: Limits) -> Server {
+    let (webhook, ca) = webhook_with(templates, limits);
+    let (admission, admin, addresses) = listeners().await;
+    let stop = CancellationToken::new();
+    tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
+    let task = tokio::spawn(serve_admission(
+        admission,
+        Arc::clone(&webhook),
+        stop.clone(),
+    ));
+    Server::new(addresses, webhook, stop, task, ca)
+}
+
+/// Both servers as `run` and `serve` run them ([`serve_both`]): `stop` begins the drain.
+pub async fn start_both(templates: &[&str], limits: Limits) -> Server {
+    let (webhook, ca) = webhook_with(templates, limits);
+    let (admission, admin, addresses) = listeners().await;
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(serve_both(
+        admission,
+        admin,
+        Arc::clone(&webhook),
+        stop.clone(),
+    ));
+    Server::new(addresses, webhook, stop, task, ca)
+}
+
+/// A webhook serving `templates` (synced) with a certificate from a new CA.
+fn webhook_with(templates: &[&str], limits: Limits) -> (Arc<Webhook>, Ca) {
     let mut registry = Registry::new();
     registry.reset(templates.iter().map(|t| template(t)));
     let shared = Templates::new();
@@ -107,28 +137,35 @@ pub async fn start_with(templates: &[&str], limits: Limits) -> Server {
         prometheus_client::registry::Registry::default(),
         limits,
     ));
-    let admission = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (admission_addr, admin_addr) =
-        (admission.local_addr().unwrap(), admin.local_addr().unwrap());
-    let stop = CancellationToken::new();
-    tokio::spawn(serve_admin(admin, Arc::clone(&webhook), stop.clone()));
-    let task = tokio::spawn(serve_admission(
-        admission,
-        Arc::clone(&webhook),
-        stop.clone(),
-    ));
-    Server {
-        admission: admission_addr,
-        admin: admin_addr,
-        webhook,
-        stop,
-        task,
-        ca,
-    }
+    (webhook, ca)
+}
+
+/// The admission and the admin listener on free ports of 127.0.0.1, and their addresses.
+async fn listeners() -> (TcpListener, TcpListener, (SocketAddr, SocketAddr)) {
+    let admission = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addresses = (admission.local_addr().unwrap(), admin.local_addr().unwrap());
+    (admission, admin, addresses)
 }
 
 impl Server {
+    fn new(
+        (admission, admin): (SocketAddr, SocketAddr),
+        webhook: Arc<Webhook>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<std::io::Result<()>>,
+        ca: Ca,
+    ) -> Self {
+        Self {
+            admission,
+            admin,
+            webhook,
+            stop,
+            task,
+            ca,
+        }
+    }
+
     pub async fn client(&self) -> Client {
         Client::connect(self.admission, &[self.ca.der()])
             .await
@@ -197,6 +234,12 @@ impl Client {
             sender,
             peer_certificate,
         })
+    }
+
+    /// Whether the connection can take another request: false once the server closed it (say
+    /// after an answer with `Connection: close`), which a client learns without sending.
+    pub async fn ready(&mut self) -> bool {
+        self.sender.ready().await.is_ok()
     }
 
     pub async fn send(

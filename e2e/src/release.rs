@@ -1,0 +1,237 @@
+//! The chart's release as the tests see it: what `helm install` creates, what the operator
+//! creates at run time (owned by the chart's ClusterRole, so garbage-collected with the
+//! release), the `kubectl auth can-i` matrix of its ServiceAccount, and what `helm uninstall`
+//! may leave (only the CRD, which helm never deletes).
+
+use std::time::Duration;
+
+use anyhow::{bail, ensure};
+
+use crate::ControlPlane;
+
+/// A release of `charts/sidecar-injector`: its namespace and its full name, which names every
+/// object it creates (the Deployment, the Service, the RBAC, the webhook configuration).
+#[derive(Clone, Copy, Debug)]
+pub struct Release<'a> {
+    /// `--namespace` of the install.
+    pub namespace: &'a str,
+    /// The chart's full name (`<release>-sidecar-injector`, or the release name when it
+    /// contains the chart's).
+    pub fullname: &'a str,
+}
+
+/// The kinds `helm install` creates with the default values, each named after the release
+/// (`true`: namespaced, in the release's namespace).
+pub const INSTALLED: [(&str, bool); 9] = [
+    ("deployment", true),
+    ("service", true),
+    ("serviceaccount", true),
+    ("poddisruptionbudget", true),
+    ("networkpolicy", true),
+    ("role", true),
+    ("rolebinding", true),
+    ("clusterrole", false),
+    ("clusterrolebinding", false),
+];
+
+/// The CRD: the chart installs it from its crds/, and helm never deletes it.
+pub const CRD: &str = "sidecartemplates.sidecar.dev";
+
+impl Release<'_> {
+    /// The Secret holding the CA and the serving certificate.
+    pub fn secret(&self) -> String {
+        format!("{}-tls", self.fullname)
+    }
+
+    /// The leader-election Lease.
+    pub fn lease(&self) -> String {
+        format!("{}-leader", self.fullname)
+    }
+
+    /// The operator's ServiceAccount, as a user name for `--as`.
+    pub fn service_account(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.fullname)
+    }
+
+    /// What the operator creates at run time, which uninstalling must remove: (kind,
+    /// namespace, name).
+    pub fn created_at_run_time(&self) -> [(&'static str, Option<&str>, String); 3] {
+        [
+            (
+                "mutatingwebhookconfiguration",
+                None,
+                self.fullname.to_owned(),
+            ),
+            ("secret", Some(self.namespace), self.secret()),
+            ("lease", Some(self.namespace), self.lease()),
+        ]
+    }
+
+    /// Every object `helm install` creates (default values): (kind, namespace).
+    pub fn installed(&self) -> impl Iterator<Item = (&'static str, Option<&str>)> {
+        INSTALLED
+            .into_iter()
+            .map(|(kind, namespaced)| (kind, namespaced.then_some(self.namespace)))
+    }
+
+    /// Fails unless the three objects the operator created are owned by the chart's
+    /// ClusterRole (what makes garbage collection delete them with the release).
+    pub fn check_owned(&self, cp: &ControlPlane) -> anyhow::Result<()> {
+        let owner_uid = cp.get_json("clusterrole", None, self.fullname)?["metadata"]["uid"].clone();
+        for (kind, namespace, name) in self.created_at_run_time() {
+            let object = cp.get_json(kind, namespace, &name)?;
+            let owners = &object["metadata"]["ownerReferences"];
+            ensure!(
+                owners
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|o| o["kind"] == "ClusterRole" && o["uid"] == owner_uid),
+                "{kind} {name} is not owned by ClusterRole {}: {owners}",
+                self.fullname
+            );
+        }
+        Ok(())
+    }
+
+    /// The objects of the release, and those the operator created, still there.
+    pub fn leftovers(&self, cp: &ControlPlane) -> anyhow::Result<Vec<String>> {
+        let mut left = Vec::new();
+        for (kind, namespace, name) in self.created_at_run_time() {
+            if cp.try_get_json(kind, namespace, &name)?.is_some() {
+                left.push(format!("{kind}/{name}"));
+            }
+        }
+        for (kind, namespace) in self.installed() {
+            if cp.try_get_json(kind, namespace, self.fullname)?.is_some() {
+                left.push(format!("{kind}/{}", self.fullname));
+            }
+        }
+        Ok(left)
+    }
+
+    /// Waits until [`Release::leftovers`] is empty (garbage collection removes what the
+    /// operator created once helm has deleted the owning ClusterRole).
+    pub fn wait_uninstalled(&self, cp: &ControlPlane) -> anyhow::Result<()> {
+        crate::poll_every(
+            Duration::from_secs(60),
+            Duration::from_secs(1),
+            "nothing left after helm uninstall",
+            || {
+                let left = self.leftovers(cp)?;
+                if !left.is_empty() {
+                    eprintln!("[e2e] still there: {}", left.join(", "));
+                }
+                Ok(left.is_empty().then_some(()))
+            },
+        )
+    }
+
+    /// `kubectl auth can-i` as the release's ServiceAccount: what the operator needs is
+    /// allowed, and nothing around it.
+    pub fn can_i_matrix(&self, cp: &ControlPlane) -> anyhow::Result<()> {
+        let (ns, name) = (self.namespace, self.fullname);
+        let (secret, lease) = (
+            format!("secrets/{}", self.secret()),
+            format!("leases.coordination.k8s.io/{}", self.lease()),
+        );
+        let configuration = format!("mutatingwebhookconfigurations/{name}");
+        let cluster_role = format!("clusterroles/{name}");
+        // (verb, resource, namespace, allowed)
+        let matrix: &[(&str, &str, Option<&str>, bool)] = &[
+            // What it needs.
+            ("list", "sidecartemplates.sidecar.dev", None, true),
+            ("watch", "sidecartemplates.sidecar.dev", None, true),
+            ("patch", "sidecartemplates.sidecar.dev/status", None, true),
+            ("create", "events.events.k8s.io", Some("default"), true),
+            ("create", "mutatingwebhookconfigurations", None, true),
+            ("patch", &configuration, None, true),
+            ("watch", &configuration, None, true),
+            ("get", &secret, Some(ns), true),
+            ("update", &secret, Some(ns), true),
+            ("create", "secrets", Some(ns), true),
+            ("update", &lease, Some(ns), true),
+            ("create", "leases.coordination.k8s.io", Some(ns), true),
+            ("get", &cluster_role, None, true),
+            // To add its owner to a Secret or Lease written before an upgrade, under the
+            // OwnerReferencesPermissionEnforcement admission plugin (the local API server has
+            // it on).
+            ("delete", &secret, Some(ns), true),
+            ("delete", &lease, Some(ns), true),
+            // Other Secrets, here and elsewhere.
+            ("get", "secrets/other", Some(ns), false),
+            ("list", "secrets", Some(ns), false),
+            ("get", "secrets", Some("kube-system"), false),
+            ("list", "secrets", None, false),
+            // Other webhook configurations.
+            ("list", "mutatingwebhookconfigurations", None, false),
+            ("patch", "mutatingwebhookconfigurations/other", None, false),
+            ("delete", "mutatingwebhookconfigurations/other", None, false),
+            (
+                "update",
+                "validatingwebhookconfigurations/other",
+                None,
+                false,
+            ),
+            ("create", "validatingwebhookconfigurations", None, false),
+            // Pods, anywhere.
+            ("create", "pods", Some("default"), false),
+            ("patch", "pods", Some("default"), false),
+            ("delete", "pods", Some(ns), false),
+            ("get", "pods", Some("default"), false),
+            // The templates themselves, other Leases, RBAC.
+            ("update", "sidecartemplates.sidecar.dev", None, false),
+            ("delete", "sidecartemplates.sidecar.dev", None, false),
+            (
+                "update",
+                "leases.coordination.k8s.io/other",
+                Some(ns),
+                false,
+            ),
+            ("update", &cluster_role, None, false),
+            ("create", "clusterrolebindings", None, false),
+            ("bind", "clusterroles", None, false),
+            ("escalate", "clusterroles", None, false),
+            ("impersonate", "serviceaccounts", Some(ns), false),
+            ("*", "*", None, false),
+        ];
+        let service_account = self.service_account();
+        let mut wrong = Vec::new();
+        for &(verb, resource, namespace, allowed) in matrix {
+            // kubectl reads `resource/name`; a subresource is a flag of its own.
+            let mut args = vec!["auth", "can-i", verb, "--as", &service_account];
+            match resource.strip_suffix("/status") {
+                Some(base) => args.extend([base, "--subresource", "status"]),
+                None => args.push(resource),
+            }
+            match namespace {
+                Some(ns) => args.extend(["--namespace", ns]),
+                None => args.push("--all-namespaces"),
+            }
+            let out = cp.kubectl(&args)?;
+            let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            let yes = match answer.as_str() {
+                "yes" => true,
+                "no" => false,
+                _ => bail!(
+                    "kubectl auth can-i {verb} {resource}: {answer:?} {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            };
+            let scope = namespace.unwrap_or("cluster");
+            eprintln!("[e2e] can-i {verb:<11} {resource:<60} {scope:<17} {answer}");
+            if yes != allowed {
+                wrong.push(format!(
+                    "{verb} {resource} ({scope}): {answer}, expected {}",
+                    if allowed { "yes" } else { "no" }
+                ));
+            }
+        }
+        ensure!(
+            wrong.is_empty(),
+            "RBAC matrix mismatches:\n{}",
+            wrong.join("\n")
+        );
+        Ok(())
+    }
+}
