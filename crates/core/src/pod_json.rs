@@ -6,6 +6,9 @@
 //!
 //! - only the fields [`plan`](crate::plan()) reads are built ([`READ`]); everything else
 //!   (status, managedFields, the rest of the spec, …) is skipped by the parser unbuilt;
+//! - for the webhook, containers too are read only in part ([`decode_pod_among`]): planning
+//!   compares a container whole only with a template's of the same name, so only such a
+//!   container is built whole;
 //! - where a read field holds something other than the JSON type the planner expects, an empty
 //!   value of the type found stands in, so the planner reports the same error unbuilt;
 //! - what is built is charged against an allowance of [`COST_PER_BYTE`] times the JSON's size,
@@ -20,6 +23,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+
+use crate::plan::KnownTemplates;
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A `Value` costs
 /// 10–30 times its JSON for real Pods (a list of `{name, value}` env entries is the worst: a
@@ -53,25 +58,58 @@ pub enum Fields {
     All,
     /// An object: these fields, each as given; the others are skipped.
     Only(&'static [(&'static str, Fields)]),
+    /// A list: each item as given.
+    Each(&'static Fields),
+    /// A container: all of it when its `name`, which the API server writes first, is one a
+    /// known template adds (see [`decode_pod_among`]); else these fields.
+    Container(&'static Fields),
 }
+
+/// What the planner reads of a Pod's metadata.
+const METADATA: Fields = Fields::Only(&[
+    ("name", Fields::All),
+    ("generateName", Fields::All),
+    ("namespace", Fields::All),
+    ("labels", Fields::All),
+    ("annotations", Fields::All),
+]);
 
 /// What the planner reads of a Pod (`PodView` in plan.rs): metadata and the lists it adds to.
 pub const READ: Fields = Fields::Only(&[
-    (
-        "metadata",
-        Fields::Only(&[
-            ("name", Fields::All),
-            ("generateName", Fields::All),
-            ("namespace", Fields::All),
-            ("labels", Fields::All),
-            ("annotations", Fields::All),
-        ]),
-    ),
+    ("metadata", METADATA),
     (
         "spec",
         Fields::Only(&[
             ("containers", Fields::All),
             ("initContainers", Fields::All),
+            ("volumes", Fields::All),
+            ("imagePullSecrets", Fields::All),
+            ("hostNetwork", Fields::All),
+            ("serviceAccountName", Fields::All),
+            ("serviceAccount", Fields::All),
+        ]),
+    ),
+]);
+
+/// What the planner reads of a container no template adds one of the same name of: its name,
+/// what `appContainers` adds to, and whether it is a native sidecar. Only a container of a
+/// template's name is compared whole (to tell whether it is the template's).
+const CONTAINER: Fields = Fields::Container(&Fields::Only(&[
+    ("name", Fields::All),
+    ("env", Fields::All),
+    ("envFrom", Fields::All),
+    ("volumeMounts", Fields::All),
+    ("restartPolicy", Fields::All),
+]));
+
+/// [`READ`], with each container whole only when a known template adds one of its name.
+pub const READ_AMONG: Fields = Fields::Only(&[
+    ("metadata", METADATA),
+    (
+        "spec",
+        Fields::Only(&[
+            ("containers", Fields::Each(&CONTAINER)),
+            ("initContainers", Fields::Each(&CONTAINER)),
             ("volumes", Fields::All),
             ("imagePullSecrets", Fields::All),
             ("hostNetwork", Fields::All),
@@ -99,32 +137,75 @@ pub fn decode_pod(json: &str, allowance: usize) -> Result<Value, PodJsonError> {
     decode(json, &READ, allowance).map(|decoded| decoded.value)
 }
 
+/// Decodes `json`, a Pod to plan with [`plan_among`](crate::plan_among) among `known` (every
+/// template in force), within `allowance` bytes: what [`decode_pod`] keeps, except that a
+/// container is built whole only when a known template adds one of its name (what planning
+/// compares whole). Planning either gives the same plan. Building the rest of the containers
+/// (probes, resources, securityContext, …) was most of the cost of decoding a Pod.
+///
+/// A Pod whose container names such a container after its other fields (the API server never
+/// does) is decoded again with [`READ`], once the first value is dropped.
+pub fn decode_pod_among(
+    json: &str,
+    allowance: usize,
+    known: &(impl KnownTemplates + ?Sized),
+) -> Result<Value, PodJsonError> {
+    let whole = |name: &str| known.adding_container(name).next().is_some();
+    let (decoded, complete) = decode_with(json, &READ_AMONG, allowance, &whole)?;
+    if complete {
+        Ok(decoded.value)
+    } else {
+        drop(decoded);
+        decode_pod(json, allowance)
+    }
+}
+
 /// The memory `json` may take to decode: [`COST_PER_BYTE`] × its size, at least
 /// [`MIN_ALLOWANCE`].
 pub fn allowance(json_len: usize) -> usize {
     json_len.saturating_mul(COST_PER_BYTE).max(MIN_ALLOWANCE)
 }
 
-/// Decodes `json`, keeping `fields`, within `allowance` bytes.
+/// Decodes `json`, keeping `fields`, within `allowance` bytes. A [`Fields::Container`] keeps
+/// its fields whatever its name.
 pub fn decode(json: &str, fields: &Fields, allowance: usize) -> Result<Decoded, PodJsonError> {
-    let budget = Budget {
-        left: Cell::new(allowance),
-        exceeded: Cell::new(false),
+    decode_with(json, fields, allowance, &|_| false).map(|(decoded, _)| decoded)
+}
+
+/// [`decode`], building a [`Fields::Container`] whole when `whole` says so of its name; and
+/// whether that was done for every such container (`false`: one named after its other fields,
+/// which were skipped already).
+fn decode_with(
+    json: &str,
+    fields: &Fields,
+    allowance: usize,
+    whole: &dyn Fn(&str) -> bool,
+) -> Result<(Decoded, bool), PodJsonError> {
+    let state = State {
+        budget: Budget {
+            left: Cell::new(allowance),
+            exceeded: Cell::new(false),
+        },
+        whole,
+        incomplete: Cell::new(false),
     };
     let mut parser = serde_json::Deserializer::from_str(json);
     let decoded = Pruned {
         fields,
-        budget: &budget,
+        state: &state,
     }
     .deserialize(&mut parser)
     .and_then(|value| parser.end().map(|()| value));
     decoded
-        .map(|value| Decoded {
-            value,
-            charged: allowance - budget.left.get(),
+        .map(|value| {
+            let decoded = Decoded {
+                value,
+                charged: allowance - state.budget.left.get(),
+            };
+            (decoded, !state.incomplete.get())
         })
         .map_err(|error| {
-            if budget.exceeded.get() {
+            if state.budget.exceeded.get() {
                 PodJsonError::TooComplex {
                     size: json.len(),
                     allowance,
@@ -177,25 +258,38 @@ impl Budget {
     }
 }
 
-/// Builds the value at hand, keeping `fields` of it.
-#[derive(Clone, Copy)]
-struct Pruned<'f, 'b> {
-    fields: &'f Fields,
-    budget: &'b Budget,
+/// What one decoding shares.
+struct State<'w> {
+    budget: Budget,
+    /// Whether a container of this name is built whole.
+    whole: &'w dyn Fn(&str) -> bool,
+    /// Set when a container's name asked for it whole after its other fields were skipped.
+    incomplete: Cell<bool>,
 }
 
-impl Pruned<'_, '_> {
+/// Builds the value at hand, keeping `fields` of it.
+#[derive(Clone, Copy)]
+struct Pruned<'f, 's, 'w> {
+    fields: &'f Fields,
+    state: &'s State<'w>,
+}
+
+impl<'f> Pruned<'f, '_, '_> {
+    fn with(self, fields: &'f Fields) -> Self {
+        Pruned { fields, ..self }
+    }
+
     fn string<E: de::Error>(self, text: &str, cost: usize) -> Result<Value, E> {
-        if matches!(self.fields, Fields::Only(_)) {
-            // An object was expected: the planner only needs to know it is a string.
+        if !matches!(self.fields, Fields::All) {
+            // Something else was expected: the planner only needs to know it is a string.
             return Ok(Value::String(String::new()));
         }
-        self.budget.charge(cost)?;
+        self.state.budget.charge(cost)?;
         Ok(Value::String(text.to_owned()))
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Pruned<'_, '_> {
+impl<'de> DeserializeSeed<'de> for Pruned<'_, '_, '_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
@@ -203,7 +297,7 @@ impl<'de> DeserializeSeed<'de> for Pruned<'_, '_> {
     }
 }
 
-impl<'de> Visitor<'de> for Pruned<'_, '_> {
+impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -240,19 +334,24 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        if matches!(self.fields, Fields::Only(_)) {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            return Ok(Value::Array(Vec::new()));
-        }
+        let item = match self.fields {
+            Fields::All => self,
+            Fields::Each(item) => self.with(item),
+            Fields::Only(_) | Fields::Container(_) => {
+                // An object was expected: the planner only needs to know it is a list.
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                return Ok(Value::Array(Vec::new()));
+            }
+        };
         let mut items = Vec::new();
         loop {
-            self.budget.charge(if items.is_empty() {
+            self.state.budget.charge(if items.is_empty() {
                 cost::LIST_FIRST_ITEM
             } else {
                 cost::LIST_ITEM
             })?;
-            match seq.next_element_seed(self)? {
-                Some(item) => items.push(item),
+            match seq.next_element_seed(item)? {
+                Some(value) => items.push(value),
                 None => return Ok(Value::Array(items)),
             }
         }
@@ -260,8 +359,16 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
+        let mut kept = match self.fields {
+            Fields::Container(fields) => fields,
+            fields => fields,
+        };
+        // Whether the key at hand is the object's first: a container named first is built
+        // whole, if need be, from its next field on.
+        let mut first_key = true;
         while let Some(key) = map.next_key_seed(Key)? {
-            let fields = match self.fields {
+            let is_first_key = std::mem::replace(&mut first_key, false);
+            let fields = match kept {
                 Fields::All => &Fields::All,
                 Fields::Only(kept) => match kept.iter().find(|(name, _)| *name == key.as_str()) {
                     Some((_, fields)) => fields,
@@ -270,18 +377,31 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
                         continue;
                     }
                 },
+                // A list was expected: the planner only needs to know it is an object.
+                Fields::Each(_) | Fields::Container(_) => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
             };
-            let first = if object.is_empty() {
+            let first_node = if object.is_empty() {
                 cost::MAP_FIRST_NODE
             } else {
                 0
             };
-            self.budget
-                .charge(first + cost::MAP_ENTRY + cost::string(key.as_str().len()))?;
-            let value = map.next_value_seed(Pruned {
-                fields,
-                budget: self.budget,
-            })?;
+            self.state
+                .budget
+                .charge(first_node + cost::MAP_ENTRY + cost::string(key.as_str().len()))?;
+            let value = map.next_value_seed(self.with(fields))?;
+            if matches!(self.fields, Fields::Container(_))
+                && key.as_str() == "name"
+                && value.as_str().is_some_and(self.state.whole)
+            {
+                if is_first_key {
+                    kept = &Fields::All;
+                } else {
+                    self.state.incomplete.set(true);
+                }
+            }
             object.insert(key.into_owned(), value);
         }
         Ok(Value::Object(object))

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
-use injector_core::pod_json::{PodJsonError, decode_pod};
+use injector_core::pod_json::{PodJsonError, decode_pod_among};
 use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -369,7 +369,7 @@ fn answer_pod(
             "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
         );
     };
-    let pod = match decode_pod(object.get(), allowance) {
+    let pod = match decode_pod_among(object.get(), allowance, snapshot) {
         Ok(pod) => pod,
         Err(error @ PodJsonError::TooComplex { .. }) => {
             return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
