@@ -166,6 +166,37 @@ pub fn allowance(json_len: usize) -> usize {
     json_len.saturating_mul(COST_PER_BYTE).max(MIN_ALLOWANCE)
 }
 
+/// Decodes a Pod as [`decode_pod_among`] does, in the middle of a larger document: the webhook
+/// reads the Pod in the same pass as the AdmissionReview around it. It fails wherever
+/// [`decode_pod_among`] fails or decodes the Pod a second time; the caller then reads the Pod
+/// on its own with [`decode_pod_among`], for the error or the Pod.
+pub struct PodAmong<'k, K: ?Sized> {
+    /// The memory decoding may take, as for [`decode_pod_among`].
+    pub allowance: usize,
+    /// Every template in force.
+    pub known: &'k K,
+}
+
+impl<'de, K: KnownTemplates + ?Sized> DeserializeSeed<'de> for PodAmong<'_, K> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        let whole = |name: &str| self.known.adding_container(name).next().is_some();
+        let state = State::new(self.allowance, &whole);
+        let value = Pruned {
+            fields: &READ_AMONG,
+            state: &state,
+        }
+        .deserialize(deserializer)?;
+        if state.incomplete.get() {
+            return Err(de::Error::custom(
+                "a container is named after its other fields; decode the Pod on its own",
+            ));
+        }
+        Ok(value)
+    }
+}
+
 /// Decodes `json`, keeping `fields`, within `allowance` bytes. A [`Fields::Container`] keeps
 /// its fields whatever its name.
 pub fn decode(json: &str, fields: &Fields, allowance: usize) -> Result<Decoded, PodJsonError> {
@@ -181,14 +212,7 @@ fn decode_with(
     allowance: usize,
     whole: &dyn Fn(&str) -> bool,
 ) -> Result<(Decoded, bool), PodJsonError> {
-    let state = State {
-        budget: Budget {
-            left: Cell::new(allowance),
-            exceeded: Cell::new(false),
-        },
-        whole,
-        incomplete: Cell::new(false),
-    };
+    let state = State::new(allowance, whole);
     let mut parser = serde_json::Deserializer::from_str(json);
     let decoded = Pruned {
         fields,
@@ -265,6 +289,19 @@ struct State<'w> {
     whole: &'w dyn Fn(&str) -> bool,
     /// Set when a container's name asked for it whole after its other fields were skipped.
     incomplete: Cell<bool>,
+}
+
+impl<'w> State<'w> {
+    fn new(allowance: usize, whole: &'w dyn Fn(&str) -> bool) -> Self {
+        State {
+            budget: Budget {
+                left: Cell::new(allowance),
+                exceeded: Cell::new(false),
+            },
+            whole,
+            incomplete: Cell::new(false),
+        }
+    }
 }
 
 /// Builds the value at hand, keeping `fields` of it.
