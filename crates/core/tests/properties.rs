@@ -706,6 +706,8 @@ proptest! {
     #[test]
     fn the_patch_applies_and_yields_a_pod(s in scenario()) {
         let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
+        // The webhook's JSON, with fixed parts copied, is the patch serialized.
+        prop_assert_eq!(plan.patch.to_json().unwrap(), serde_json::to_vec(&plan.patch).unwrap());
         let out = apply(&s.pod, &plan)?;
         if let Err(e) = serde_json::from_value::<Pod>(out.clone()) {
             return Err(TestCaseError::fail(format!("not a Pod: {e}\n{out}")));

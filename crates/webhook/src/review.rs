@@ -463,8 +463,7 @@ fn answer_pod(
 
 /// The patch as the JSON string of its base64 encoding.
 fn encode_patch(patch: &Patch<'_>) -> Result<Box<RawValue>, serde_json::Error> {
-    let mut json = Vec::with_capacity(4096);
-    serde_json::to_writer(&mut json, patch)?;
+    let json = patch.to_json()?;
     let mut quoted = String::with_capacity(json.len().div_ceil(3) * 4 + 2);
     quoted.push('"');
     base64::engine::general_purpose::STANDARD.encode_string(&json, &mut quoted);
