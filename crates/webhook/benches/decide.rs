@@ -3,7 +3,8 @@
 //! review) with its three templates, answered from `/mutate`: reading the review, decoding the
 //! Pod within its allowance, selecting and planning, and encoding the answer with its patch.
 //!
-//! Run with `cargo bench -p injector-webhook --bench decide`; see BENCHMARKS.md.
+//! With mimalloc, as the binary. Run with `cargo bench -p injector-webhook --bench decide`;
+//! see BENCHMARKS.md.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::hint::black_box;
@@ -11,6 +12,9 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use injector_core::{Registry, compile, pod_json};
 use injector_webhook::{Outcome, Target, decide};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const REVIEW: &[u8] = include_bytes!("../../../bench/fixtures/typical-pod-review.json");
 const TEMPLATES: [&str; 3] = [
