@@ -194,6 +194,13 @@ pub fn plan<'t>(
 pub trait KnownTemplates {
     /// Those that add a container or an init container called `name`.
     fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate>;
+
+    /// Whether one adds a volume called `name` (planning then compares the Pod's whole).
+    fn adds_volume(&self, name: &str) -> bool;
+
+    /// Whether one adds an env var called `name` to the Pod's own containers (planning then
+    /// compares the Pod's whole).
+    fn adds_app_env(&self, name: &str) -> bool;
 }
 
 impl KnownTemplates for [Arc<CompiledTemplate>] {
@@ -205,6 +212,17 @@ impl KnownTemplates for [Arc<CompiledTemplate>] {
                 .any(|item| item.key == name)
         })
     }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        self.iter()
+            .any(|t| t.volumes.iter().any(|item| item.key == name))
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| app.env.iter().any(|item| item.key == name))
+    }
 }
 
 impl KnownTemplates for crate::registry::Snapshot {
@@ -212,6 +230,14 @@ impl KnownTemplates for crate::registry::Snapshot {
         crate::registry::Snapshot::adding_container(self, name)
             .iter()
             .map(Arc::as_ref)
+    }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        crate::registry::Snapshot::adds_volume(self, name)
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        crate::registry::Snapshot::adds_app_env(self, name)
     }
 }
 

@@ -6,9 +6,9 @@
 //!
 //! - only the fields [`plan`](crate::plan()) reads are built ([`READ`]); everything else
 //!   (status, managedFields, the rest of the spec, …) is skipped by the parser unbuilt;
-//! - for the webhook, containers too are read only in part ([`decode_pod_among`]): planning
-//!   compares a container whole only with a template's of the same name, so only such a
-//!   container is built whole;
+//! - for the webhook, containers, volumes and env vars too are read only in part
+//!   ([`decode_pod_among`]): planning compares one whole only with a template's of the same
+//!   name, so only such an item is built whole;
 //! - where a read field holds something other than the JSON type the planner expects, an empty
 //!   value of the type found stands in, so the planner reports the same error unbuilt;
 //! - what is built is charged against an allowance of [`COST_PER_BYTE`] times the JSON's size,
@@ -60,9 +60,21 @@ pub enum Fields {
     Only(&'static [(&'static str, Fields)]),
     /// A list: each item as given.
     Each(&'static Fields),
-    /// A container: all of it when its `name`, which the API server writes first, is one a
-    /// known template adds (see [`decode_pod_among`]); else these fields.
-    Container(&'static Fields),
+    /// An item planning compares whole only with a template's of the same name: all of it
+    /// when its `name`, which the API server writes first, is one a known template adds (see
+    /// [`decode_pod_among`]); else these fields.
+    Named(Named, &'static Fields),
+}
+
+/// The items of a Pod planning compares whole only with a template's of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// A container or an init container.
+    Container,
+    /// A volume.
+    Volume,
+    /// An env var of a container (of the Pod's own, unless the container is built whole).
+    Env,
 }
 
 /// What the planner reads of a Pod's metadata.
@@ -94,15 +106,38 @@ pub const READ: Fields = Fields::Only(&[
 /// What the planner reads of a container no template adds one of the same name of: its name,
 /// what `appContainers` adds to, and whether it is a native sidecar. Only a container of a
 /// template's name is compared whole (to tell whether it is the template's).
-const CONTAINER: Fields = Fields::Container(&Fields::Only(&[
-    ("name", Fields::All),
-    ("env", Fields::All),
-    ("envFrom", Fields::All),
-    ("volumeMounts", Fields::All),
-    ("restartPolicy", Fields::All),
-]));
+const CONTAINER: Fields = Fields::Named(
+    Named::Container,
+    &Fields::Only(&[
+        ("name", Fields::All),
+        ("env", Fields::Each(&ENV)),
+        ("envFrom", Fields::All),
+        ("volumeMounts", Fields::All),
+        ("restartPolicy", Fields::All),
+    ]),
+);
 
-/// [`READ`], with each container whole only when a known template adds one of its name.
+/// An env var is compared only with one of the same name `appContainers` adds.
+const ENV: Fields = Fields::Named(Named::Env, &Fields::Only(&[("name", Fields::All)]));
+
+/// A volume is compared only with a template's of the same name; else the planner reads
+/// whether it holds a ServiceAccount token.
+const VOLUME: Fields = Fields::Named(
+    Named::Volume,
+    &Fields::Only(&[
+        ("name", Fields::All),
+        (
+            "projected",
+            Fields::Only(&[(
+                "sources",
+                Fields::Each(&Fields::Only(&[("serviceAccountToken", Fields::All)])),
+            )]),
+        ),
+    ]),
+);
+
+/// [`READ`], with each container, volume and env var of a container whole only when a known
+/// template adds one of its name.
 pub const READ_AMONG: Fields = Fields::Only(&[
     ("metadata", METADATA),
     (
@@ -110,7 +145,7 @@ pub const READ_AMONG: Fields = Fields::Only(&[
         Fields::Only(&[
             ("containers", Fields::Each(&CONTAINER)),
             ("initContainers", Fields::Each(&CONTAINER)),
-            ("volumes", Fields::All),
+            ("volumes", Fields::Each(&VOLUME)),
             ("imagePullSecrets", Fields::All),
             ("hostNetwork", Fields::All),
             ("serviceAccountName", Fields::All),
@@ -139,18 +174,19 @@ pub fn decode_pod(json: &str, allowance: usize) -> Result<Value, PodJsonError> {
 
 /// Decodes `json`, a Pod to plan with [`plan_among`](crate::plan_among) among `known` (every
 /// template in force), within `allowance` bytes: what [`decode_pod`] keeps, except that a
-/// container is built whole only when a known template adds one of its name (what planning
-/// compares whole). Planning either gives the same plan. Building the rest of the containers
-/// (probes, resources, securityContext, …) was most of the cost of decoding a Pod.
+/// container, a volume or an env var of a container is built whole only when a known template
+/// adds one of its name (what planning compares whole). Planning either gives the same plan.
+/// Building the rest of the containers (probes, resources, securityContext, …) was most of
+/// the cost of decoding a Pod.
 ///
-/// A Pod whose container names such a container after its other fields (the API server never
-/// does) is decoded again with [`READ`], once the first value is dropped.
+/// A Pod that names such an item after its other fields (the API server never does) is
+/// decoded again with [`READ`], once the first value is dropped.
 pub fn decode_pod_among(
     json: &str,
     allowance: usize,
     known: &(impl KnownTemplates + ?Sized),
 ) -> Result<Value, PodJsonError> {
-    let whole = |name: &str| known.adding_container(name).next().is_some();
+    let whole = |named: Named, name: &str| adds(known, named, name);
     let (decoded, complete) = decode_with(json, &READ_AMONG, allowance, &whole)?;
     if complete {
         Ok(decoded.value)
@@ -181,7 +217,7 @@ impl<'de, K: KnownTemplates + ?Sized> DeserializeSeed<'de> for PodAmong<'_, K> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        let whole = |name: &str| self.known.adding_container(name).next().is_some();
+        let whole = |named: Named, name: &str| adds(self.known, named, name);
         let state = State::new(self.allowance, &whole);
         let value = Pruned {
             fields: &READ_AMONG,
@@ -197,20 +233,32 @@ impl<'de, K: KnownTemplates + ?Sized> DeserializeSeed<'de> for PodAmong<'_, K> {
     }
 }
 
-/// Decodes `json`, keeping `fields`, within `allowance` bytes. A [`Fields::Container`] keeps
-/// its fields whatever its name.
-pub fn decode(json: &str, fields: &Fields, allowance: usize) -> Result<Decoded, PodJsonError> {
-    decode_with(json, fields, allowance, &|_| false).map(|(decoded, _)| decoded)
+/// Whether a known template adds a `named` item called `name`.
+fn adds(known: &(impl KnownTemplates + ?Sized), named: Named, name: &str) -> bool {
+    match named {
+        Named::Container => known.adding_container(name).next().is_some(),
+        Named::Volume => known.adds_volume(name),
+        Named::Env => known.adds_app_env(name),
+    }
 }
 
-/// [`decode`], building a [`Fields::Container`] whole when `whole` says so of its name; and
-/// whether that was done for every such container (`false`: one named after its other fields,
+/// Decodes `json`, keeping `fields`, within `allowance` bytes. A [`Fields::Named`] item keeps
+/// its fields whatever its name.
+pub fn decode(json: &str, fields: &Fields, allowance: usize) -> Result<Decoded, PodJsonError> {
+    decode_with(json, fields, allowance, &|_, _| false).map(|(decoded, _)| decoded)
+}
+
+/// Whether a [`Fields::Named`] item of this name is built whole.
+type Whole<'w> = &'w dyn Fn(Named, &str) -> bool;
+
+/// [`decode`], building a [`Fields::Named`] item whole when `whole` says so of its name; and
+/// whether that was done for every such item (`false`: one named after its other fields,
 /// which were skipped already).
 fn decode_with(
     json: &str,
     fields: &Fields,
     allowance: usize,
-    whole: &dyn Fn(&str) -> bool,
+    whole: Whole<'_>,
 ) -> Result<(Decoded, bool), PodJsonError> {
     let state = State::new(allowance, whole);
     let mut parser = serde_json::Deserializer::from_str(json);
@@ -285,14 +333,13 @@ impl Budget {
 /// What one decoding shares.
 struct State<'w> {
     budget: Budget,
-    /// Whether a container of this name is built whole.
-    whole: &'w dyn Fn(&str) -> bool,
-    /// Set when a container's name asked for it whole after its other fields were skipped.
+    whole: Whole<'w>,
+    /// Set when an item's name asked for it whole after its other fields were skipped.
     incomplete: Cell<bool>,
 }
 
 impl<'w> State<'w> {
-    fn new(allowance: usize, whole: &'w dyn Fn(&str) -> bool) -> Self {
+    fn new(allowance: usize, whole: Whole<'w>) -> Self {
         State {
             budget: Budget {
                 left: Cell::new(allowance),
@@ -374,7 +421,7 @@ impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
         let item = match self.fields {
             Fields::All => self,
             Fields::Each(item) => self.with(item),
-            Fields::Only(_) | Fields::Container(_) => {
+            Fields::Only(_) | Fields::Named(..) => {
                 // An object was expected: the planner only needs to know it is a list.
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
                 return Ok(Value::Array(Vec::new()));
@@ -397,11 +444,11 @@ impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
         let mut kept = match self.fields {
-            Fields::Container(fields) => fields,
+            Fields::Named(_, fields) => fields,
             fields => fields,
         };
-        // Whether the key at hand is the object's first: a container named first is built
-        // whole, if need be, from its next field on.
+        // Whether the key at hand is the object's first: an item named first is built whole,
+        // if need be, from its next field on.
         let mut first_key = true;
         while let Some(key) = map.next_key_seed(Key)? {
             let is_first_key = std::mem::replace(&mut first_key, false);
@@ -415,7 +462,7 @@ impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
                     }
                 },
                 // A list was expected: the planner only needs to know it is an object.
-                Fields::Each(_) | Fields::Container(_) => {
+                Fields::Each(_) | Fields::Named(..) => {
                     map.next_value::<IgnoredAny>()?;
                     continue;
                 }
@@ -429,9 +476,11 @@ impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
                 .budget
                 .charge(first_node + cost::MAP_ENTRY + cost::string(key.as_str().len()))?;
             let value = map.next_value_seed(self.with(fields))?;
-            if matches!(self.fields, Fields::Container(_))
+            if let Fields::Named(named, _) = self.fields
                 && key.as_str() == "name"
-                && value.as_str().is_some_and(self.state.whole)
+                && value
+                    .as_str()
+                    .is_some_and(|name| (self.state.whole)(*named, name))
             {
                 if is_first_key {
                     kept = &Fields::All;

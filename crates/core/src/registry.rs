@@ -3,7 +3,7 @@
 //! The registry is fed by one writer (the controller's watch, or template files) and read
 //! through [`Snapshot`]s: cheap to clone, never locked, rebuilt only when something changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -20,6 +20,10 @@ pub struct Snapshot {
     /// The templates adding a container or init container, by its name: a re-invocation
     /// recognises what other entries injected with a lookup, however many templates exist.
     by_container: HashMap<String, Vec<Arc<CompiledTemplate>>>,
+    /// The names of the volumes templates add, and of the env vars they add to the Pod's own
+    /// containers: a Pod's item of such a name is compared whole, so decoded whole.
+    volumes: HashSet<String>,
+    app_env: HashSet<String>,
 }
 
 impl Snapshot {
@@ -58,11 +62,24 @@ impl Snapshot {
                     .push(Arc::clone(template));
             }
         }
+        let volumes = templates
+            .iter()
+            .flat_map(|t| &t.volumes)
+            .map(|item| item.key.clone())
+            .collect();
+        let app_env = templates
+            .iter()
+            .filter_map(|t| t.app.as_ref())
+            .flat_map(|app| &app.env)
+            .map(|item| item.key.clone())
+            .collect();
         Snapshot {
             templates,
             groups,
             groups_in_order,
             by_container,
+            volumes,
+            app_env,
         }
     }
 
@@ -74,6 +91,16 @@ impl Snapshot {
     /// The templates that add a container or an init container called `name`.
     pub fn adding_container(&self, name: &str) -> &[Arc<CompiledTemplate>] {
         self.by_container.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether a template adds a volume called `name`.
+    pub fn adds_volume(&self, name: &str) -> bool {
+        self.volumes.contains(name)
+    }
+
+    /// Whether a template adds an env var called `name` to the Pod's own containers.
+    pub fn adds_app_env(&self, name: &str) -> bool {
+        self.app_env.contains(name)
     }
 
     /// The template called `name`.

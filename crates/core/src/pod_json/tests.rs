@@ -75,8 +75,8 @@ fn a_field_of_the_wrong_type_keeps_its_type_but_not_its_content() {
 }
 
 #[test]
-fn containers_are_built_whole_only_when_a_template_adds_one_of_their_name() {
-    // Written as the API server writes a Pod: a container's name first.
+fn named_items_are_built_whole_only_when_a_template_adds_one_of_their_name() {
+    // Written as the API server writes a Pod: an item's name first.
     let pod = r#"{
         "metadata": {"name": "web"},
         "spec": {
@@ -84,18 +84,33 @@ fn containers_are_built_whole_only_when_a_template_adds_one_of_their_name() {
                 {
                     "name": "app", "image": "nginx", "ports": [{"containerPort": 80}],
                     "livenessProbe": {"tcpSocket": {"port": 80}},
-                    "env": [{"name": "A", "value": "1"}],
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+                    ],
                     "envFrom": [{"configMapRef": {"name": "c"}}],
                     "volumeMounts": [{"name": "d", "mountPath": "/d"}]
                 },
-                {"name": "proxy", "image": "envoy", "ports": [{"containerPort": 15001}]}
+                {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]}
             ],
             "initContainers": [{"name": "init", "image": "busybox", "restartPolicy": "Always"}],
-            "volumes": [{"name": "d", "emptyDir": {}}]
+            "volumes": [
+                {"name": "d", "emptyDir": {}},
+                {"name": "logs", "emptyDir": {"medium": "Memory"}},
+                {"name": "token", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token"}},
+                    {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+                ]}}
+            ]
         }
     }"#;
-    let (decoded, complete) =
-        decode_with(pod, &READ_AMONG, MIN_ALLOWANCE, &|n| n == "proxy").unwrap();
+    let whole = |named: Named, name: &str| {
+        matches!(
+            (named, name),
+            (Named::Container, "proxy") | (Named::Env, "B") | (Named::Volume, "logs")
+        )
+    };
+    let (decoded, complete) = decode_with(pod, &READ_AMONG, MIN_ALLOWANCE, &whole).unwrap();
     assert!(complete);
     assert_eq!(
         decoded.value,
@@ -105,14 +120,24 @@ fn containers_are_built_whole_only_when_a_template_adds_one_of_their_name() {
                 "containers": [
                     {
                         "name": "app",
-                        "env": [{"name": "A", "value": "1"}],
+                        "env": [
+                            {"name": "A"},
+                            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                        ],
                         "envFrom": [{"configMapRef": {"name": "c"}}],
                         "volumeMounts": [{"name": "d", "mountPath": "/d"}],
                     },
-                    {"name": "proxy", "image": "envoy", "ports": [{"containerPort": 15001}]},
+                    {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]},
                 ],
                 "initContainers": [{"name": "init", "restartPolicy": "Always"}],
-                "volumes": [{"name": "d", "emptyDir": {}}],
+                "volumes": [
+                    {"name": "d"},
+                    {"name": "logs", "emptyDir": {"medium": "Memory"}},
+                    {"name": "token", "projected": {"sources": [
+                        {"serviceAccountToken": {"path": "token"}},
+                        {},
+                    ]}},
+                ],
             },
         })
     );
@@ -121,10 +146,11 @@ fn containers_are_built_whole_only_when_a_template_adds_one_of_their_name() {
 #[test]
 fn a_container_named_after_its_other_fields_is_reported_incomplete() {
     let json = r#"{"spec":{"containers":[{"image":"envoy","name":"proxy"}]}}"#;
-    let (_, complete) = decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|n| n == "proxy").unwrap();
+    let (_, complete) =
+        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "proxy").unwrap();
     assert!(!complete);
     let (decoded, complete) =
-        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|n| n == "other").unwrap();
+        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "other").unwrap();
     assert!(complete);
     assert_eq!(
         decoded.value,
@@ -135,7 +161,7 @@ fn a_container_named_after_its_other_fields_is_reported_incomplete() {
 #[test]
 fn containers_of_the_wrong_type_keep_their_type_but_not_their_content() {
     let json = r#"{"spec":{"containers":{"a":1},"initContainers":["x",3,[1]]}}"#;
-    let (decoded, complete) = decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_| true).unwrap();
+    let (decoded, complete) = decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, _| true).unwrap();
     assert!(complete);
     assert_eq!(
         decoded.value,
