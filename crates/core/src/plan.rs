@@ -614,7 +614,8 @@ impl<'k, 't: 'k> Pass<'k, 't> {
 /// The templates in (priority, name) order, each name once: of two templates with the same
 /// name, the higher generation wins, then the one given first.
 fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTemplate> {
-    let mut by_name: HashMap<&str, &CompiledTemplate> = HashMap::new();
+    let mut by_name: HashMap<&str, &CompiledTemplate, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(templates.len(), Default::default());
     for template in templates {
         let kept = by_name.entry(template.name.as_str()).or_insert(template);
         if template.generation > kept.generation {
@@ -806,13 +807,12 @@ enum Presence {
 
 impl<'k, 't, T> Keyed<'k, 't, T> {
     fn new(existing: Option<&'k [Value]>, key: impl Fn(&'k Value) -> &'k str) -> Self {
+        let items = existing.unwrap_or_default();
+        let mut owners = HashMap::with_capacity_and_hasher(items.len(), Default::default());
+        owners.extend(items.iter().map(|item| (key(item), Owner::Pod(item))));
         Keyed {
             existed: existing.is_some(),
-            owners: existing
-                .into_iter()
-                .flatten()
-                .map(|item| (key(item), Owner::Pod(item)))
-                .collect(),
+            owners,
             added: Vec::new(),
         }
     }
