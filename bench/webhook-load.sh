@@ -12,7 +12,9 @@
 # again. Everything listens on 127.0.0.1 and is stopped at exit.
 #
 # Environment: DURATION (per run, default 10s), ROUNDS (default 3), LOG (the webhook's log
-# filter, default info: one line per admission, as in production; written to a file).
+# filter, default info: one line per admission, as in production; written to a file), BIN
+# (another build of sidecar-injector to measure, say the previous commit's; default the one
+# just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,8 +38,6 @@ if ! command -v oha >/dev/null 2>&1; then
 fi
 echo "--- building the release binary and the transport-only server"
 cargo build --quiet --release -p injector-cli --bin sidecar-injector --example transport_only
-# BIN: another build of the binary to measure (say, the previous commit's), against the same
-# transport-only server.
 binary=${BIN:-./target/release/sidecar-injector}
 transport=./target/release/examples/transport_only
 
