@@ -118,7 +118,7 @@ render template pod *args:
 demo: node-packages
     cargo run --quiet -p injector-e2e --bin demo
 
-# Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation (figures go in BENCHMARKS.md)
+# Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation, alternating with a transport-only server (the ratio is the target; figures go in BENCHMARKS.md)
 bench-webhook:
     bench/webhook-load.sh
 

@@ -2,22 +2,32 @@
 # Load benchmark of the webhook (`just bench-webhook`).
 #
 # Starts `sidecar-injector serve` (release build) on 127.0.0.1 with the realistic templates of
-# bench/fixtures/templates, drives POST /mutate over TLS keep-alive with oha (installed from
-# crates.io when missing) using a typical 8 KB Pod, at fixed rates and at saturation, and
-# reports requests/s, latency percentiles and the server's RSS; then restarts it with 1,000
-# templates and reports its RSS again. Everything listens on 127.0.0.1 and is stopped at exit.
+# bench/fixtures/templates, and next to it the transport-only server
+# (crates/cli/examples/transport_only.rs: the same TLS, HTTP/1.1 and body reading, answering
+# the webhook's own answer, nothing else) with the same certificate. Drives POST /mutate over
+# TLS keep-alive with oha (installed from crates.io when missing) using a typical 8 KB Pod, at
+# fixed rates and at saturation, alternating between the two servers run by run for ROUNDS
+# rounds; reports each run, the medians, the webhook's saturation throughput as a share of the
+# transport's, and the webhook's RSS; then restarts it with 1,000 templates and reports its RSS
+# again. Everything listens on 127.0.0.1 and is stopped at exit.
 #
-# Environment: DURATION (per run, default 10s), LOG (the server's log filter, default info:
-# one line per admission, as in production; written to a file).
+# Environment: DURATION (per run, default 10s), ROUNDS (default 3), LOG (the webhook's log
+# filter, default info: one line per admission, as in production; written to a file), BIN
+# (another build of sidecar-injector to measure, say the previous commit's; default the one
+# just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 duration=${DURATION:-10s}
+rounds=${ROUNDS:-3}
 log_filter=${LOG:-info}
 work=$(mktemp -d)
 server_pid=""
+transport_pid=""
+stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 cleanup() {
-    if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
+    if [ -n "$server_pid" ]; then stop_pid "$server_pid"; fi
+    if [ -n "$transport_pid" ]; then stop_pid "$transport_pid"; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -26,9 +36,10 @@ if ! command -v oha >/dev/null 2>&1; then
     echo "--- installing oha (load generator) from crates.io"
     cargo install oha --locked --version 1.16.0
 fi
-echo "--- building the release binary"
-cargo build --quiet --release -p injector-cli
-binary=./target/release/sidecar-injector
+echo "--- building the release binary and the transport-only server"
+cargo build --quiet --release -p injector-cli --bin sidecar-injector --example transport_only
+binary=${BIN:-./target/release/sidecar-injector}
+transport=./target/release/examples/transport_only
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -keyout "$work/tls.key" -out "$work/tls.crt" -subj "/CN=127.0.0.1" \
@@ -36,6 +47,10 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 rss_mib() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
+post() { # PORT OUTPUT: posts the typical review once
+    curl -fsSk -X POST -H "Content-Type: application/json" \
+        --data-binary @bench/fixtures/typical-pod-review.json -o "$2" "https://127.0.0.1:$1/mutate"
+}
 
 start_server() {
     port=$(free_port)
@@ -54,48 +69,101 @@ start_server() {
 }
 
 stop_server() {
-    kill "$server_pid"
-    wait "$server_pid" 2>/dev/null || true
+    stop_pid "$server_pid"
     server_pid=""
 }
 
-# load NAME CONNECTIONS [RATE]
+# The transport-only server, answering what the webhook answered to the typical review.
+start_transport() {
+    transport_port=$(free_port)
+    post "$port" "$work/answer.json"
+    "$transport" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
+        --listen "127.0.0.1:$transport_port" --answer "$work/answer.json" 2>"$work/transport.log" &
+    transport_pid=$!
+    for _ in $(seq 1 100); do
+        if post "$transport_port" /dev/null 2>/dev/null; then return; fi
+        sleep 0.1
+    done
+    echo "the transport-only server did not start:" >&2
+    cat "$work/transport.log" >&2
+    exit 1
+}
+
+# load SERVER NAME CONNECTIONS [RATE]: SERVER is webhook or transport; one row, also kept in
+# results.jsonl for the medians.
 load() {
-    local name=$1 connections=$2 rate=${3:-}
+    local server=$1 name=$2 connections=$3 rate=${4:-}
+    local target_port=$port
+    if [ "$server" = transport ]; then target_port=$transport_port; fi
     local args=(-z "$duration" -c "$connections" --no-tui --output-format json --insecure
         -m POST -H "Content-Type: application/json" -D bench/fixtures/typical-pod-review.json)
     if [ -n "$rate" ]; then args+=(-q "$rate"); fi
     local out="$work/run-$RANDOM.json"
-    oha "${args[@]}" "https://127.0.0.1:$port/mutate" >"$out"
-    python3 - "$out" "$name" "$connections" "${rate:-max}" <<'EOF'
+    oha "${args[@]}" "https://127.0.0.1:$target_port/mutate" >"$out"
+    python3 - "$out" "$server" "$name" "$connections" "${rate:-max}" "$work/results.jsonl" <<'EOF'
 import json, sys
-result = json.load(open(sys.argv[1]))
+out, server, name, connections, rate, results = sys.argv[1:]
+result = json.load(open(out))
 summary = result["summary"]
 percentiles = result["latencyPercentiles"]
 codes = result.get("statusCodeDistribution", {})
 errors = result.get("errorDistribution", {})
 ms = lambda seconds: f"{seconds * 1000:.2f} ms" if seconds is not None else "-"
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {summary['requestsPerSec']:,.0f} | "
+print(f"| {server} | {name} | {connections} | {rate} | {summary['requestsPerSec']:,.0f} | "
       f"{ms(percentiles.get('p50'))} | {ms(percentiles.get('p99'))} | {ms(percentiles.get('p99.9'))} | "
       f"{summary['successRate'] * 100:.2f}% | {codes} {errors if errors else ''} |")
+with open(results, "a") as f:
+    f.write(json.dumps({"server": server, "run": name, "rps": summary["requestsPerSec"],
+                        "p50": percentiles.get("p50"), "p99": percentiles.get("p99"),
+                        "p99.9": percentiles.get("p99.9")}) + "\n")
 EOF
 }
 
-echo "--- realistic templates: $(ls bench/fixtures/templates | wc -l) files"
+echo "--- realistic templates: $(ls bench/fixtures/templates | wc -l) files; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 start_server bench/fixtures/templates
 sleep 1
 idle=$(rss_mib "$server_pid")
+start_transport
 echo
-echo "| run | connections | target rate | requests/s | p50 | p99 | p99.9 | success | status codes |"
-echo "|---|---:|---:|---:|---:|---:|---:|---:|---|"
-load warmup 8 >/dev/null
-load "fixed 1,000/s" 16 1000
-load "fixed 5,000/s" 32 5000
-load saturation 64
+echo "| server | run | connections | target rate | requests/s | p50 | p99 | p99.9 | success | status codes |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+load webhook warmup 8 >/dev/null
+load transport warmup 8 >/dev/null
+rm -f "$work/results.jsonl"
+for _ in $(seq 1 "$rounds"); do
+    for server in webhook transport; do load "$server" "fixed 1,000/s" 16 1000; done
+    for server in webhook transport; do load "$server" "fixed 5,000/s" 32 5000; done
+    for server in webhook transport; do load "$server" saturation 64; done
+done
 loaded=$(rss_mib "$server_pid")
+transport_rss=$(rss_mib "$transport_pid")
+stop_pid "$transport_pid"
+transport_pid=""
 stop_server
 echo
-echo "RSS idle (3 templates): ${idle} MiB; after the runs: ${loaded} MiB"
+echo "Medians of $rounds rounds (load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)):"
+echo
+python3 - "$work/results.jsonl" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+runs = list(dict.fromkeys(r["run"] for r in rows))
+def median(server, run, key):
+    return statistics.median(r[key] for r in rows
+                             if r["server"] == server and r["run"] == run and r[key] is not None)
+print("| server | run | requests/s | p50 | p99 | p99.9 |")
+print("|---|---|---:|---:|---:|---:|")
+for run in runs:
+    for server in ("webhook", "transport"):
+        ms = lambda key: f"{median(server, run, key) * 1000:.2f} ms"
+        print(f"| {server} | {run} | {median(server, run, 'rps'):,.0f} | {ms('p50')} | {ms('p99')} | {ms('p99.9')} |")
+ours = [r["rps"] for r in rows if r["server"] == "webhook" and r["run"] == "saturation"]
+theirs = [r["rps"] for r in rows if r["server"] == "transport" and r["run"] == "saturation"]
+ratio = statistics.median(ours) / statistics.median(theirs)
+each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
+print(f"\nSaturation, webhook / transport-only: **{ratio:.2f}** (of the medians; round by round: {each})")
+EOF
+echo
+echo "RSS idle (3 templates): ${idle} MiB; after the runs: ${loaded} MiB (the transport-only server after its runs: ${transport_rss} MiB)"
 
 python3 - "$work/many" <<'EOF'
 import os, sys
@@ -126,7 +194,7 @@ EOF
 start_server "$work/many"
 sleep 1
 many_idle=$(rss_mib "$server_pid")
-load "1,000 templates, fixed 1,000/s" 16 1000 >/dev/null
+load webhook "1,000 templates, fixed 1,000/s" 16 1000 >/dev/null
 many_loaded=$(rss_mib "$server_pid")
 stop_server
 echo "RSS with 1,000 templates: idle ${many_idle} MiB; after 1,000/s for ${duration}: ${many_loaded} MiB"

@@ -5,6 +5,7 @@
 //! into those strings and nowhere else: a placeholder can only ever produce a string value,
 //! never structure, whatever the metadata holds.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::error::FieldError;
@@ -189,11 +190,44 @@ fn parse_field(expression: &str) -> Option<Field> {
     }
 }
 
+/// A subtree of a template without placeholders, and its JSON, written once when the template
+/// is compiled: a patch copies it as it is instead of serializing it again for every Pod.
+#[derive(Clone, Debug)]
+pub struct Fixed {
+    value: Value,
+    /// `None` only if the value could not be written (a `Value` always can).
+    json: Option<Box<RawValue>>,
+}
+
+impl Fixed {
+    /// `value`, written as JSON.
+    pub fn new(value: Value) -> Self {
+        let json = serde_json::value::to_raw_value(&value).ok();
+        Fixed { value, json }
+    }
+
+    /// The value.
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// The value as compact JSON, as `serde_json` writes it.
+    pub fn json(&self) -> Option<&RawValue> {
+        self.json.as_deref()
+    }
+}
+
+impl PartialEq for Fixed {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
 /// A JSON value whose strings may hold placeholders.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Node {
     /// A subtree without placeholders, copied as it is.
-    Fixed(Value),
+    Fixed(Fixed),
     /// A string with placeholders.
     Text(TemplateString),
     /// An array with placeholders somewhere inside.
@@ -208,10 +242,10 @@ impl Node {
         match value {
             Value::String(text) => match TemplateString::parse(text) {
                 Ok(Some(template)) => Node::Text(template),
-                Ok(None) => Node::Fixed(value.clone()),
+                Ok(None) => Node::Fixed(Fixed::new(value.clone())),
                 Err(message) => {
                     errors.push(FieldError::new(path, message));
-                    Node::Fixed(value.clone())
+                    Node::Fixed(Fixed::new(value.clone()))
                 }
             },
             Value::Array(items) => {
@@ -221,7 +255,7 @@ impl Node {
                     .map(|(i, item)| Node::parse(item, &format!("{path}[{i}]"), errors))
                     .collect();
                 if nodes.iter().all(|n| matches!(n, Node::Fixed(_))) {
-                    Node::Fixed(value.clone())
+                    Node::Fixed(Fixed::new(value.clone()))
                 } else {
                     Node::Array(nodes)
                 }
@@ -232,19 +266,19 @@ impl Node {
                     .map(|(k, v)| (k.clone(), Node::parse(v, &format!("{path}.{k}"), errors)))
                     .collect();
                 if nodes.iter().all(|(_, n)| matches!(n, Node::Fixed(_))) {
-                    Node::Fixed(value.clone())
+                    Node::Fixed(Fixed::new(value.clone()))
                 } else {
                     Node::Object(nodes)
                 }
             }
-            _ => Node::Fixed(value.clone()),
+            _ => Node::Fixed(Fixed::new(value.clone())),
         }
     }
 
     /// The value with Pod metadata substituted.
     pub fn render(&self, pod: &PodFacts<'_>) -> Value {
         match self {
-            Node::Fixed(value) => value.clone(),
+            Node::Fixed(fixed) => fixed.value.clone(),
             Node::Text(template) => Value::String(template.render(pod)),
             Node::Array(items) => Value::Array(items.iter().map(|n| n.render(pod)).collect()),
             Node::Object(fields) => Value::Object(
@@ -260,7 +294,7 @@ impl Node {
     pub fn render_patch<'t>(&'t self, pod: &PodFacts<'_>) -> crate::patch::PatchValue<'t> {
         use crate::patch::PatchValue;
         match self {
-            Node::Fixed(value) => PatchValue::Borrowed(value),
+            Node::Fixed(fixed) => PatchValue::Fixed(fixed),
             Node::Text(template) => PatchValue::String(template.render(pod)),
             Node::Array(items) => {
                 PatchValue::Array(items.iter().map(|n| n.render_patch(pod)).collect())

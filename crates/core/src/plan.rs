@@ -207,6 +207,13 @@ pub fn plan<'t>(
 pub trait KnownTemplates {
     /// Those that add a container or an init container called `name`.
     fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate>;
+
+    /// Whether one adds a volume called `name` (planning then compares the Pod's whole).
+    fn adds_volume(&self, name: &str) -> bool;
+
+    /// Whether one adds an env var called `name` to the Pod's own containers (planning then
+    /// compares the Pod's whole).
+    fn adds_app_env(&self, name: &str) -> bool;
 }
 
 impl KnownTemplates for [Arc<CompiledTemplate>] {
@@ -218,6 +225,17 @@ impl KnownTemplates for [Arc<CompiledTemplate>] {
                 .any(|item| item.key == name)
         })
     }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        self.iter()
+            .any(|t| t.volumes.iter().any(|item| item.key == name))
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| app.env.iter().any(|item| item.key == name))
+    }
 }
 
 impl KnownTemplates for crate::registry::Snapshot {
@@ -225,6 +243,14 @@ impl KnownTemplates for crate::registry::Snapshot {
         crate::registry::Snapshot::adding_container(self, name)
             .iter()
             .map(Arc::as_ref)
+    }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        crate::registry::Snapshot::adds_volume(self, name)
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        crate::registry::Snapshot::adds_app_env(self, name)
     }
 }
 
@@ -592,7 +618,8 @@ impl<'k, 't: 'k> Pass<'k, 't> {
 /// The templates in (priority, name) order, each name once: of two templates with the same
 /// name, the higher generation wins, then the one given first.
 fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTemplate> {
-    let mut by_name: HashMap<&str, &CompiledTemplate> = HashMap::new();
+    let mut by_name: HashMap<&str, &CompiledTemplate, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(templates.len(), Default::default());
     for template in templates {
         let kept = by_name.entry(template.name.as_str()).or_insert(template);
         if template.generation > kept.generation {
@@ -815,13 +842,12 @@ enum Presence {
 
 impl<'k, 't, T> Keyed<'k, 't, T> {
     fn new(existing: Option<&'k [Value]>, key: impl Fn(&'k Value) -> &'k str) -> Self {
+        let items = existing.unwrap_or_default();
+        let mut owners = HashMap::with_capacity_and_hasher(items.len(), Default::default());
+        owners.extend(items.iter().map(|item| (key(item), Owner::Pod(item))));
         Keyed {
             existed: existing.is_some(),
-            owners: existing
-                .into_iter()
-                .flatten()
-                .map(|item| (key(item), Owner::Pod(item)))
-                .collect(),
+            owners,
             added: Vec::new(),
         }
     }

@@ -6,6 +6,9 @@
 //!
 //! - only the fields [`plan`](crate::plan()) reads are built ([`READ`]); everything else
 //!   (status, managedFields, the rest of the spec, …) is skipped by the parser unbuilt;
+//! - for the webhook, containers, volumes and env vars too are read only in part
+//!   ([`decode_pod_among`]): planning compares one whole only with a template's of the same
+//!   name, so only such an item is built whole;
 //! - where a read field holds something other than the JSON type the planner expects, an empty
 //!   value of the type found stands in, so the planner reports the same error unbuilt;
 //! - what is built is charged against an allowance of [`COST_PER_BYTE`] times the JSON's size,
@@ -20,6 +23,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+
+use crate::plan::KnownTemplates;
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A `Value` costs
 /// 10–30 times its JSON for real Pods (a list of `{name, value}` env entries is the worst: a
@@ -53,26 +58,94 @@ pub enum Fields {
     All,
     /// An object: these fields, each as given; the others are skipped.
     Only(&'static [(&'static str, Fields)]),
+    /// A list: each item as given.
+    Each(&'static Fields),
+    /// An item planning compares whole only with a template's of the same name: all of it
+    /// when its `name`, which the API server writes first, is one a known template adds (see
+    /// [`decode_pod_among`]); else these fields.
+    Named(Named, &'static Fields),
 }
+
+/// The items of a Pod planning compares whole only with a template's of the same name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Named {
+    /// A container or an init container.
+    Container,
+    /// A volume.
+    Volume,
+    /// An env var of a container (of the Pod's own, unless the container is built whole).
+    Env,
+}
+
+/// What the planner reads of a Pod's metadata.
+const METADATA: Fields = Fields::Only(&[
+    ("name", Fields::All),
+    ("generateName", Fields::All),
+    ("namespace", Fields::All),
+    ("labels", Fields::All),
+    ("annotations", Fields::All),
+]);
 
 /// What the planner reads of a Pod (`PodView` in plan.rs): metadata and the lists it adds to.
 pub const READ: Fields = Fields::Only(&[
-    (
-        "metadata",
-        Fields::Only(&[
-            ("name", Fields::All),
-            ("generateName", Fields::All),
-            ("namespace", Fields::All),
-            ("labels", Fields::All),
-            ("annotations", Fields::All),
-        ]),
-    ),
+    ("metadata", METADATA),
     (
         "spec",
         Fields::Only(&[
             ("containers", Fields::All),
             ("initContainers", Fields::All),
             ("volumes", Fields::All),
+            ("imagePullSecrets", Fields::All),
+            ("hostNetwork", Fields::All),
+            ("serviceAccountName", Fields::All),
+            ("serviceAccount", Fields::All),
+        ]),
+    ),
+]);
+
+/// What the planner reads of a container no template adds one of the same name of: its name,
+/// what `appContainers` adds to, and whether it is a native sidecar. Only a container of a
+/// template's name is compared whole (to tell whether it is the template's).
+const CONTAINER: Fields = Fields::Named(
+    Named::Container,
+    &Fields::Only(&[
+        ("name", Fields::All),
+        ("env", Fields::Each(&ENV)),
+        ("envFrom", Fields::All),
+        ("volumeMounts", Fields::All),
+        ("restartPolicy", Fields::All),
+    ]),
+);
+
+/// An env var is compared only with one of the same name `appContainers` adds.
+const ENV: Fields = Fields::Named(Named::Env, &Fields::Only(&[("name", Fields::All)]));
+
+/// A volume is compared only with a template's of the same name; else the planner reads
+/// whether it holds a ServiceAccount token.
+const VOLUME: Fields = Fields::Named(
+    Named::Volume,
+    &Fields::Only(&[
+        ("name", Fields::All),
+        (
+            "projected",
+            Fields::Only(&[(
+                "sources",
+                Fields::Each(&Fields::Only(&[("serviceAccountToken", Fields::All)])),
+            )]),
+        ),
+    ]),
+);
+
+/// [`READ`], with each container, volume and env var of a container whole only when a known
+/// template adds one of its name.
+pub const READ_AMONG: Fields = Fields::Only(&[
+    ("metadata", METADATA),
+    (
+        "spec",
+        Fields::Only(&[
+            ("containers", Fields::Each(&CONTAINER)),
+            ("initContainers", Fields::Each(&CONTAINER)),
+            ("volumes", Fields::Each(&VOLUME)),
             ("imagePullSecrets", Fields::All),
             ("hostNetwork", Fields::All),
             ("serviceAccountName", Fields::All),
@@ -99,32 +172,112 @@ pub fn decode_pod(json: &str, allowance: usize) -> Result<Value, PodJsonError> {
     decode(json, &READ, allowance).map(|decoded| decoded.value)
 }
 
+/// Decodes `json`, a Pod to plan with [`plan_among`](crate::plan_among) among `known` (every
+/// template in force), within `allowance` bytes: what [`decode_pod`] keeps, except that a
+/// container, a volume or an env var of a container is built whole only when a known template
+/// adds one of its name (what planning compares whole). Planning either gives the same plan.
+/// Building the rest of the containers (probes, resources, securityContext, …) was most of
+/// the cost of decoding a Pod.
+///
+/// A Pod that names such an item after its other fields (the API server never does) is
+/// decoded again with [`READ`], once the first value is dropped.
+pub fn decode_pod_among(
+    json: &str,
+    allowance: usize,
+    known: &(impl KnownTemplates + ?Sized),
+) -> Result<Value, PodJsonError> {
+    let whole = |named: Named, name: &str| adds(known, named, name);
+    let (decoded, complete) = decode_with(json, &READ_AMONG, allowance, &whole)?;
+    if complete {
+        Ok(decoded.value)
+    } else {
+        drop(decoded);
+        decode_pod(json, allowance)
+    }
+}
+
 /// The memory `json` may take to decode: [`COST_PER_BYTE`] × its size, at least
 /// [`MIN_ALLOWANCE`].
 pub fn allowance(json_len: usize) -> usize {
     json_len.saturating_mul(COST_PER_BYTE).max(MIN_ALLOWANCE)
 }
 
-/// Decodes `json`, keeping `fields`, within `allowance` bytes.
+/// Decodes a Pod as [`decode_pod_among`] does, in the middle of a larger document: the webhook
+/// reads the Pod in the same pass as the AdmissionReview around it. It fails wherever
+/// [`decode_pod_among`] fails or decodes the Pod a second time; the caller then reads the Pod
+/// on its own with [`decode_pod_among`], for the error or the Pod.
+pub struct PodAmong<'k, K: ?Sized> {
+    /// The memory decoding may take, as for [`decode_pod_among`].
+    pub allowance: usize,
+    /// Every template in force.
+    pub known: &'k K,
+}
+
+impl<'de, K: KnownTemplates + ?Sized> DeserializeSeed<'de> for PodAmong<'_, K> {
+    type Value = Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
+        let whole = |named: Named, name: &str| adds(self.known, named, name);
+        let state = State::new(self.allowance, &whole);
+        let value = Pruned {
+            fields: &READ_AMONG,
+            state: &state,
+        }
+        .deserialize(deserializer)?;
+        if state.incomplete.get() {
+            return Err(de::Error::custom(
+                "a container is named after its other fields; decode the Pod on its own",
+            ));
+        }
+        Ok(value)
+    }
+}
+
+/// Whether a known template adds a `named` item called `name`.
+fn adds(known: &(impl KnownTemplates + ?Sized), named: Named, name: &str) -> bool {
+    match named {
+        Named::Container => known.adding_container(name).next().is_some(),
+        Named::Volume => known.adds_volume(name),
+        Named::Env => known.adds_app_env(name),
+    }
+}
+
+/// Decodes `json`, keeping `fields`, within `allowance` bytes. A [`Fields::Named`] item keeps
+/// its fields whatever its name.
 pub fn decode(json: &str, fields: &Fields, allowance: usize) -> Result<Decoded, PodJsonError> {
-    let budget = Budget {
-        left: Cell::new(allowance),
-        exceeded: Cell::new(false),
-    };
+    decode_with(json, fields, allowance, &|_, _| false).map(|(decoded, _)| decoded)
+}
+
+/// Whether a [`Fields::Named`] item of this name is built whole.
+type Whole<'w> = &'w dyn Fn(Named, &str) -> bool;
+
+/// [`decode`], building a [`Fields::Named`] item whole when `whole` says so of its name; and
+/// whether that was done for every such item (`false`: one named after its other fields,
+/// which were skipped already).
+fn decode_with(
+    json: &str,
+    fields: &Fields,
+    allowance: usize,
+    whole: Whole<'_>,
+) -> Result<(Decoded, bool), PodJsonError> {
+    let state = State::new(allowance, whole);
     let mut parser = serde_json::Deserializer::from_str(json);
     let decoded = Pruned {
         fields,
-        budget: &budget,
+        state: &state,
     }
     .deserialize(&mut parser)
     .and_then(|value| parser.end().map(|()| value));
     decoded
-        .map(|value| Decoded {
-            value,
-            charged: allowance - budget.left.get(),
+        .map(|value| {
+            let decoded = Decoded {
+                value,
+                charged: allowance - state.budget.left.get(),
+            };
+            (decoded, !state.incomplete.get())
         })
         .map_err(|error| {
-            if budget.exceeded.get() {
+            if state.budget.exceeded.get() {
                 PodJsonError::TooComplex {
                     size: json.len(),
                     allowance,
@@ -177,25 +330,50 @@ impl Budget {
     }
 }
 
-/// Builds the value at hand, keeping `fields` of it.
-#[derive(Clone, Copy)]
-struct Pruned<'f, 'b> {
-    fields: &'f Fields,
-    budget: &'b Budget,
+/// What one decoding shares.
+struct State<'w> {
+    budget: Budget,
+    whole: Whole<'w>,
+    /// Set when an item's name asked for it whole after its other fields were skipped.
+    incomplete: Cell<bool>,
 }
 
-impl Pruned<'_, '_> {
+impl<'w> State<'w> {
+    fn new(allowance: usize, whole: Whole<'w>) -> Self {
+        State {
+            budget: Budget {
+                left: Cell::new(allowance),
+                exceeded: Cell::new(false),
+            },
+            whole,
+            incomplete: Cell::new(false),
+        }
+    }
+}
+
+/// Builds the value at hand, keeping `fields` of it.
+#[derive(Clone, Copy)]
+struct Pruned<'f, 's, 'w> {
+    fields: &'f Fields,
+    state: &'s State<'w>,
+}
+
+impl<'f> Pruned<'f, '_, '_> {
+    fn with(self, fields: &'f Fields) -> Self {
+        Pruned { fields, ..self }
+    }
+
     fn string<E: de::Error>(self, text: &str, cost: usize) -> Result<Value, E> {
-        if matches!(self.fields, Fields::Only(_)) {
-            // An object was expected: the planner only needs to know it is a string.
+        if !matches!(self.fields, Fields::All) {
+            // Something else was expected: the planner only needs to know it is a string.
             return Ok(Value::String(String::new()));
         }
-        self.budget.charge(cost)?;
+        self.state.budget.charge(cost)?;
         Ok(Value::String(text.to_owned()))
     }
 }
 
-impl<'de> DeserializeSeed<'de> for Pruned<'_, '_> {
+impl<'de> DeserializeSeed<'de> for Pruned<'_, '_, '_> {
     type Value = Value;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
@@ -203,7 +381,7 @@ impl<'de> DeserializeSeed<'de> for Pruned<'_, '_> {
     }
 }
 
-impl<'de> Visitor<'de> for Pruned<'_, '_> {
+impl<'de> Visitor<'de> for Pruned<'_, '_, '_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -240,19 +418,24 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        if matches!(self.fields, Fields::Only(_)) {
-            while seq.next_element::<IgnoredAny>()?.is_some() {}
-            return Ok(Value::Array(Vec::new()));
-        }
+        let item = match self.fields {
+            Fields::All => self,
+            Fields::Each(item) => self.with(item),
+            Fields::Only(_) | Fields::Named(..) => {
+                // An object was expected: the planner only needs to know it is a list.
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                return Ok(Value::Array(Vec::new()));
+            }
+        };
         let mut items = Vec::new();
         loop {
-            self.budget.charge(if items.is_empty() {
+            self.state.budget.charge(if items.is_empty() {
                 cost::LIST_FIRST_ITEM
             } else {
                 cost::LIST_ITEM
             })?;
-            match seq.next_element_seed(self)? {
-                Some(item) => items.push(item),
+            match seq.next_element_seed(item)? {
+                Some(value) => items.push(value),
                 None => return Ok(Value::Array(items)),
             }
         }
@@ -260,8 +443,16 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
         let mut object = Map::new();
+        let mut kept = match self.fields {
+            Fields::Named(_, fields) => fields,
+            fields => fields,
+        };
+        // Whether the key at hand is the object's first: an item named first is built whole,
+        // if need be, from its next field on.
+        let mut first_key = true;
         while let Some(key) = map.next_key_seed(Key)? {
-            let fields = match self.fields {
+            let is_first_key = std::mem::replace(&mut first_key, false);
+            let fields = match kept {
                 Fields::All => &Fields::All,
                 Fields::Only(kept) => match kept.iter().find(|(name, _)| *name == key.as_str()) {
                     Some((_, fields)) => fields,
@@ -270,18 +461,33 @@ impl<'de> Visitor<'de> for Pruned<'_, '_> {
                         continue;
                     }
                 },
+                // A list was expected: the planner only needs to know it is an object.
+                Fields::Each(_) | Fields::Named(..) => {
+                    map.next_value::<IgnoredAny>()?;
+                    continue;
+                }
             };
-            let first = if object.is_empty() {
+            let first_node = if object.is_empty() {
                 cost::MAP_FIRST_NODE
             } else {
                 0
             };
-            self.budget
-                .charge(first + cost::MAP_ENTRY + cost::string(key.as_str().len()))?;
-            let value = map.next_value_seed(Pruned {
-                fields,
-                budget: self.budget,
-            })?;
+            self.state
+                .budget
+                .charge(first_node + cost::MAP_ENTRY + cost::string(key.as_str().len()))?;
+            let value = map.next_value_seed(self.with(fields))?;
+            if let Fields::Named(named, _) = self.fields
+                && key.as_str() == "name"
+                && value
+                    .as_str()
+                    .is_some_and(|name| (self.state.whole)(*named, name))
+            {
+                if is_first_key {
+                    kept = &Fields::All;
+                } else {
+                    self.state.incomplete.set(true);
+                }
+            }
             object.insert(key.into_owned(), value);
         }
         Ok(Value::Object(object))

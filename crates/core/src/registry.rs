@@ -3,7 +3,7 @@
 //! The registry is fed by one writer (the controller's watch, or template files) and read
 //! through [`Snapshot`]s: cheap to clone, never locked, rebuilt only when something changed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
@@ -11,15 +11,24 @@ use serde_json::{Map, Value};
 use crate::group::{Group, GroupId, GroupKey, merge_past_bound};
 use crate::template::CompiledTemplate;
 
+/// foldhash, randomly seeded: the webhook looks names up here for every request (a group id,
+/// each of the Pod's container, volume and env names), several times faster than with SipHash
+/// and still resistant to keys chosen to collide.
+type Hasher = foldhash::fast::RandomState;
+
 /// An immutable view of every valid template, indexed for the webhook.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     templates: Vec<Arc<CompiledTemplate>>,
-    groups: HashMap<GroupId, Arc<Group>>,
+    groups: HashMap<GroupId, Arc<Group>, Hasher>,
     groups_in_order: Vec<Arc<Group>>,
     /// The templates adding a container or init container, by its name: a re-invocation
     /// recognises what other entries injected with a lookup, however many templates exist.
-    by_container: HashMap<String, Vec<Arc<CompiledTemplate>>>,
+    by_container: HashMap<String, Vec<Arc<CompiledTemplate>>, Hasher>,
+    /// The names of the volumes templates add, and of the env vars they add to the Pod's own
+    /// containers: a Pod's item of such a name is compared whole, so decoded whole.
+    volumes: HashSet<String, Hasher>,
+    app_env: HashSet<String, Hasher>,
 }
 
 impl Snapshot {
@@ -51,7 +60,8 @@ impl Snapshot {
             .iter()
             .map(|g| (g.id.clone(), Arc::clone(g)))
             .collect();
-        let mut by_container: HashMap<String, Vec<Arc<CompiledTemplate>>> = HashMap::new();
+        let mut by_container: HashMap<String, Vec<Arc<CompiledTemplate>>, Hasher> =
+            HashMap::default();
         for template in &templates {
             for item in template.containers.iter().chain(&template.init_containers) {
                 by_container
@@ -60,11 +70,24 @@ impl Snapshot {
                     .push(Arc::clone(template));
             }
         }
+        let volumes = templates
+            .iter()
+            .flat_map(|t| &t.volumes)
+            .map(|item| item.key.clone())
+            .collect();
+        let app_env = templates
+            .iter()
+            .filter_map(|t| t.app.as_ref())
+            .flat_map(|app| &app.env)
+            .map(|item| item.key.clone())
+            .collect();
         Snapshot {
             templates,
             groups,
             groups_in_order,
             by_container,
+            volumes,
+            app_env,
         }
     }
 
@@ -76,6 +99,16 @@ impl Snapshot {
     /// The templates that add a container or an init container called `name`.
     pub fn adding_container(&self, name: &str) -> &[Arc<CompiledTemplate>] {
         self.by_container.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether a template adds a volume called `name`.
+    pub fn adds_volume(&self, name: &str) -> bool {
+        self.volumes.contains(name)
+    }
+
+    /// Whether a template adds an env var called `name` to the Pod's own containers.
+    pub fn adds_app_env(&self, name: &str) -> bool {
+        self.app_env.contains(name)
     }
 
     /// The template called `name`.

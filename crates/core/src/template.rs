@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::error::{FieldError, ValidationErrors};
 use crate::fingerprint::Fingerprint;
 use crate::group::{GroupId, GroupKey};
-use crate::placeholder::{MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
+use crate::placeholder::{Fixed, MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
 use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 
@@ -449,7 +449,7 @@ fn node(value: &impl Serialize, path: &str, errors: &mut Vec<FieldError>) -> Nod
                 path,
                 format!("cannot be represented as JSON: {e}"),
             ));
-            Node::Fixed(Value::Null)
+            Node::Fixed(Fixed::new(Value::Null))
         }
     }
 }

@@ -18,18 +18,22 @@
 //! range so that ties are common, and string values from a pool of `{{ pod.* }}` placeholders.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
 use injector_api::{FailurePolicy, SidecarTemplate};
-use injector_core::pod_json::{allowance, decode_pod};
+use injector_core::pod_json::{allowance, decode_pod, decode_pod_among};
 use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::collection::{btree_map, btree_set, vec};
 use proptest::option;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
+
+use common::names_first;
 
 // ---------------------------------------------------------------------------------------------
 // Pools. Small on purpose: the interesting cases are the collisions.
@@ -702,6 +706,8 @@ proptest! {
     #[test]
     fn the_patch_applies_and_yields_a_pod(s in scenario()) {
         let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
+        // The webhook's JSON, with fixed parts copied, is the patch serialized.
+        prop_assert_eq!(plan.patch.to_json().unwrap(), serde_json::to_vec(&plan.patch).unwrap());
         let out = apply(&s.pod, &plan)?;
         if let Err(e) = serde_json::from_value::<Pod>(out.clone()) {
             return Err(TestCaseError::fail(format!("not a Pod: {e}\n{out}")));
@@ -732,10 +738,25 @@ proptest! {
         let json = whole.to_string();
         let decoded = decode_pod(&json, allowance(json.len())).unwrap_or_else(|e| panic!("{e}"));
         let ns = s.namespace();
-        prop_assert_eq!(
-            plan_for(&decoded, &ns, &s.templates),
-            plan_for(&whole, &ns, &s.templates)
-        );
+        let reference = plan_for(&whole, &ns, &s.templates);
+        prop_assert_eq!(&plan_for(&decoded, &ns, &s.templates), &reference);
+
+        // As the webhook decodes it, with containers whole only where a template adds one of
+        // the same name: first calls, and re-invocations (the Pod as the first call left it,
+        // its injected containers named as the templates' are). Both with names first, as the
+        // API server writes containers (such a container is built whole), and in `Value`'s
+        // order (the Pod is then decoded again whole).
+        let among = |json: &str| {
+            decode_pod_among(json, allowance(json.len()), s.templates.as_slice())
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let mutated = apply(&whole, &reference)?;
+        let again = plan_for(&mutated, &ns, &s.templates);
+        for (pod, expected) in [(&whole, &reference), (&mutated, &again)] {
+            for json in [pod.to_string(), names_first(pod)] {
+                prop_assert_eq!(&plan_for(&among(&json), &ns, &s.templates), expected);
+            }
+        }
     }
 
     #[test]

@@ -125,3 +125,38 @@ fn matching_applies_both_selectors() {
     assert_eq!(names(Some(&labels(&[]))), ["web"]);
     assert_eq!(names(None), ["web", "shop"]);
 }
+
+#[test]
+fn the_snapshot_answers_what_templates_add_by_name_as_their_list_does() {
+    use injector_core::plan::KnownTemplates;
+
+    let mut registry = Registry::new();
+    registry.apply(t("agent", 1, "web", "Fail"));
+    registry.apply(
+        compile(&parse_template(
+            "metadata: {name: telemetry}\nspec:\n  volumes: [{name: otel, emptyDir: {}}]\n  appContainers:\n    env: [{name: OTEL_ENDPOINT, value: x}]",
+        ))
+        .unwrap(),
+    );
+    let snapshot = registry.snapshot();
+    let list = snapshot.templates();
+    for name in ["agent", "telemetry", "otel", "OTEL_ENDPOINT", "other"] {
+        let by_snapshot: Vec<_> = snapshot
+            .adding_container(name)
+            .iter()
+            .map(|t| &t.name)
+            .collect();
+        let by_list: Vec<_> = KnownTemplates::adding_container(list, name)
+            .map(|t| &t.name)
+            .collect();
+        assert_eq!(by_snapshot, by_list, "{name}");
+        assert_eq!(snapshot.adds_volume(name), list.adds_volume(name), "{name}");
+        assert_eq!(
+            snapshot.adds_app_env(name),
+            list.adds_app_env(name),
+            "{name}"
+        );
+    }
+    assert!(snapshot.adds_volume("otel") && !snapshot.adds_volume("OTEL_ENDPOINT"));
+    assert!(snapshot.adds_app_env("OTEL_ENDPOINT") && !snapshot.adds_app_env("otel"));
+}

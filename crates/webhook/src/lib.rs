@@ -4,6 +4,7 @@
 //! * [`review`] decides one AdmissionReview (pure: bytes in, bytes out);
 //! * [`tls`] holds the serving certificate behind an atomic pointer and reloads it;
 //! * [`server`] runs the admission and admin servers with their limits and graceful shutdown;
+//! * [`transport`] is the HTTPS transport the admission server runs on (TLS, HTTP/1.1, limits);
 //! * [`metrics`] are the Prometheus metrics;
 //! * [`freshness`] tells whether the template watch failed for too long to stay ready.
 
@@ -11,6 +12,7 @@ pub mod metrics;
 pub mod review;
 pub mod server;
 pub mod tls;
+pub mod transport;
 
 pub use review::{Decision, Outcome, Route, Target, decide};
 pub use server::{Limits, Webhook, serve_admin, serve_admission, serve_both};

@@ -8,11 +8,13 @@ use std::sync::Arc;
 use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
-use injector_core::pod_json::{PodJsonError, decode_pod};
-use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Snapshot, plan_among};
+use injector_core::pod_json::{PodJsonError, decode_pod_among};
+use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
+
+mod one_pass;
 
 /// The annotation key (prefixed by the API server with the webhook's name) under which the
 /// audit log records the templates applied.
@@ -127,8 +129,8 @@ pub struct Decision<'s> {
 pub struct BadReview(pub String);
 
 // The review is read into these, borrowing from the body: the fields the answer needs, the
-// Pod as a slice of the body (decoded by `pod_json`, within the request's allowance), and
-// nothing else (userInfo, oldObject, options, … are skipped unbuilt).
+// Pod (decoded by `pod_json` within the request's allowance, as it is met, or else kept as a
+// slice of the body), and nothing else (userInfo, oldObject, options, … are skipped unbuilt).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ReviewIn<'a> {
@@ -165,6 +167,10 @@ struct RequestIn<'a> {
     operation: Cow<'a, str>,
     #[serde(default, borrow)]
     object: Option<&'a RawValue>,
+    /// The object, when it was decoded as it was read (see [`one_pass`]); then `object` is
+    /// `None`.
+    #[serde(skip)]
+    pod: Option<Value>,
 }
 
 #[derive(Serialize)]
@@ -182,8 +188,10 @@ struct ResponseOut {
     allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<StatusOut>,
+    /// The JSON patch, base64-encoded, as a JSON string written as it is: base64 needs no
+    /// escaping, and checking kilobytes of it byte by byte was a large share of encoding.
     #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
+    patch: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     patch_type: Option<&'static str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -208,7 +216,14 @@ pub fn decide<'s>(
     snapshot: &'s Snapshot,
     allowance: usize,
 ) -> Result<Decision<'s>, BadReview> {
-    let review: ReviewIn = serde_json::from_slice(body)
+    let route = Route::resolve(target, snapshot);
+    let decodes_pods = matches!(route, Route::All | Route::Group(_));
+    let context = one_pass::PodContext {
+        allowance,
+        known: snapshot,
+    };
+    let review = one_pass::read(body, decodes_pods.then_some(context))
+        .or_else(|_| serde_json::from_slice::<ReviewIn>(body))
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
     let api_version = API_VERSIONS
         .into_iter()
@@ -233,13 +248,16 @@ pub fn decide<'s>(
     }
 
     let namespace = request.namespace.as_deref().unwrap_or_default().to_owned();
-    let route = Route::resolve(target, snapshot);
     let is_pod_create = request.kind.group.is_empty()
         && request.kind.kind == "Pod"
         && request.operation == "CREATE"
         && request.sub_resource.as_deref().is_none_or(str::is_empty);
     let answer = if is_pod_create {
-        answer_pod(request.object, route, snapshot, &namespace, allowance)
+        let pod = match request.pod {
+            Some(pod) => Object::Decoded(pod),
+            None => Object::Raw(request.object),
+        };
+        answer_pod(pod, route, snapshot, &namespace, allowance)
     } else {
         Answer::allowed(Outcome::Ignored)
     };
@@ -270,11 +288,17 @@ pub fn decide<'s>(
             .insert(AUDIT_ANNOTATION.into(), applied_record.clone());
     }
     let warnings = response.warnings.len();
-    let body = serde_json::to_vec(&ReviewOut {
-        api_version,
-        kind: "AdmissionReview",
-        response,
-    })
+    // Room for the patch and the rest, so that the buffer is not grown and copied over and over.
+    let patch_len = response.patch.as_ref().map_or(0, |p| p.get().len());
+    let mut body = Vec::with_capacity(patch_len + 1024);
+    serde_json::to_writer(
+        &mut body,
+        &ReviewOut {
+            api_version,
+            kind: "AdmissionReview",
+            response,
+        },
+    )
     .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
     Ok(Decision {
         body,
@@ -295,8 +319,8 @@ struct Answer {
     outcome: Outcome,
     /// Set when the Pod is denied.
     denial: Option<StatusOut>,
-    /// The JSON patch, base64-encoded.
-    patch: Option<String>,
+    /// The JSON patch, base64-encoded, as a JSON string.
+    patch: Option<Box<RawValue>>,
     warnings: Vec<String>,
     applied: Vec<Applied>,
     denied_by: Vec<String>,
@@ -335,8 +359,16 @@ fn unknown_required_group(id: &str) -> String {
     )
 }
 
+/// A request's object.
+enum Object<'a> {
+    /// Decoded as the review was read.
+    Decoded(Value),
+    /// As it was sent, if it was.
+    Raw(Option<&'a RawValue>),
+}
+
 fn answer_pod(
-    object: Option<&RawValue>,
+    object: Object<'_>,
     route: Route<'_>,
     snapshot: &Snapshot,
     namespace: &str,
@@ -354,21 +386,26 @@ fn answer_pod(
         }
         Route::Unknown(_) => return Answer::allowed(Outcome::UnknownGroup),
     };
-    let Some(object) = object.filter(|o| o.get() != "null") else {
-        return Answer::denied(
+    let missing = || {
+        Answer::denied(
             Outcome::Denied,
             400,
             "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
-        );
+        )
     };
-    let pod = match decode_pod(object.get(), allowance) {
-        Ok(pod) => pod,
-        Err(error @ PodJsonError::TooComplex { .. }) => {
-            return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
-        }
-        Err(error) => {
-            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
-        }
+    let pod = match object {
+        Object::Decoded(pod) => pod,
+        Object::Raw(None) => return missing(),
+        Object::Raw(Some(raw)) if raw.get() == "null" => return missing(),
+        Object::Raw(Some(raw)) => match decode_pod_among(raw.get(), allowance, snapshot) {
+            Ok(pod) => pod,
+            Err(error @ PodJsonError::TooComplex { .. }) => {
+                return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
+            }
+            Err(error) => {
+                return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
+            }
+        },
     };
     let pod_name = pod
         .get("metadata")
@@ -405,10 +442,10 @@ fn answer_pod(
         });
         answer.denied_by = plan.denials.into_iter().map(|d| d.template).collect();
     } else if !plan.patch.is_empty() {
-        match serde_json::to_vec(&plan.patch) {
+        match encode_patch(&plan.patch) {
             Ok(patch) => {
                 answer.outcome = Outcome::Injected;
-                answer.patch = Some(base64::engine::general_purpose::STANDARD.encode(patch));
+                answer.patch = Some(patch);
             }
             Err(error) => {
                 return Answer::denied(
@@ -422,6 +459,16 @@ fn answer_pod(
     answer.warnings = plan.warnings;
     answer.applied = plan.applied;
     answer
+}
+
+/// The patch as the JSON string of its base64 encoding.
+fn encode_patch(patch: &Patch<'_>) -> Result<Box<RawValue>, serde_json::Error> {
+    let json = patch.to_json()?;
+    let mut quoted = String::with_capacity(json.len().div_ceil(3) * 4 + 2);
+    quoted.push('"');
+    base64::engine::general_purpose::STANDARD.encode_string(&json, &mut quoted);
+    quoted.push('"');
+    RawValue::from_string(quoted)
 }
 
 #[cfg(test)]

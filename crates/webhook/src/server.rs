@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
@@ -27,12 +27,12 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::WebhookMetrics;
 use crate::review::{Outcome, Route, Target, decide};
 use crate::tls::CertificateStore;
+use crate::transport::{Body, read_body, serve_tls};
 
 /// Bounds on what one client can make the server do, and on shutdown.
 #[derive(Clone, Debug)]
@@ -185,8 +185,6 @@ struct Reservation {
 fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024)
 }
-
-type Body = Full<Bytes>;
 
 fn text(status: StatusCode, message: impl Into<String>) -> Response<Body> {
     let mut message = message.into();
@@ -405,22 +403,6 @@ fn respond(
     }
 }
 
-/// Reads `body` into one buffer of the `expected` size. Each chunk is copied and let go at
-/// once: collecting the chunks would keep each one's whole read buffer alive (up to 400 KiB
-/// for a 16 KiB TLS record), many times the body's size.
-async fn read_body(
-    mut body: Limited<Incoming>,
-    expected: usize,
-) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
-    let mut bytes = Vec::with_capacity(expected);
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            bytes.extend_from_slice(&data);
-        }
-    }
-    Ok(bytes)
-}
-
 fn too_large(limit: usize) -> Response<Body> {
     text(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -435,91 +417,36 @@ pub async fn serve_admission(
     webhook: Arc<Webhook>,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
-    let tls = crate::tls::server_config(Arc::clone(&webhook.certificates))
-        .map_err(std::io::Error::other)?;
-    let acceptor = TlsAcceptor::from(tls);
-    let connections = Arc::new(Semaphore::new(webhook.limits.max_connections));
-    let graceful = GracefulShutdown::new();
-    loop {
-        let permit = tokio::select! {
-            _ = stop.cancelled() => break,
-            permit = Arc::clone(&connections).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
+    let handler = {
         let webhook = Arc::clone(&webhook);
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(
-                webhook.limits.handshake_timeout,
-                acceptor.accept(stream),
-            )
-            .await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    webhook.metrics.record_handshake_failure();
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
+        move |request| {
+            let webhook = Arc::clone(&webhook);
+            async move {
+                let mut response = admission(request, Arc::clone(&webhook)).await?;
+                if webhook.is_draining() {
+                    // hyper closes the connection after this answer; the client knows not to
+                    // send another on it.
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
                 }
-                Err(_) => {
-                    webhook.metrics.record_handshake_failure();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let service_webhook = Arc::clone(&webhook);
-            let service = service_fn(move |request| {
-                let webhook = Arc::clone(&service_webhook);
-                async move {
-                    let mut response = admission(request, Arc::clone(&webhook)).await?;
-                    if webhook.is_draining() {
-                        // hyper closes the connection after this answer; the client knows
-                        // not to send another on it.
-                        response
-                            .headers_mut()
-                            .insert(CONNECTION, HeaderValue::from_static("close"));
-                    }
-                    Ok::<_, Infallible>(response)
-                }
-            });
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(webhook.limits.header_read_timeout)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = watcher.watch(connection).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+                Ok::<_, Infallible>(response)
             }
-        });
-    }
-    drop(listener);
-    let grace = webhook.limits.shutdown_grace;
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            ?grace,
-            "requests still in flight after the grace period; closing"
-        );
-    }
-    Ok(())
+        }
+    };
+    let on_handshake_failure = {
+        let webhook = Arc::clone(&webhook);
+        move || webhook.metrics.record_handshake_failure()
+    };
+    serve_tls(
+        listener,
+        Arc::clone(&webhook.certificates),
+        &webhook.limits,
+        handler,
+        on_handshake_failure,
+        stop,
+    )
+    .await
 }
 
 /// Answers one request to the admin server.

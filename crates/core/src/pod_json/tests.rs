@@ -75,6 +75,101 @@ fn a_field_of_the_wrong_type_keeps_its_type_but_not_its_content() {
 }
 
 #[test]
+fn named_items_are_built_whole_only_when_a_template_adds_one_of_their_name() {
+    // Written as the API server writes a Pod: an item's name first.
+    let pod = r#"{
+        "metadata": {"name": "web"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app", "image": "nginx", "ports": [{"containerPort": 80}],
+                    "livenessProbe": {"tcpSocket": {"port": 80}},
+                    "env": [
+                        {"name": "A", "value": "1"},
+                        {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+                    ],
+                    "envFrom": [{"configMapRef": {"name": "c"}}],
+                    "volumeMounts": [{"name": "d", "mountPath": "/d"}]
+                },
+                {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]}
+            ],
+            "initContainers": [{"name": "init", "image": "busybox", "restartPolicy": "Always"}],
+            "volumes": [
+                {"name": "d", "emptyDir": {}},
+                {"name": "logs", "emptyDir": {"medium": "Memory"}},
+                {"name": "token", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token"}},
+                    {"configMap": {"name": "ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+                ]}}
+            ]
+        }
+    }"#;
+    let whole = |named: Named, name: &str| {
+        matches!(
+            (named, name),
+            (Named::Container, "proxy") | (Named::Env, "B") | (Named::Volume, "logs")
+        )
+    };
+    let (decoded, complete) = decode_with(pod, &READ_AMONG, MIN_ALLOWANCE, &whole).unwrap();
+    assert!(complete);
+    assert_eq!(
+        decoded.value,
+        json!({
+            "metadata": {"name": "web"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "app",
+                        "env": [
+                            {"name": "A"},
+                            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                        ],
+                        "envFrom": [{"configMapRef": {"name": "c"}}],
+                        "volumeMounts": [{"name": "d", "mountPath": "/d"}],
+                    },
+                    {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]},
+                ],
+                "initContainers": [{"name": "init", "restartPolicy": "Always"}],
+                "volumes": [
+                    {"name": "d"},
+                    {"name": "logs", "emptyDir": {"medium": "Memory"}},
+                    {"name": "token", "projected": {"sources": [
+                        {"serviceAccountToken": {"path": "token"}},
+                        {},
+                    ]}},
+                ],
+            },
+        })
+    );
+}
+
+#[test]
+fn a_container_named_after_its_other_fields_is_reported_incomplete() {
+    let json = r#"{"spec":{"containers":[{"image":"envoy","name":"proxy"}]}}"#;
+    let (_, complete) =
+        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "proxy").unwrap();
+    assert!(!complete);
+    let (decoded, complete) =
+        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "other").unwrap();
+    assert!(complete);
+    assert_eq!(
+        decoded.value,
+        json!({"spec": {"containers": [{"name": "proxy"}]}})
+    );
+}
+
+#[test]
+fn containers_of_the_wrong_type_keep_their_type_but_not_their_content() {
+    let json = r#"{"spec":{"containers":{"a":1},"initContainers":["x",3,[1]]}}"#;
+    let (decoded, complete) = decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, _| true).unwrap();
+    assert!(complete);
+    assert_eq!(
+        decoded.value,
+        json!({"spec": {"containers": {}, "initContainers": ["", 3, []]}})
+    );
+}
+
+#[test]
 fn invalid_json_is_an_error_and_keys_with_escapes_are_read() {
     assert!(matches!(
         decode_pod("{", MIN_ALLOWANCE),

@@ -1,9 +1,16 @@
 //! Fixtures shared by the engine's integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    unused_imports,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic
+)]
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use injector_core::pod_json::{allowance, decode_pod_among};
 use injector_core::{CompiledTemplate, NamespaceInfo, Plan, plan};
 use serde_json::Value;
 
@@ -22,18 +29,42 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Plans in namespace "default" whose labels are unknown (the API server selected it).
+/// Plans in namespace "default" whose labels are unknown (the API server selected it); and
+/// checks that the Pod as the webhook decodes it is planned the same.
 pub fn plan_in(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan<'static> {
-    plan(
-        pod,
-        &NamespaceInfo {
-            name: "default",
-            labels: None,
-        },
-        templates,
-    )
-    .unwrap()
-    .into_owned()
+    let namespace = NamespaceInfo {
+        name: "default",
+        labels: None,
+    };
+    let planned = plan(pod, &namespace, templates).unwrap();
+    let json = names_first(pod);
+    let decoded = decode_pod_among(&json, allowance(json.len()), templates).unwrap();
+    assert_eq!(
+        plan(&decoded, &namespace, templates).unwrap(),
+        planned,
+        "planned otherwise as the webhook decodes the pod"
+    );
+    planned.into_owned()
+}
+
+/// `value` as JSON with each object's `name` first, as the API server writes a container.
+pub fn names_first(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let fields: Vec<String> = map
+                .iter()
+                .filter(|(key, _)| *key == "name")
+                .chain(map.iter().filter(|(key, _)| *key != "name"))
+                .map(|(key, value)| format!("{}:{}", Value::from(key.as_str()), names_first(value)))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(names_first).collect();
+            format!("[{}]", items.join(","))
+        }
+        other => other.to_string(),
+    }
 }
 
 pub fn plan_with_labels(
