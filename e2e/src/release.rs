@@ -153,6 +153,11 @@ impl Release<'_> {
             ("update", &lease, Some(ns), true),
             ("create", "leases.coordination.k8s.io", Some(ns), true),
             ("get", &cluster_role, None, true),
+            // The leader's Pod census: metadata watches of Pods and Namespaces.
+            ("list", "pods", None, true),
+            ("watch", "pods", None, true),
+            ("list", "namespaces", None, true),
+            ("watch", "namespaces", None, true),
             // To add its owner to a Secret or Lease written before an upgrade, under the
             // OwnerReferencesPermissionEnforcement admission plugin (the local API server has
             // it on).
@@ -174,11 +179,14 @@ impl Release<'_> {
                 false,
             ),
             ("create", "validatingwebhookconfigurations", None, false),
-            // Pods, anywhere.
+            // Pods, anywhere: the census only lists and watches.
             ("create", "pods", Some("default"), false),
             ("patch", "pods", Some("default"), false),
             ("delete", "pods", Some(ns), false),
             ("get", "pods", Some("default"), false),
+            ("get", "pods/log", Some("default"), false),
+            ("create", "pods/exec", Some("default"), false),
+            ("patch", "namespaces/default", None, false),
             // The templates themselves, other Leases, RBAC.
             ("update", "sidecartemplates.sidecar.dev", None, false),
             ("delete", "sidecartemplates.sidecar.dev", None, false),

@@ -45,7 +45,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 19] = [
+const SCENARIOS: [(&str, Scenario); 20] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -106,6 +106,10 @@ const SCENARIOS: [(&str, Scenario); 19] = [
     (
         "an_invalid_edit_keeps_a_required_templates_last_valid_generation",
         invalid_required_template_keeps_last_valid,
+    ),
+    (
+        "pod_counts_follow_template_changes",
+        pod_counts_follow_template_changes,
     ),
 ];
 
@@ -759,10 +763,9 @@ spec:
             "both conflicting templates in use (dry run)",
             || {
                 let (pod, warnings) = create_pod(cp, &ns, "probe", &[], &[], true)?;
-                Ok(
-                    (helper_image(&pod) == Some("busybox:1.36") && warnings.contains(loser))
-                        .then_some(()),
-                )
+                Ok((container_image(&pod, "helper") == Some("busybox:1.36")
+                    && warnings.contains(loser))
+                .then_some(()))
             },
         )?;
         let out = cp.kubectl(&kubectl_run_args("app", &ns, &[], &[]))?;
@@ -780,9 +783,9 @@ spec:
             containers(&pod)
         );
         ensure!(
-            helper_image(&pod) == Some("busybox:1.36"),
+            container_image(&pod, "helper") == Some("busybox:1.36"),
             "helper image: {:?} (the winner's is busybox:1.36)",
-            helper_image(&pod)
+            container_image(&pod, "helper")
         );
         let injected = annotation(&pod, INJECTED).unwrap_or_default();
         ensure!(
@@ -1579,15 +1582,6 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
         .as_str()
 }
 
-/// The image of the container named `helper`.
-fn helper_image(pod: &Value) -> Option<&str> {
-    pod["spec"]["containers"]
-        .as_array()?
-        .iter()
-        .find(|c| c["name"] == "helper")?["image"]
-        .as_str()
-}
-
 /// Whether the operator's /metrics says it leads.
 fn is_leader(operator: &Operator) -> bool {
     operator
@@ -1882,4 +1876,155 @@ spec:
     })();
     cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
     result
+}
+
+/// `status.pods` of template `name` as (injected, current, stale, missing), once the counts
+/// are there.
+fn pod_counts(cp: &ControlPlane, name: &str) -> anyhow::Result<Option<[u64; 4]>> {
+    let template = cp.get_json("sidecartemplate", None, name)?;
+    let pods = &template["status"]["pods"];
+    let counts = ["injected", "current", "stale", "missing"].map(|k| pods[k].as_u64());
+    Ok(counts
+        .iter()
+        .all(Option::is_some)
+        .then(|| counts.map(Option::unwrap_or_default)))
+}
+
+/// Waits until template `name`'s `status.pods` is `want`; returns how long it took.
+fn wait_pod_counts(cp: &ControlPlane, name: &str, want: [u64; 4]) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut last = None;
+    let found = poll(
+        Duration::from_secs(30),
+        &format!("{name}'s status.pods to be (injected, current, stale, missing) {want:?}"),
+        || {
+            last = pod_counts(cp, name)?;
+            Ok((last == Some(want)).then_some(()))
+        },
+    );
+    found.with_context(|| format!("last seen: {last:?}"))?;
+    Ok(started.elapsed())
+}
+
+/// The leader's Pod census: Pods created before a template are missing, the ones it injects
+/// current; an image edit makes them stale (with a `PodsStale` event), a priority edit
+/// changes nothing; `kubectl get sct` shows the counts and `/metrics` has them.
+fn pod_counts_follow_template_changes(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-census";
+    let template = |image: &str, priority: i32| {
+        format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: census}}
+  podSelector:
+    matchLabels: {{app: counted}}
+  priority: {priority}
+  failurePolicy: Ignore
+  containers:
+    - name: counted-agent
+      image: {image}
+"#
+        )
+    };
+    let ns = cp.namespace("census", &[("e2e.sidecar.dev/scenario", "census")])?;
+    let counted = [("app", "counted")];
+    // Before the template: these two will be missing.
+    for pod in ["early-1", "early-2"] {
+        create_pod(cp, &ns, pod, &counted, &[], false)?;
+    }
+    // A Pod the template does not select counts nowhere.
+    create_pod(cp, &ns, "other", &[("app", "other")], &[], false)?;
+    cp.apply_yaml(&template("busybox:1.36", 10))?;
+    wait_served(cp, name)?;
+    poll(Duration::from_secs(30), "injection (dry run)", || {
+        let (pod, _) = create_pod(cp, &ns, "probe", &counted, &[], true)?;
+        Ok(annotation(&pod, INJECTED).is_some().then_some(()))
+    })?;
+    for pod in ["late-1", "late-2"] {
+        let (pod, _) = create_pod(cp, &ns, pod, &counted, &[], false)?;
+        ensure!(annotation(&pod, INJECTED).is_some(), "not injected: {pod}");
+    }
+    let took = wait_pod_counts(cp, name, [2, 2, 0, 2])?;
+    eprintln!("[e2e] counts after the Pods were created: {took:.1?}");
+
+    // An image edit: the two injected Pods are stale; a Pod created now is current.
+    cp.apply_yaml(&template("busybox:1.37", 10))?;
+    let took = wait_pod_counts(cp, name, [2, 0, 2, 2])?;
+    eprintln!("[e2e] counts after the image edit: {took:.1?}");
+    poll(
+        Duration::from_secs(30),
+        "injection of the new image (dry run)",
+        || {
+            let (pod, _) = create_pod(cp, &ns, "probe", &counted, &[], true)?;
+            Ok((container_image(&pod, "counted-agent") == Some("busybox:1.37")).then_some(()))
+        },
+    )?;
+    create_pod(cp, &ns, "after-edit", &counted, &[], false)?;
+    wait_pod_counts(cp, name, [3, 1, 2, 2])?;
+    poll(Duration::from_secs(30), "a PodsStale event", || {
+        Ok(cp
+            .list_json("events.events.k8s.io", Some("default"), None)?
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == name && e["reason"] == "PodsStale"))
+    })?;
+
+    // A priority edit changes what is in force but not what is injected: nothing goes stale.
+    cp.apply_yaml(&template("busybox:1.37", 20))?;
+    let generation = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
+    poll(
+        Duration::from_secs(30),
+        "the priority edit observed",
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            Ok((template["status"]["observedGeneration"] == generation).then_some(()))
+        },
+    )?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        pod_counts(cp, name)? == Some([3, 1, 2, 2]),
+        "after a priority edit: {:?}",
+        pod_counts(cp, name)?
+    );
+
+    // Deleting a stale Pod and a missing one: the counts follow.
+    cp.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        &ns,
+        "late-1",
+        "early-1",
+        "--wait=false",
+    ])?;
+    wait_pod_counts(cp, name, [2, 1, 1, 1])?;
+
+    let table = cp.kubectl_ok(&["get", "sct", name])?;
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["INJECTED", "CURRENT", "STALE", "MISSING"] {
+        ensure!(header.contains(column), "kubectl get sct: {table}");
+    }
+    let metrics = env.operator.metrics()?;
+    for (state, count) in [("current", 1), ("stale", 1), ("missing", 1)] {
+        let line = format!(
+            "sidecar_injector_template_pods{{template=\"{name}\",state=\"{state}\"}} {count}"
+        );
+        ensure!(metrics.contains(&line), "/metrics lacks {line}");
+    }
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// The image of `pod`'s container `name`.
+fn container_image<'a>(pod: &'a Value, name: &str) -> Option<&'a str> {
+    pod["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)?["image"]
+        .as_str()
 }

@@ -52,6 +52,22 @@ pub const DEFAULT_PRIORITY: i32 = 100;
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Injected",
+        type_ = "integer",
+        json_path = ".status.pods.injected"
+    ),
+    printcolumn(
+        name = "Current",
+        type_ = "integer",
+        json_path = ".status.pods.current"
+    ),
+    printcolumn(name = "Stale", type_ = "integer", json_path = ".status.pods.stale"),
+    printcolumn(
+        name = "Missing",
+        type_ = "integer",
+        json_path = ".status.pods.missing"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -261,6 +277,27 @@ pub struct SidecarTemplateStatus {
     /// replicas started after the edit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_valid: Option<LastValid>,
+
+    /// Where the Pods this template selects or that carry it stand, as the leader last counted
+    /// them from their metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<PodCounts>,
+}
+
+/// How many Pods carry a template, and whether what they carry is what it injects now.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodCounts {
+    /// Pods that carry the template (`current` + `stale`).
+    pub injected: u32,
+    /// Pods that carry what the template injects now.
+    pub current: u32,
+    /// Pods that carry an earlier version of what it injects: they get the new one when they
+    /// are created again.
+    pub stale: u32,
+    /// Pods the template selects now that do not carry it: created before it, or admitted
+    /// while a best-effort template's webhook was down.
+    pub missing: u32,
 }
 
 /// A generation of a template and its spec, as the operator last found it valid.

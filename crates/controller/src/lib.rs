@@ -9,6 +9,7 @@
 /// The field manager of every write the operator makes (server-side apply and updates).
 pub const FIELD_MANAGER: &str = "sidecar-injector";
 
+pub mod census;
 pub mod certs;
 pub mod entry_order;
 pub mod leader;

@@ -1,5 +1,6 @@
 //! The controller's Prometheus metrics, registered beside the webhook's.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -8,6 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+
+use injector_core::lifecycle::Tally;
 
 use crate::sync::TemplateCounts;
 
@@ -32,6 +35,18 @@ pub struct SecretKeyLabels {
     pub key: String,
 }
 
+/// Labels of the Pod census gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplatePodLabels {
+    /// The template's name.
+    pub template: String,
+    /// `current`, `stale` or `missing`.
+    pub state: String,
+}
+
+/// The states the Pod census gauge has a series for.
+const POD_STATES: [&str; 3] = ["current", "stale", "missing"];
+
 /// Every controller metric.
 #[derive(Debug)]
 pub struct ControllerMetrics {
@@ -43,6 +58,7 @@ pub struct ControllerMetrics {
     entry_cycles: Gauge,
     unreadable_secret_keys: Family<SecretKeyLabels, Counter>,
     templates_not_served: Gauge,
+    template_pods: Family<TemplatePodLabels, Gauge>,
 }
 
 impl ControllerMetrics {
@@ -57,6 +73,7 @@ impl ControllerMetrics {
             entry_cycles: Gauge::default(),
             unreadable_secret_keys: Family::default(),
             templates_not_served: Gauge::default(),
+            template_pods: Family::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
         registry.register(
@@ -99,7 +116,48 @@ impl ControllerMetrics {
             "Valid templates left without a webhook entry because the configuration would not fit with it (set by the leader)",
             metrics.templates_not_served.clone(),
         );
+        registry.register(
+            "template_pods",
+            "Pods by template and where they stand: current (carry what it injects now), stale (an earlier version), missing (selected now, not carrying it); set by the leader",
+            metrics.template_pods.clone(),
+        );
         metrics
+    }
+
+    /// Sets the Pod census of every template in `tallies`, and removes the series of
+    /// `gone`, templates counted before and no longer.
+    pub fn set_template_pods<'a>(
+        &self,
+        tallies: &BTreeMap<String, Tally>,
+        gone: impl IntoIterator<Item = &'a str>,
+    ) {
+        for (template, tally) in tallies {
+            for (state, count) in
+                POD_STATES
+                    .into_iter()
+                    .zip([tally.current, tally.stale, tally.missing])
+            {
+                self.template_pods
+                    .get_or_create(&TemplatePodLabels {
+                        template: template.clone(),
+                        state: state.to_owned(),
+                    })
+                    .set(i64::from(count));
+            }
+        }
+        for template in gone {
+            for state in POD_STATES {
+                self.template_pods.remove(&TemplatePodLabels {
+                    template: template.to_owned(),
+                    state: state.to_owned(),
+                });
+            }
+        }
+    }
+
+    /// Removes every Pod census series (a replica that stops leading no longer counts).
+    pub fn clear_template_pods(&self) {
+        self.template_pods.clear();
     }
 
     /// Sets how many valid templates have no webhook entry.
@@ -177,6 +235,21 @@ mod tests {
         metrics.set_entry_cycles(1);
         metrics.record_unreadable_secret_key("ca-previous.crt");
         metrics.set_templates_not_served(2);
+        let tally = |current, stale, missing| Tally {
+            current,
+            stale,
+            stale_in_place: 0,
+            missing,
+        };
+        let tallies = BTreeMap::from([
+            ("mesh".to_owned(), tally(4, 2, 1)),
+            ("gone".to_owned(), tally(1, 1, 1)),
+        ]);
+        metrics.set_template_pods(&tallies, []);
+        metrics.set_template_pods(
+            &BTreeMap::from([("mesh".to_owned(), tally(5, 1, 1))]),
+            ["gone"],
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [
@@ -189,8 +262,12 @@ mod tests {
             "sidecar_injector_webhook_entry_cycles 1",
             "sidecar_injector_certificate_secret_unreadable_keys_total{key=\"ca-previous.crt\"} 1",
             "sidecar_injector_templates_not_served 2",
+            "sidecar_injector_template_pods{template=\"mesh\",state=\"current\"} 5",
+            "sidecar_injector_template_pods{template=\"mesh\",state=\"stale\"} 1",
+            "sidecar_injector_template_pods{template=\"mesh\",state=\"missing\"} 1",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
+        assert!(!text.contains("template=\"gone\""), "{text}");
     }
 }

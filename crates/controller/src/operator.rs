@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::FIELD_MANAGER;
+use crate::census::{self, Tallies};
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
@@ -363,6 +364,9 @@ pub struct Operator {
     /// The caBundle of the configuration this replica last applied: the certificate loop waits
     /// for a new CA to be there before it writes the Secret.
     applied_ca: watch::Sender<Option<String>>,
+    /// The leader's latest Pod census; `None` on a replica that does not lead, or before the
+    /// first count.
+    census: watch::Sender<Option<Arc<Tallies>>>,
     leading: watch::Receiver<bool>,
 }
 
@@ -390,6 +394,7 @@ impl Operator {
             ca_bundle: watch::channel(None).0,
             not_served: Mutex::new(BTreeSet::new()),
             applied_ca: watch::channel(None).0,
+            census: watch::channel(None).0,
             leading,
         })
     }
@@ -402,6 +407,7 @@ impl Operator {
             tokio::spawn(Arc::clone(&self).rotate_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).configuration_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).status_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).census_loop(stop.clone())),
         ];
         for task in loops {
             if let Err(error) = task.await {
@@ -735,6 +741,51 @@ impl Operator {
         }
     }
 
+    /// Leader: counts where the Pods stand with each template ([`census`]), for the status
+    /// loop and the metric. The Pod and Namespace views are kept only while this replica
+    /// leads.
+    async fn census_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut leading = self.leading.clone();
+        loop {
+            if self.is_leader() {
+                let mut counted: Vec<String> = Vec::new();
+                let counting = census::run(
+                    self.client.clone(),
+                    Arc::clone(&self.templates),
+                    self.options.namespace.clone(),
+                    |tallies| {
+                        let gone: Vec<String> = counted
+                            .drain(..)
+                            .filter(|name| !tallies.contains_key(name))
+                            .collect();
+                        self.metrics
+                            .set_template_pods(&tallies, gone.iter().map(String::as_str));
+                        counted.extend(tallies.keys().cloned());
+                        self.census.send_replace(Some(tallies));
+                    },
+                );
+                let still = tokio::select! {
+                    _ = stop.cancelled() => false,
+                    () = counting => {
+                        tracing::error!("the Pod census's watches ended");
+                        false
+                    }
+                    changed = Self::leadership_changed(&mut leading, "census") => changed,
+                };
+                self.census.send_replace(None);
+                self.metrics.clear_template_pods();
+                if !still {
+                    return;
+                }
+            } else {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    changed = Self::leadership_changed(&mut leading, "census") => if !changed { return },
+                }
+            }
+        }
+    }
+
     /// Leader: each template's status, naming the entry that serves it, and an Event when one
     /// is invalid (`Invalid`, or `InvalidGenerationKept` when a required template's last valid
     /// generation stays) or has no entry (`NotServed`).
@@ -749,6 +800,7 @@ impl Operator {
             },
         );
         let mut evented: BTreeSet<(String, i64)> = BTreeSet::new();
+        let mut stale_evented: BTreeSet<(String, i64)> = BTreeSet::new();
         let mut leading = self.leading.clone();
         let mut retry = retry_backoff();
         loop {
@@ -773,6 +825,7 @@ impl Operator {
                     .iter()
                     .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
                     .collect();
+                let census = self.census.borrow().clone();
                 for mut observed in work {
                     let name = observed.template.metadata.name.clone().unwrap_or_default();
                     if let Some(&served) = serving.get(name.as_str()) {
@@ -786,7 +839,7 @@ impl Operator {
                     let template = &observed.template;
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
                     let unserved = outcome.is_ok() && not_served.contains(&name);
-                    let desired = if unserved {
+                    let mut desired = if unserved {
                         crate::status::desired_status_not_served(template, &not_served_why(), now())
                     } else {
                         crate::status::desired_status_kept(
@@ -796,6 +849,13 @@ impl Operator {
                             now(),
                         )
                     };
+                    let tally = census
+                        .as_ref()
+                        .and_then(|census| census.get(&name))
+                        .copied();
+                    if let Some(tally) = tally {
+                        desired.pods = Some(tally.into());
+                    }
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
                             Ok(()) => self.metrics.record_reconcile("status", true),
@@ -810,6 +870,19 @@ impl Operator {
                         name.clone(),
                         template.metadata.generation.unwrap_or_default(),
                     );
+                    if let Some(tally) = tally.filter(|t| t.stale > 0)
+                        && !stale_evented.contains(&key)
+                    {
+                        match crate::status::record_stale(&recorder, template, tally).await {
+                            Ok(()) => {
+                                stale_evented.insert(key.clone());
+                            }
+                            Err(error) => {
+                                failed = true;
+                                tracing::warn!(template = %name, %error, "recording the template's event failed")
+                            }
+                        }
+                    }
                     if (outcome.is_err() || unserved) && !evented.contains(&key) {
                         let published = match (&outcome, &observed.kept) {
                             (Ok(()), _) => {

@@ -18,6 +18,7 @@
 //! that talk to the API server.
 
 use injector_api::{FailurePolicy, LastValid, SidecarTemplate, SidecarTemplateStatus};
+use injector_core::lifecycle::Tally;
 use injector_core::{GroupId, ValidationErrors};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
@@ -53,6 +54,12 @@ pub const REASON_NOT_SERVED: &str = "NotServed";
 
 /// The action of the event on a template that has no webhook entry.
 pub const ACTION_SERVE: &str = "Serve";
+
+/// The reason of the `Normal` event on a template whose change left Pods stale.
+pub const REASON_PODS_STALE: &str = "PodsStale";
+
+/// The action of the event on a template whose change left Pods stale.
+pub const ACTION_COUNT: &str = "Count";
 
 /// The action of the event on an invalid template.
 pub const ACTION_VALIDATE: &str = "Validate";
@@ -187,6 +194,9 @@ fn status_with(
         conditions,
         observed_generation: generation,
         last_valid,
+        // The Pod counts are the census's (the status loop sets them); until it has counted,
+        // the counts in the cluster stay.
+        pods: template.status.as_ref().and_then(|status| status.pods),
     }
 }
 
@@ -235,6 +245,7 @@ pub fn needs_update(
     };
     existing.observed_generation != desired.observed_generation
         || existing.last_valid != desired.last_valid
+        || existing.pods != desired.pods
         || desired.conditions.iter().any(|want| {
             existing
                 .conditions
@@ -328,10 +339,54 @@ pub async fn record_not_served(
     warn_about(recorder, template, REASON_NOT_SERVED, ACTION_SERVE, note).await
 }
 
+/// Publishes a `Normal` event, reason `PodsStale`, action `Count`, on `template`, whose
+/// change left `tally.stale` of the Pods carrying it with an earlier version.
+pub async fn record_stale(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    tally: Tally,
+) -> Result<(), kube::Error> {
+    let note = stale_message(template, tally);
+    publish(
+        recorder,
+        template,
+        EventType::Normal,
+        REASON_PODS_STALE,
+        ACTION_COUNT,
+        note,
+    )
+    .await
+}
+
+/// The note of the `PodsStale` event.
+pub fn stale_message(template: &SidecarTemplate, tally: Tally) -> String {
+    let generation = template.metadata.generation.unwrap_or_default();
+    let name = template.metadata.name.as_deref().unwrap_or_default();
+    format!(
+        "{} of the {} Pods carrying this template have an earlier version of what it injects \
+         (now generation {generation}); they get the new one when they are created again \
+         ('kubectl sidecar status {name}' lists their workloads)",
+        tally.stale,
+        tally.injected()
+    )
+}
+
 /// Publishes a `Warning` event on `template` (its note cut to [`NOTE_MAX_BYTES`]).
 async fn warn_about(
     recorder: &Recorder,
     template: &SidecarTemplate,
+    reason: &str,
+    action: &str,
+    note: String,
+) -> Result<(), kube::Error> {
+    publish(recorder, template, EventType::Warning, reason, action, note).await
+}
+
+/// Publishes an event of `type_` on `template` (its note cut to [`NOTE_MAX_BYTES`]).
+async fn publish(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    type_: EventType,
     reason: &str,
     action: &str,
     note: String,
@@ -342,7 +397,7 @@ async fn warn_about(
     // different problems) a new event, while a resync of the same version is still folded.
     regarding.resource_version = template.metadata.resource_version.clone();
     let event = Event {
-        type_: EventType::Warning,
+        type_,
         reason: reason.to_owned(),
         note: Some(truncate(note, NOTE_MAX_BYTES)),
         action: action.to_owned(),

@@ -9,9 +9,10 @@
 //! fingerprints existed (`name@generation`) count as stale: what they carry is unknown.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use injector_api::FailurePolicy;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
+use injector_api::{FailurePolicy, PodCounts};
 
 use crate::fingerprint::Fingerprint;
 use crate::plan::{NamespaceInfo, injected_entries, opts_out, pod_wide_skip, unselected_by_pod};
@@ -91,14 +92,8 @@ pub fn state(
     pod: &PodMeta<'_>,
     namespace: &NamespaceInfo<'_>,
 ) -> Option<PodState> {
-    if let Some(entry) = recorded(pod.annotations).find(|e| e.name == template.name) {
-        return Some(match entry.fingerprint {
-            Some(fingerprint) if fingerprint == template.fingerprint => PodState::Current,
-            Some(fingerprint) => PodState::Stale {
-                in_place: fingerprint.only_images_differ(&template.fingerprint),
-            },
-            None => PodState::Stale { in_place: false },
-        });
+    if let Some(state) = carried(template, pod) {
+        return Some(state);
     }
     selects(template, pod, namespace).then_some(PodState::Missing)
 }
@@ -118,6 +113,98 @@ pub fn selects(
             .labels
             .is_none_or(|labels| template.namespace_selector.matches(labels))
         && unselected_by_pod(template, pod.labels, pod.annotations).is_none()
+}
+
+/// How many Pods stand where with one template.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Pods that carry what it injects now.
+    pub current: u32,
+    /// Pods that carry an earlier version of it.
+    pub stale: u32,
+    /// Of the stale ones, those whose change is only in images.
+    pub stale_in_place: u32,
+    /// Pods it selects that do not carry it.
+    pub missing: u32,
+}
+
+impl Tally {
+    /// Counts one Pod in `state`.
+    pub fn add(&mut self, state: PodState) {
+        let count = match state {
+            PodState::Current => &mut self.current,
+            PodState::Stale { in_place } => {
+                if in_place {
+                    self.stale_in_place += 1;
+                }
+                &mut self.stale
+            }
+            PodState::Missing => &mut self.missing,
+        };
+        *count += 1;
+    }
+
+    /// Pods that carry the template, current or not.
+    pub fn injected(&self) -> u32 {
+        self.current + self.stale
+    }
+}
+
+impl From<Tally> for PodCounts {
+    fn from(tally: Tally) -> Self {
+        PodCounts {
+            injected: tally.injected(),
+            current: tally.current,
+            stale: tally.stale,
+            missing: tally.missing,
+        }
+    }
+}
+
+/// Where every Pod of `pods` stands with each of `templates`, by template name (every template
+/// has a tally, zero when no Pod is concerned). `namespace` gives a namespace's labels, or
+/// `None` for a namespace whose Pods no template may select (the operator's own, or one not
+/// seen yet): a Pod there counts only when it carries a template.
+pub fn census<'p>(
+    templates: &[Arc<CompiledTemplate>],
+    pods: impl IntoIterator<Item = PodMeta<'p>>,
+    namespace: impl Fn(&str) -> Option<&'p BTreeMap<String, String>>,
+) -> BTreeMap<String, Tally> {
+    let mut tallies: Vec<Tally> = vec![Tally::default(); templates.len()];
+    for pod in pods {
+        let labels = namespace(pod.namespace);
+        let info = NamespaceInfo {
+            name: pod.namespace,
+            labels,
+        };
+        for (template, tally) in templates.iter().zip(&mut tallies) {
+            let state = if labels.is_some() {
+                state(template, &pod, &info)
+            } else {
+                carried(template, &pod)
+            };
+            if let Some(state) = state {
+                tally.add(state);
+            }
+        }
+    }
+    templates
+        .iter()
+        .map(|t| t.name.clone())
+        .zip(tallies)
+        .collect()
+}
+
+/// Where `pod` stands with `template` by its record alone: `None` when it does not carry it.
+pub fn carried(template: &CompiledTemplate, pod: &PodMeta<'_>) -> Option<PodState> {
+    let entry = recorded(pod.annotations).find(|e| e.name == template.name)?;
+    Some(match entry.fingerprint {
+        Some(fingerprint) if fingerprint == template.fingerprint => PodState::Current,
+        Some(fingerprint) => PodState::Stale {
+            in_place: fingerprint.only_images_differ(&template.fingerprint),
+        },
+        None => PodState::Stale { in_place: false },
+    })
 }
 
 #[cfg(test)]

@@ -179,3 +179,78 @@ fn record_entries_are_read_whatever_their_age() {
         }
     );
 }
+
+#[test]
+fn census_counts_every_template_over_every_pod() {
+    let mesh = Arc::new(mesh());
+    let logger = Arc::new(template(
+        "logger",
+        json!({"namespaceSelector": {"matchLabels": {"logs": "on"}}, "failurePolicy": "Ignore", "containers": [{"name": "logger", "image": "fluent:1"}]}),
+    ));
+    let old_mesh = template(
+        "mesh",
+        json!({"podSelector": {"matchLabels": {"app": "web"}}, "containers": [{"name": "proxy", "image": "envoy:1.29"}]}),
+    );
+    let web = map(&[("app", "web")]);
+    let db = map(&[("app", "db")]);
+    let record = |entries: &[String]| map(&[(INJECTED_ANNOTATION, &entries.join(","))]);
+    let current = record(&[format!("mesh@1#{}", mesh.fingerprint)]);
+    let stale = record(&[
+        format!("mesh@1#{}", old_mesh.fingerprint),
+        format!("logger@1#{}", logger.fingerprint),
+    ]);
+    let nothing = BTreeMap::new();
+    let logs_on = map(&[("logs", "on")]);
+    let plain = BTreeMap::new();
+    let pods = [
+        // shop (logs on): one current, one stale (and carrying the logger), one missing both.
+        ("shop", &web, &current),
+        ("shop", &web, &stale),
+        ("shop", &web, &nothing),
+        // A Pod neither template selects.
+        ("shop", &db, &nothing),
+        // plain: the logger does not select it; the mesh misses it.
+        ("plain", &web, &nothing),
+        // A namespace not seen yet (or the operator's): only what it carries counts.
+        ("unknown", &web, &nothing),
+        ("unknown", &web, &current),
+    ];
+    let namespaces = BTreeMap::from([("shop", &logs_on), ("plain", &plain)]);
+    let tallies = census(
+        &[Arc::clone(&mesh), Arc::clone(&logger)],
+        pods.iter().map(|(namespace, labels, annotations)| PodMeta {
+            namespace,
+            labels,
+            annotations,
+        }),
+        |name| namespaces.get(name).copied(),
+    );
+    assert_eq!(
+        tallies["mesh"],
+        Tally {
+            current: 2,
+            stale: 1,
+            stale_in_place: 1,
+            missing: 2,
+        }
+    );
+    assert_eq!(tallies["mesh"].injected(), 3);
+    assert_eq!(
+        tallies["logger"],
+        Tally {
+            current: 1,
+            stale: 0,
+            stale_in_place: 0,
+            missing: 3,
+        }
+    );
+    assert_eq!(
+        PodCounts::from(tallies["logger"]),
+        PodCounts {
+            injected: 1,
+            current: 1,
+            stale: 0,
+            missing: 3,
+        }
+    );
+}

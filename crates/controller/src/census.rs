@@ -1,0 +1,194 @@
+//! The leader's census of Pods: where every Pod stands with each template (current, stale or
+//! missing, [`injector_core::lifecycle`]), for the templates' `status.pods`, the
+//! `sidecar_injector_template_pods` metric and the event on a template that leaves Pods stale.
+//!
+//! It works from a metadata-only view of Pods and Namespaces (a metadata watch: the API
+//! server never sends a spec or status), and keeps of each Pod only what the census reads:
+//! its name, labels, owners, deletion time and the annotations admission reads
+//! (`sidecar.dev/injected`, `sidecar.dev/inject`, `sidecar.dev/templates`). The count runs
+//! off the async runtime at most once per [`CENSUS_PERIOD`], when a Pod, a Namespace or the
+//! templates changed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
+use injector_core::Templates;
+use injector_core::lifecycle::{self, PodMeta, Tally};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+
+/// How often, at most, the census is counted again.
+pub const CENSUS_PERIOD: Duration = Duration::from_secs(1);
+
+/// The annotations of a Pod the census reads; the view drops every other.
+const READ_ANNOTATIONS: [&str; 3] = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEMPLATES_ANNOTATION];
+
+/// Where the Pods stand with each template in force, by template name.
+pub type Tallies = BTreeMap<String, Tally>;
+
+/// Keeps only what the census reads of a Pod's metadata.
+pub fn strip_pod(meta: &mut ObjectMeta) {
+    let kept = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        resource_version: meta.resource_version.take(),
+        labels: meta.labels.take(),
+        annotations: meta.annotations.take().map(|mut annotations| {
+            annotations.retain(|key, _| READ_ANNOTATIONS.contains(&key.as_str()));
+            annotations
+        }),
+        owner_references: meta.owner_references.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+    *meta = kept;
+}
+
+/// Keeps only a Namespace's name and labels.
+pub fn strip_namespace(meta: &mut ObjectMeta) {
+    let kept = ObjectMeta {
+        name: meta.name.take(),
+        resource_version: meta.resource_version.take(),
+        labels: meta.labels.take(),
+        ..ObjectMeta::default()
+    };
+    *meta = kept;
+}
+
+/// Counts `pods` against the templates of `snapshot`. A Pod being deleted is left out; Pods in
+/// `operator_namespace` (which no template may select) count only for what they carry.
+pub fn count(
+    snapshot: &injector_core::Snapshot,
+    pods: &[Arc<PartialObjectMeta<Pod>>],
+    namespaces: &[Arc<PartialObjectMeta<Namespace>>],
+    operator_namespace: &str,
+) -> Tallies {
+    let empty = BTreeMap::new();
+    let labels: BTreeMap<&str, &BTreeMap<String, String>> = namespaces
+        .iter()
+        .filter_map(|ns| {
+            let name = ns.metadata.name.as_deref()?;
+            (name != operator_namespace)
+                .then(|| (name, ns.metadata.labels.as_ref().unwrap_or(&empty)))
+        })
+        .collect();
+    let metas = pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .map(|pod| PodMeta {
+            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+        });
+    lifecycle::census(snapshot.templates(), metas, |name| {
+        labels.get(name).copied()
+    })
+}
+
+/// A metadata-only watch of every `K` (an `Api` of [`PartialObjectMeta`] asks the API server
+/// for metadata only), each object stripped by `strip` before it is kept.
+fn metadata_view<K>(
+    client: Client,
+    strip: fn(&mut ObjectMeta),
+) -> impl Stream<Item = Result<Event<PartialObjectMeta<K>>, watcher::Error>> + Send
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<PartialObjectMeta<K>> = Api::all(client);
+    watcher::watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .map(move |event| event.map(|event| event.modify(|object| strip(&mut object.metadata))))
+}
+
+/// Keeps the metadata-only views of Pods and Namespaces and, at most once per
+/// [`CENSUS_PERIOD`] when something changed, counts them against the templates in force and
+/// hands the tallies to `publish`. Runs until dropped (the leader's term ends) or until the
+/// watches end.
+pub async fn run(
+    client: Client,
+    templates: Arc<Templates>,
+    operator_namespace: String,
+    mut publish: impl FnMut(Arc<Tallies>),
+) {
+    let (pods, mut pods_writer) = reflector::store::<PartialObjectMeta<Pod>>();
+    let (namespaces, mut namespaces_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
+    let mut pod_events = metadata_view::<Pod>(client.clone(), strip_pod).boxed();
+    let mut namespace_events = metadata_view::<Namespace>(client, strip_namespace).boxed();
+    let mut pods_listed = false;
+    let mut namespaces_listed = false;
+    let mut dirty = true;
+    let mut counted: Option<Arc<injector_core::Snapshot>> = None;
+    let mut tick = tokio::time::interval(CENSUS_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            event = pod_events.next() => match event {
+                Some(Ok(event)) => {
+                    pods_listed |= matches!(event, Event::InitDone);
+                    pods_writer.apply_watcher_event(&event);
+                    dirty = true;
+                }
+                Some(Err(error)) => tracing::warn!(%error, "watching Pods (metadata) failed; retrying"),
+                None => return,
+            },
+            event = namespace_events.next() => match event {
+                Some(Ok(event)) => {
+                    namespaces_listed |= matches!(event, Event::InitDone);
+                    namespaces_writer.apply_watcher_event(&event);
+                    dirty = true;
+                }
+                Some(Err(error)) => tracing::warn!(%error, "watching Namespaces (metadata) failed; retrying"),
+                None => return,
+            },
+            _ = tick.tick() => {
+                if !(pods_listed && namespaces_listed && templates.is_synced()) {
+                    continue;
+                }
+                let snapshot = templates.snapshot();
+                let templates_changed = counted.as_ref().is_none_or(|c| !Arc::ptr_eq(c, &snapshot));
+                if !(dirty || templates_changed) {
+                    continue;
+                }
+                dirty = false;
+                counted = Some(Arc::clone(&snapshot));
+                match count_off_runtime(snapshot, &pods, &namespaces, &operator_namespace).await {
+                    Ok(tallies) => publish(Arc::new(tallies)),
+                    Err(error) => tracing::error!(%error, "counting Pods failed"),
+                }
+            }
+        }
+    }
+}
+
+/// [`count`] on a blocking thread: thousands of Pods times every template is CPU work.
+async fn count_off_runtime(
+    snapshot: Arc<injector_core::Snapshot>,
+    pods: &Store<PartialObjectMeta<Pod>>,
+    namespaces: &Store<PartialObjectMeta<Namespace>>,
+    operator_namespace: &str,
+) -> Result<Tallies, tokio::task::JoinError> {
+    let pods = pods.state();
+    let namespaces = namespaces.state();
+    let operator_namespace = operator_namespace.to_owned();
+    tokio::task::spawn_blocking(move || count(&snapshot, &pods, &namespaces, &operator_namespace))
+        .await
+}
+
+#[cfg(test)]
+#[path = "census/tests.rs"]
+mod tests;
