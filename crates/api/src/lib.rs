@@ -146,6 +146,66 @@ pub struct SidecarTemplateSpec {
     /// Labels and annotations added to the Pod. Existing keys keep their values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<InjectedMetadata>,
+
+    /// How a change of what this template injects reaches running Pods. Absent: `OnCreate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+}
+
+/// How a change of what a template injects reaches the Pods that carry an earlier version
+/// (stale) or that it selects and that do not carry it (missing).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpdateStrategy {
+    /// `OnCreate` (default): only Pods created from now on get the change; stale and missing
+    /// Pods are counted in `status.pods`. `RollingRestart`: the operator restarts the
+    /// Deployments, StatefulSets and DaemonSets that own stale or missing Pods, as
+    /// `kubectl rollout restart` does, a few at a time. Needs the chart's `rollouts.enabled`.
+    #[serde(default, rename = "type")]
+    pub type_: UpdateStrategyType,
+
+    /// `RollingRestart`: how many workloads restart at once; each must complete its rollout
+    /// before another starts. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_concurrent_workloads: Option<u32>,
+
+    /// No new restart starts while true; the ones under way complete.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+
+    /// A restarted workload that makes no progress (no more of its Pods updated or ready) for
+    /// this long halts the template's rollout, with the `RolloutBlocked` condition naming it.
+    /// Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 86_400))]
+    pub progress_deadline_seconds: Option<u32>,
+}
+
+/// The default of `updateStrategy.maxConcurrentWorkloads`.
+pub const DEFAULT_MAX_CONCURRENT_WORKLOADS: u32 = 1;
+
+/// The default of `updateStrategy.progressDeadlineSeconds`.
+pub const DEFAULT_PROGRESS_DEADLINE_SECONDS: u32 = 600;
+
+/// How a change reaches running Pods.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default, JsonSchema)]
+pub enum UpdateStrategyType {
+    /// New Pods only.
+    #[default]
+    OnCreate,
+    /// Restart the workloads owning stale or missing Pods.
+    RollingRestart,
+}
+
+impl UpdateStrategyType {
+    /// The name used in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateStrategyType::OnCreate => "OnCreate",
+            UpdateStrategyType::RollingRestart => "RollingRestart",
+        }
+    }
 }
 
 /// Bounds `items.name` to a DNS-1123 label, as the API server bounds Pod container names. Besides
@@ -282,6 +342,60 @@ pub struct SidecarTemplateStatus {
     /// them from their metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<PodCounts>,
+
+    /// The rollout of the template's current version to stale and missing Pods
+    /// (`updateStrategy` other than `OnCreate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+}
+
+/// Where a template's rollout stands.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// `Progressing` (workloads are restarting or wait their turn), `Complete` (no restartable
+    /// workload owns a stale or missing Pod), `Paused`, `Halted` (a restarted workload made no
+    /// progress in time) or `Forbidden` (the operator may not restart workloads).
+    pub state: String,
+    /// The workloads restarting now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarting: Vec<WorkloadRef>,
+    /// How many workloads own stale or missing Pods and wait their turn.
+    #[serde(default)]
+    pub waiting: u32,
+    /// Stale or missing Pods no restartable workload owns (bare Pods, Jobs, CronJobs, or a
+    /// workload annotated `sidecar.dev/rollout: disabled`): never touched, only reported.
+    #[serde(default)]
+    pub not_restartable: u32,
+    /// Why the rollout is `Halted` or `Forbidden`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A workload, by kind, namespace and name.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    /// `Deployment`, `StatefulSet` or `DaemonSet`.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl std::fmt::Display for WorkloadRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{} -n {}",
+            self.kind.to_lowercase(),
+            self.name,
+            self.namespace
+        )
+    }
 }
 
 /// How many Pods carry a template, and whether what they carry is what it injects now.

@@ -12,6 +12,21 @@ pub const TEMPLATES_ANNOTATION: &str = "sidecar.dev/templates";
 /// template it does not carry gets it.
 pub const INJECTED_ANNOTATION: &str = "sidecar.dev/injected";
 
+/// On a Deployment, StatefulSet or DaemonSet: `disabled` keeps every template's rollout from
+/// restarting it (its stale and missing Pods are reported, never touched).
+pub const ROLLOUT_ANNOTATION: &str = "sidecar.dev/rollout";
+
+/// The value of [`ROLLOUT_ANNOTATION`] that opts a workload out of rollouts.
+pub const ROLLOUT_DISABLED: &str = "disabled";
+
+/// On a workload the operator restarted: `template#fingerprint` for each template whose
+/// version it was restarted for (comma-separated), so it is restarted once per version.
+pub const RESTARTED_FOR_ANNOTATION: &str = "sidecar.dev/restarted-for";
+
+/// On a restarted workload's Pod template: when the operator restarted it (RFC 3339), as
+/// `kubectl rollout restart` writes `kubectl.kubernetes.io/restartedAt`.
+pub const RESTARTED_AT_ANNOTATION: &str = "sidecar.dev/restartedAt";
+
 /// The prefix of every label and annotation key the injector reads or writes. A template may not
 /// add such a key: it would switch off or fake the injector's own controls for the Pod.
 pub const RESERVED_PREFIX: &str = "sidecar.dev/";

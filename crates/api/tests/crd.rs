@@ -44,7 +44,17 @@ fn the_crd_is_cluster_scoped_with_short_name_and_columns() {
         .collect();
     assert_eq!(
         columns,
-        ["Priority", "Injection", "Failure-Policy", "Ready", "Age"]
+        [
+            "Priority",
+            "Injection",
+            "Failure-Policy",
+            "Ready",
+            "Injected",
+            "Current",
+            "Stale",
+            "Missing",
+            "Age"
+        ]
     );
 }
 

@@ -197,6 +197,11 @@ fn status_with(
         // The Pod counts are the census's (the status loop sets them); until it has counted,
         // the counts in the cluster stay.
         pods: template.status.as_ref().and_then(|status| status.pods),
+        // The rollout's state is the rollout loop's, kept the same way.
+        rollout: template
+            .status
+            .as_ref()
+            .and_then(|status| status.rollout.clone()),
     }
 }
 
@@ -246,6 +251,7 @@ pub fn needs_update(
     existing.observed_generation != desired.observed_generation
         || existing.last_valid != desired.last_valid
         || existing.pods != desired.pods
+        || existing.rollout != desired.rollout
         || desired.conditions.iter().any(|want| {
             existing
                 .conditions
