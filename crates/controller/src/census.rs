@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
 use injector_core::Templates;
-use injector_core::lifecycle::{self, PodMeta, Tally};
+use injector_core::lifecycle::{self, PodMeta, TemplateCensus};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
@@ -32,8 +32,34 @@ pub const CENSUS_PERIOD: Duration = Duration::from_secs(1);
 /// The annotations of a Pod the census reads; the view drops every other.
 const READ_ANNOTATIONS: [&str; 3] = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEMPLATES_ANNOTATION];
 
-/// Where the Pods stand with each template in force, by template name.
-pub type Tallies = BTreeMap<String, Tally>;
+/// A Pod's controlling owner (what a rollout restarts, once resolved to its workload).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodOwner {
+    /// The Pod's namespace, which is its owner's.
+    pub namespace: String,
+    /// The owner's kind: `ReplicaSet`, `StatefulSet`, `DaemonSet`, `Job`, …
+    pub kind: String,
+    /// The owner's name.
+    pub name: String,
+}
+
+/// Where the Pods stand with each template in force, by template name, with the stale and
+/// missing ones by owner (`None`: a Pod without a controlling owner).
+pub type Census = BTreeMap<String, TemplateCensus<Option<PodOwner>>>;
+
+/// The controlling owner of the Pod `meta` describes.
+pub fn owner_of(meta: &ObjectMeta) -> Option<PodOwner> {
+    let owner = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|owner| owner.controller == Some(true))?;
+    Some(PodOwner {
+        namespace: meta.namespace.clone().unwrap_or_default(),
+        kind: owner.kind.clone(),
+        name: owner.name.clone(),
+    })
+}
 
 /// Keeps only what the census reads of a Pod's metadata.
 pub fn strip_pod(meta: &mut ObjectMeta) {
@@ -71,7 +97,7 @@ pub fn count(
     pods: &[Arc<PartialObjectMeta<Pod>>],
     namespaces: &[Arc<PartialObjectMeta<Namespace>>],
     operator_namespace: &str,
-) -> Tallies {
+) -> Census {
     let empty = BTreeMap::new();
     let labels: BTreeMap<&str, &BTreeMap<String, String>> = namespaces
         .iter()
@@ -84,12 +110,15 @@ pub fn count(
     let metas = pods
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .map(|pod| PodMeta {
-            namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
-            labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-            annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+        .map(|pod| {
+            let meta = PodMeta {
+                namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+                labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+                annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+            };
+            (meta, owner_of(&pod.metadata))
         });
-    lifecycle::census(snapshot.templates(), metas, |name| {
+    lifecycle::census_by_owner(snapshot.templates(), metas, |name| {
         labels.get(name).copied()
     })
 }
@@ -123,7 +152,7 @@ pub async fn run(
     client: Client,
     templates: Arc<Templates>,
     operator_namespace: String,
-    mut publish: impl FnMut(Arc<Tallies>),
+    mut publish: impl FnMut(Arc<Census>),
 ) {
     let (pods, mut pods_writer) = reflector::store::<PartialObjectMeta<Pod>>();
     let (namespaces, mut namespaces_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
@@ -181,7 +210,7 @@ async fn count_off_runtime(
     pods: &Store<PartialObjectMeta<Pod>>,
     namespaces: &Store<PartialObjectMeta<Namespace>>,
     operator_namespace: &str,
-) -> Result<Tallies, tokio::task::JoinError> {
+) -> Result<Census, tokio::task::JoinError> {
     let pods = pods.state();
     let namespaces = namespaces.state();
     let operator_namespace = operator_namespace.to_owned();

@@ -1,6 +1,5 @@
 //! The controller's Prometheus metrics, registered beside the webhook's.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -128,7 +127,7 @@ impl ControllerMetrics {
     /// `gone`, templates counted before and no longer.
     pub fn set_template_pods<'a>(
         &self,
-        tallies: &BTreeMap<String, Tally>,
+        tallies: impl IntoIterator<Item = (&'a String, Tally)>,
         gone: impl IntoIterator<Item = &'a str>,
     ) {
         for (template, tally) in tallies {
@@ -218,6 +217,8 @@ impl ControllerMetrics {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     #[test]
@@ -245,11 +246,9 @@ mod tests {
             ("mesh".to_owned(), tally(4, 2, 1)),
             ("gone".to_owned(), tally(1, 1, 1)),
         ]);
-        metrics.set_template_pods(&tallies, []);
-        metrics.set_template_pods(
-            &BTreeMap::from([("mesh".to_owned(), tally(5, 1, 1))]),
-            ["gone"],
-        );
+        metrics.set_template_pods(tallies.iter().map(|(k, v)| (k, *v)), []);
+        let mesh = "mesh".to_owned();
+        metrics.set_template_pods([(&mesh, tally(5, 1, 1))], ["gone"]);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         for line in [

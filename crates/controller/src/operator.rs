@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::FIELD_MANAGER;
-use crate::census::{self, Tallies};
+use crate::census::{self, Census};
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
@@ -366,7 +366,7 @@ pub struct Operator {
     applied_ca: watch::Sender<Option<String>>,
     /// The leader's latest Pod census; `None` on a replica that does not lead, or before the
     /// first count.
-    census: watch::Sender<Option<Arc<Tallies>>>,
+    census: watch::Sender<Option<Arc<Census>>>,
     leading: watch::Receiver<bool>,
 }
 
@@ -753,15 +753,17 @@ impl Operator {
                     self.client.clone(),
                     Arc::clone(&self.templates),
                     self.options.namespace.clone(),
-                    |tallies| {
+                    |found| {
                         let gone: Vec<String> = counted
                             .drain(..)
-                            .filter(|name| !tallies.contains_key(name))
+                            .filter(|name| !found.contains_key(name))
                             .collect();
-                        self.metrics
-                            .set_template_pods(&tallies, gone.iter().map(String::as_str));
-                        counted.extend(tallies.keys().cloned());
-                        self.census.send_replace(Some(tallies));
+                        self.metrics.set_template_pods(
+                            found.iter().map(|(name, census)| (name, census.tally)),
+                            gone.iter().map(String::as_str),
+                        );
+                        counted.extend(found.keys().cloned());
+                        self.census.send_replace(Some(found));
                     },
                 );
                 let still = tokio::select! {
@@ -852,7 +854,7 @@ impl Operator {
                     let tally = census
                         .as_ref()
                         .and_then(|census| census.get(&name))
-                        .copied();
+                        .map(|found| found.tally);
                     if let Some(tally) = tally {
                         desired.pods = Some(tally.into());
                     }

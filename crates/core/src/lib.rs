@@ -17,6 +17,7 @@ pub mod plan;
 pub mod pod_json;
 pub mod published;
 pub mod registry;
+pub mod rollout;
 pub mod selector;
 pub mod syntax;
 pub mod template;

@@ -170,28 +170,64 @@ pub fn census<'p>(
     pods: impl IntoIterator<Item = PodMeta<'p>>,
     namespace: impl Fn(&str) -> Option<&'p BTreeMap<String, String>>,
 ) -> BTreeMap<String, Tally> {
-    let mut tallies: Vec<Tally> = vec![Tally::default(); templates.len()];
-    for pod in pods {
+    census_by_owner(templates, pods.into_iter().map(|pod| (pod, ())), namespace)
+        .into_iter()
+        .map(|(name, census)| (name, census.tally))
+        .collect()
+}
+
+/// One template's census: its tally, and its stale and missing Pods by owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TemplateCensus<O> {
+    /// Where its Pods stand.
+    pub tally: Tally,
+    /// How many stale or missing Pods each owner has.
+    pub behind: BTreeMap<O, u32>,
+}
+
+impl<O> Default for TemplateCensus<O> {
+    fn default() -> Self {
+        TemplateCensus {
+            tally: Tally::default(),
+            behind: BTreeMap::new(),
+        }
+    }
+}
+
+/// [`census`], with each Pod's owner `O`: the stale and missing Pods are also counted by
+/// owner, which is what a rollout restarts.
+pub fn census_by_owner<'p, O: Ord + Clone>(
+    templates: &[Arc<CompiledTemplate>],
+    pods: impl IntoIterator<Item = (PodMeta<'p>, O)>,
+    namespace: impl Fn(&str) -> Option<&'p BTreeMap<String, String>>,
+) -> BTreeMap<String, TemplateCensus<O>> {
+    let mut found: Vec<TemplateCensus<O>> = templates
+        .iter()
+        .map(|_| TemplateCensus::default())
+        .collect();
+    for (pod, owner) in pods {
         let labels = namespace(pod.namespace);
         let info = NamespaceInfo {
             name: pod.namespace,
             labels,
         };
-        for (template, tally) in templates.iter().zip(&mut tallies) {
+        for (template, census) in templates.iter().zip(&mut found) {
             let state = if labels.is_some() {
                 state(template, &pod, &info)
             } else {
                 carried(template, &pod)
             };
-            if let Some(state) = state {
-                tally.add(state);
+            let Some(state) = state else { continue };
+            census.tally.add(state);
+            if state != PodState::Current {
+                *census.behind.entry(owner.clone()).or_default() += 1;
             }
         }
     }
     templates
         .iter()
         .map(|t| t.name.clone())
-        .zip(tallies)
+        .zip(found)
         .collect()
 }
 

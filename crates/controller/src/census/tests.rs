@@ -7,6 +7,8 @@ use injector_core::{Registry, compile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde_json::json;
 
+use injector_core::lifecycle::Tally;
+
 use super::*;
 
 fn snapshot(specs: &[(&str, serde_json::Value)]) -> Arc<injector_core::Snapshot> {
@@ -133,7 +135,7 @@ fn pods_being_deleted_and_the_operators_namespace_are_not_missing() {
     ];
     let tallies = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     assert_eq!(
-        tallies["mesh"],
+        tallies["mesh"].tally,
         Tally {
             current: 1,
             stale: 0,
@@ -141,4 +143,5 @@ fn pods_being_deleted_and_the_operators_namespace_are_not_missing() {
             missing: 1,
         }
     );
+    assert_eq!(tallies["mesh"].behind, BTreeMap::from([(None, 1)]));
 }

@@ -254,3 +254,42 @@ fn census_counts_every_template_over_every_pod() {
         }
     );
 }
+
+#[test]
+fn the_census_by_owner_counts_the_pods_behind() {
+    let mesh = Arc::new(mesh());
+    let web = map(&[("app", "web")]);
+    let current = map(&[(INJECTED_ANNOTATION, &format!("mesh@1#{}", mesh.fingerprint))]);
+    let stale = map(&[(INJECTED_ANNOTATION, "mesh@1")]);
+    let nothing = BTreeMap::new();
+    let shop = BTreeMap::new();
+    let pods = [
+        (&current, Some("web-rs")),
+        (&stale, Some("web-rs")),
+        (&nothing, Some("web-rs")),
+        (&nothing, None),
+    ];
+    let found = census_by_owner(
+        &[Arc::clone(&mesh)],
+        pods.iter().map(|(annotations, owner)| {
+            (
+                PodMeta {
+                    namespace: "shop",
+                    labels: &web,
+                    annotations,
+                },
+                *owner,
+            )
+        }),
+        |_| Some(&shop),
+    );
+    let mesh = &found["mesh"];
+    assert_eq!(
+        (mesh.tally.current, mesh.tally.stale, mesh.tally.missing),
+        (1, 1, 2)
+    );
+    assert_eq!(
+        mesh.behind,
+        BTreeMap::from([(Some("web-rs"), 2), (None, 1)])
+    );
+}
