@@ -128,8 +128,9 @@ impl Release<'_> {
     }
 
     /// `kubectl auth can-i` as the release's ServiceAccount: what the operator needs is
-    /// allowed, and nothing around it.
-    pub fn can_i_matrix(&self, cp: &ControlPlane) -> anyhow::Result<()> {
+    /// allowed, and nothing around it; restarting workloads only when the release has
+    /// `rollouts.enabled`.
+    pub fn can_i_matrix(&self, cp: &ControlPlane, rollouts: bool) -> anyhow::Result<()> {
         let (ns, name) = (self.namespace, self.fullname);
         let (secret, lease) = (
             format!("secrets/{}", self.secret()),
@@ -179,6 +180,16 @@ impl Release<'_> {
                 false,
             ),
             ("create", "validatingwebhookconfigurations", None, false),
+            // Rollouts: restarting workloads, only with rollouts.enabled; never more.
+            ("patch", "deployments.apps", Some("default"), rollouts),
+            ("get", "deployments.apps", Some("default"), rollouts),
+            ("patch", "statefulsets.apps", Some("default"), rollouts),
+            ("patch", "daemonsets.apps", Some("default"), rollouts),
+            ("get", "replicasets.apps", Some("default"), rollouts),
+            ("patch", "replicasets.apps", Some("default"), false),
+            ("create", "deployments.apps", Some("default"), false),
+            ("delete", "deployments.apps", Some("default"), false),
+            ("list", "deployments.apps", None, false),
             // Pods, anywhere: the census only lists and watches.
             ("create", "pods", Some("default"), false),
             ("patch", "pods", Some("default"), false),

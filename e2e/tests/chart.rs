@@ -56,6 +56,8 @@ fn chart() {
         OPTIONALS[0],
         "--set",
         OPTIONALS[1],
+        "--set",
+        OPTIONALS[2],
     ])
     .unwrap();
 
@@ -100,13 +102,32 @@ fn chart() {
         operator.log_tail(40)
     );
     operator.stop().unwrap();
+
+    step("the ServiceAccount's permissions, without and with rollouts.enabled");
+    CHART.can_i_matrix(&cp, false).unwrap();
+    helm.run_with(
+        &cp,
+        &[
+            "upgrade",
+            RELEASE,
+            path(&chart),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "rollouts.enabled=true",
+        ],
+    )
+    .unwrap();
+    CHART.can_i_matrix(&cp, true).unwrap();
     eprintln!("[chart] passed in {:.1?}", started.elapsed());
 }
 
 /// `--set` values that turn every optional object on.
-const OPTIONALS: [&str; 2] = [
+const OPTIONALS: [&str; 3] = [
     "serviceMonitor.enabled=true",
     "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24",
+    "rollouts.enabled=true",
 ];
 
 fn step(what: &str) {
@@ -436,6 +457,38 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
     )?;
     wait_invalid_event(cp, "chart-invalid")?;
     eprintln!("[chart] an invalid template got its Event");
+
+    // A template asking for rollouts, which the chart's defaults do not allow: a condition
+    // says so, and nothing is tried.
+    cp.apply_yaml(
+        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata:\n  name: chart-rolling\n\
+         spec:\n  updateStrategy: {type: RollingRestart}\n  namespaceSelector: {matchLabels: {none: none}}\n\
+         \x20 containers:\n    - name: rolling\n      image: busybox:1.36\n",
+    )?;
+    let blocked = poll(
+        Duration::from_secs(30),
+        "RolloutBlocked=True/Forbidden",
+        || {
+            let template = cp.get_json("sidecartemplate", None, "chart-rolling")?;
+            Ok(template["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c["type"] == "RolloutBlocked"
+                        && c["status"] == "True"
+                        && c["reason"] == "Forbidden"
+                })
+                .cloned())
+        },
+    )?;
+    let message = blocked["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains("rollouts.enabled=true"),
+        "RolloutBlocked message: {message}"
+    );
+    eprintln!("[chart] a RollingRestart template without rollouts.enabled: {message}");
+    cp.kubectl_ok(&["delete", "sidecartemplate", "chart-rolling"])?;
 
     CHART.check_owned(cp)?;
 

@@ -579,6 +579,9 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
             "image.tag=dev",
             "--set",
             "image.pullPolicy=Never",
+            // The rollout scenarios restart workloads.
+            "--set",
+            "rollouts.enabled=true",
             "--wait",
             "--timeout=3m",
         ],
@@ -974,7 +977,7 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
 /// their rollout and leader handover) were refused nothing (no "forbidden" in their logs).
 fn rbac_of_the_installed_chart(cluster: &Cluster) -> anyhow::Result<()> {
     ensure_chart(cluster)?;
-    INSTALLED_CHART.can_i_matrix(cluster)?;
+    INSTALLED_CHART.can_i_matrix(cluster, true)?;
     let selector = operator_selector(cluster)?;
     let logs = cluster.kubectl_ok(&[
         "logs",

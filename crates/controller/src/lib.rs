@@ -16,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod ownership;
+pub mod rollout;
 pub mod status;
 pub mod sync;
 pub mod webhook_config;

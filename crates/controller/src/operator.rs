@@ -33,6 +33,7 @@ use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
+use crate::rollout::{RolloutDriver, Rollouts};
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
 
@@ -367,6 +368,9 @@ pub struct Operator {
     /// The leader's latest Pod census; `None` on a replica that does not lead, or before the
     /// first count.
     census: watch::Sender<Option<Arc<Census>>>,
+    /// The leader's latest rollout decisions; `None` on a replica that does not lead, or
+    /// before the first round.
+    rollouts: watch::Sender<Option<Arc<Rollouts>>>,
     leading: watch::Receiver<bool>,
 }
 
@@ -395,6 +399,7 @@ impl Operator {
             not_served: Mutex::new(BTreeSet::new()),
             applied_ca: watch::channel(None).0,
             census: watch::channel(None).0,
+            rollouts: watch::channel(None).0,
             leading,
         })
     }
@@ -408,6 +413,7 @@ impl Operator {
             tokio::spawn(Arc::clone(&self).configuration_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).status_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).census_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).rollout_loop(stop.clone())),
         ];
         for task in loops {
             if let Err(error) = task.await {
@@ -788,19 +794,77 @@ impl Operator {
         }
     }
 
+    /// Leader: the rollouts of templates with `updateStrategy: RollingRestart`
+    /// ([`crate::rollout`]), a round every [`STATUS_PERIOD`] from the latest census, each
+    /// restart announced by an event on its template.
+    async fn rollout_loop(self: Arc<Self>, stop: CancellationToken) {
+        let recorder = self.recorder();
+        let mut leading = self.leading.clone();
+        let mut driver: Option<RolloutDriver> = None;
+        loop {
+            if self.is_leader() {
+                let census = self.census.borrow().clone();
+                if let Some(census) = census {
+                    let driver =
+                        driver.get_or_insert_with(|| RolloutDriver::new(self.client.clone()));
+                    let snapshot = self.templates.snapshot();
+                    let mut restarted = Vec::new();
+                    let rollouts = driver
+                        .round(snapshot.templates(), &census, |template, workload| {
+                            restarted.push((
+                                template.name.clone(),
+                                template.generation,
+                                workload.clone(),
+                            ));
+                        })
+                        .await;
+                    self.rollouts.send_replace(Some(Arc::new(rollouts)));
+                    for (name, generation, workload) in restarted {
+                        let template = self
+                            .observed
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get(&name)
+                            .map(|o| Arc::clone(&o.template));
+                        if let Some(template) = template
+                            && let Err(error) = crate::status::record_restart(
+                                &recorder, &template, generation, &workload,
+                            )
+                            .await
+                        {
+                            tracing::warn!(template = %name, %error, "recording the restart's event failed");
+                        }
+                    }
+                }
+            } else if driver.take().is_some() {
+                self.rollouts.send_replace(None);
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(STATUS_PERIOD) => {}
+                changed = Self::leadership_changed(&mut leading, "rollouts") => if !changed { return },
+            }
+        }
+    }
+
+    /// The recorder of the events the operator publishes on templates.
+    fn recorder(&self) -> Recorder {
+        Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        )
+    }
+
     /// Leader: each template's status, naming the entry that serves it, and an Event when one
     /// is invalid (`Invalid`, or `InvalidGenerationKept` when a required template's last valid
     /// generation stays) or has no entry (`NotServed`).
     /// After a round with a failed write, the next one waits a growing delay.
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        );
+        let recorder = self.recorder();
         let mut evented: BTreeSet<(String, i64)> = BTreeSet::new();
         let mut stale_evented: BTreeSet<(String, i64)> = BTreeSet::new();
         let mut leading = self.leading.clone();
@@ -828,6 +892,7 @@ impl Operator {
                     .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
                     .collect();
                 let census = self.census.borrow().clone();
+                let rollouts = self.rollouts.borrow().clone();
                 for mut observed in work {
                     let name = observed.template.metadata.name.clone().unwrap_or_default();
                     if let Some(&served) = serving.get(name.as_str()) {
@@ -857,6 +922,14 @@ impl Operator {
                         .map(|found| found.tally);
                     if let Some(tally) = tally {
                         desired.pods = Some(tally.into());
+                    }
+                    if let Some(rollouts) = &rollouts {
+                        desired = crate::status::with_rollout(
+                            template,
+                            desired,
+                            rollouts.get(&name),
+                            now(),
+                        );
                     }
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {

@@ -17,8 +17,11 @@
 //! ([`record_kept`]), or `NotServed` ([`record_not_served`]). They are the only functions here
 //! that talk to the API server.
 
-use injector_api::{FailurePolicy, LastValid, SidecarTemplate, SidecarTemplateStatus};
+use injector_api::{
+    FailurePolicy, LastValid, RolloutStatus, SidecarTemplate, SidecarTemplateStatus, WorkloadRef,
+};
 use injector_core::lifecycle::Tally;
+use injector_core::rollout::states;
 use injector_core::{GroupId, ValidationErrors};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
@@ -39,8 +42,13 @@ pub const DEGRADED: &str = "Degraded";
 /// The reason of a `Degraded=True` condition, and of the event on such a template.
 pub const REASON_INVALID_GENERATION_KEPT: &str = "InvalidGenerationKept";
 
+/// The type of the condition saying a template's rollout cannot go on (`Halted`: a
+/// restarted workload made no progress in time; `Forbidden`: the operator may not restart
+/// workloads).
+pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
+
 /// The condition types the controller owns: one it no longer wants is removed.
-const OWNED: [&str; 2] = [READY, DEGRADED];
+const OWNED: [&str; 3] = [READY, DEGRADED, ROLLOUT_BLOCKED];
 
 /// The reason of a `Ready=True` condition.
 pub const REASON_VALID: &str = "Valid";
@@ -60,6 +68,12 @@ pub const REASON_PODS_STALE: &str = "PodsStale";
 
 /// The action of the event on a template whose change left Pods stale.
 pub const ACTION_COUNT: &str = "Count";
+
+/// The reason of the `Normal` event on a template whose rollout restarted a workload.
+pub const REASON_RESTARTED: &str = "Restarted";
+
+/// The action of the event on a template whose rollout restarted a workload.
+pub const ACTION_RESTART: &str = "Restart";
 
 /// The action of the event on an invalid template.
 pub const ACTION_VALIDATE: &str = "Validate";
@@ -180,6 +194,9 @@ fn status_with(
         last_transition_time: since(READY, status),
         observed_generation: generation,
     }];
+    // The rollout's condition is the rollout loop's ([`with_rollout`]); until it has decided,
+    // the one in the cluster stays.
+    conditions.extend(existing(ROLLOUT_BLOCKED).cloned());
     if let Some(message) = degraded {
         conditions.push(Condition {
             type_: DEGRADED.to_owned(),
@@ -203,6 +220,40 @@ fn status_with(
             .as_ref()
             .and_then(|status| status.rollout.clone()),
     }
+}
+
+/// `desired` with the rollout the rollout loop decided for `template` (`None`: it has no
+/// rollout, its strategy is `OnCreate`): `status.rollout`, and `RolloutBlocked=True` naming
+/// why when the rollout is halted or forbidden.
+pub fn with_rollout(
+    template: &SidecarTemplate,
+    mut desired: SidecarTemplateStatus,
+    rollout: Option<&RolloutStatus>,
+    now: Time,
+) -> SidecarTemplateStatus {
+    desired.conditions.retain(|c| c.type_ != ROLLOUT_BLOCKED);
+    let blocked = rollout.filter(|r| r.state == states::HALTED || r.state == states::FORBIDDEN);
+    if let Some(rollout) = blocked {
+        let since = template
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == ROLLOUT_BLOCKED))
+            .filter(|c| c.status == "True")
+            .map_or(now, |c| c.last_transition_time.clone());
+        desired.conditions.push(Condition {
+            type_: ROLLOUT_BLOCKED.to_owned(),
+            status: "True".to_owned(),
+            reason: rollout.state.clone(),
+            message: truncate(
+                rollout.message.clone().unwrap_or_default(),
+                CONDITION_MESSAGE_MAX_BYTES,
+            ),
+            last_transition_time: since,
+            observed_generation: template.metadata.generation,
+        });
+    }
+    desired.rollout = rollout.cloned();
+    desired
 }
 
 /// What `status.lastValid` should say: for a valid required template, this generation and its
@@ -359,6 +410,28 @@ pub async fn record_stale(
         EventType::Normal,
         REASON_PODS_STALE,
         ACTION_COUNT,
+        note,
+    )
+    .await
+}
+
+/// Publishes a `Normal` event, reason `Restarted`, action `Restart`, on `template`, whose
+/// rollout restarted `workload` for its generation `generation`.
+pub async fn record_restart(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    generation: i64,
+    workload: &WorkloadRef,
+) -> Result<(), kube::Error> {
+    let note = format!(
+        "restarted {workload} so that its Pods get generation {generation} of this template"
+    );
+    publish(
+        recorder,
+        template,
+        EventType::Normal,
+        REASON_RESTARTED,
+        ACTION_RESTART,
         note,
     )
     .await

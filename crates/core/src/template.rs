@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 
 use injector_api::names::RESERVED_PREFIX;
-use injector_api::{FailurePolicy, Injection, SidecarTemplate};
+use injector_api::{FailurePolicy, Injection, SidecarTemplate, UpdateStrategy};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -89,6 +89,8 @@ pub struct CompiledTemplate {
     pub metadata_reads: Vec<MetadataKey>,
     /// What it injects, as recorded on the Pods it is applied to.
     pub fingerprint: Fingerprint,
+    /// `spec.updateStrategy` (absent: `OnCreate`).
+    pub update_strategy: UpdateStrategy,
 }
 
 impl CompiledTemplate {
@@ -259,6 +261,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         annotations,
         metadata_reads,
         fingerprint: Fingerprint::of(spec),
+        update_strategy: spec.update_strategy.clone().unwrap_or_default(),
     };
     if compiled.injects_nothing() {
         errors.push(FieldError::new(
