@@ -44,14 +44,19 @@ const REQUIRED_DOWN: &str = "h-required-pod-refused-while-no-replica-serves";
 const FORCE_DELETED: &str = "i-operator-pod-force-deleted-under-load";
 const UPGRADE: &str = "j-helm-upgrade-under-load";
 const RBAC: &str = "k-rbac-of-the-installed-chart";
+const ROLLING: &str = "m-rolling-restart-within-the-budget";
+const HEALING: &str = "n-a-stuck-rollout-halts-and-missing-pods-heal";
+/// Runs last (after m and n, which need the chart installed).
 const UNINSTALL: &str = "l-helm-uninstall-leaves-nothing";
 /// The scenarios that run on the chart's operator (last in `SCENARIOS`).
-const ON_THE_CHART: [&str; 6] = [
+const ON_THE_CHART: [&str; 8] = [
     CHART,
     REQUIRED_DOWN,
     FORCE_DELETED,
     UPGRADE,
     RBAC,
+    ROLLING,
+    HEALING,
     UNINSTALL,
 ];
 
@@ -65,7 +70,10 @@ const INSTALLED_CHART: Release<'static> = Release {
     fullname: CHART_OBJECTS,
 };
 
-const SCENARIOS: [(&str, Scenario); 12] = [
+#[path = "node/rollouts.rs"]
+mod rollouts;
+
+const SCENARIOS: [(&str, Scenario); 14] = [
     ("a-fence-and-no-registry", fence_and_no_registry),
     (
         "b-kubernetes-service-from-a-pod",
@@ -86,6 +94,11 @@ const SCENARIOS: [(&str, Scenario); 12] = [
     (FORCE_DELETED, operator_pod_force_deleted_under_load),
     (UPGRADE, helm_upgrade_under_load),
     (RBAC, rbac_of_the_installed_chart),
+    (ROLLING, rollouts::rolling_restart_within_the_budget),
+    (
+        HEALING,
+        rollouts::a_stuck_rollout_halts_and_missing_pods_heal,
+    ),
     (UNINSTALL, helm_uninstall_leaves_nothing),
 ];
 

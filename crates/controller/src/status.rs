@@ -23,6 +23,7 @@ use injector_api::{
 use injector_core::lifecycle::Tally;
 use injector_core::rollout::states;
 use injector_core::{GroupId, ValidationErrors};
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -426,15 +427,23 @@ pub async fn record_restart(
     let note = format!(
         "restarted {workload} so that its Pods get generation {generation} of this template"
     );
-    publish(
-        recorder,
-        template,
-        EventType::Normal,
-        REASON_RESTARTED,
-        ACTION_RESTART,
-        note,
-    )
-    .await
+    // The workload as the related object: one event per workload (the recorder folds events
+    // by regarding, related, reason and action).
+    let related = ObjectReference {
+        api_version: Some("apps/v1".to_owned()),
+        kind: Some(workload.kind.clone()),
+        namespace: Some(workload.namespace.clone()),
+        name: Some(workload.name.clone()),
+        ..ObjectReference::default()
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: REASON_RESTARTED.to_owned(),
+        note: Some(truncate(note, NOTE_MAX_BYTES)),
+        action: ACTION_RESTART.to_owned(),
+        secondary: Some(related),
+    };
+    recorder.publish(&event, &template.object_ref(&())).await
 }
 
 /// The note of the `PodsStale` event.

@@ -1,0 +1,397 @@
+//! The rollout scenarios (`updateStrategy: RollingRestart`) on the chart's operator, installed
+//! with `rollouts.enabled=true`: running Pods become current through their workloads, never
+//! more than the budget at once; pause and resume; a workload that cannot roll out halts the
+//! rollout; Pods admitted without a best-effort template while no replica served are healed;
+//! bare Pods and Jobs are left alone.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+use injector_e2e::{Cluster, poll};
+use serde_json::{Value, json};
+
+use super::{
+    CHART_OBJECTS, RELEASE_NAMESPACE, ensure_chart, operator_selector, scale_operator,
+    service_endpoints, wait_operator_ready,
+};
+
+/// The sidecar's first image and the one an edit brings (both stand-ins present on the node).
+const FIRST_IMAGE: &str = "stand-in.invalid/busybox:1.36";
+const SECOND_IMAGE: &str = "stand-in.invalid/httpd:2.4";
+
+/// A best-effort template adding the container `agent` (running `sleep`) to every Pod of the
+/// namespaces labelled `e2e.sidecar.dev/scenario: <scenario>`, rolled out by restarts.
+fn rolling_template(name: &str, scenario: &str, image: &str, strategy: Value) -> Value {
+    json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": name},
+        "spec": {
+            "namespaceSelector": {"matchLabels": {"e2e.sidecar.dev/scenario": scenario}},
+            "failurePolicy": "Ignore",
+            "updateStrategy": strategy,
+            "containers": [{
+                "name": "agent",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    })
+}
+
+/// A Deployment of `replicas` Pods running `sleep`; with `fails_after_restart`, a Pod made by
+/// a restart (its template annotated `sidecar.dev/restartedAt`) never turns Ready, and the
+/// Deployment keeps its old Pods (maxUnavailable 0): its rollout never completes.
+fn deployment(namespace: &str, name: &str, replicas: u32, fails_after_restart: bool) -> Value {
+    let script = if fails_after_restart {
+        "if [ -z \"$RESTARTED\" ]; then touch /tmp/ready; fi; exec sleep 3600"
+    } else {
+        "touch /tmp/ready; exec sleep 3600"
+    };
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{
+                        "name": "app",
+                        "image": FIRST_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", script],
+                        "env": [{
+                            "name": "RESTARTED",
+                            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['sidecar.dev/restartedAt']"}},
+                        }],
+                        "readinessProbe": {
+                            "exec": {"command": ["cat", "/tmp/ready"]},
+                            "periodSeconds": 1,
+                        },
+                    }],
+                },
+            },
+        },
+    })
+}
+
+fn apply(cluster: &Cluster, object: &Value) -> anyhow::Result<()> {
+    cluster.apply_yaml(&object.to_string()).map(drop)
+}
+
+/// Whether Deployment `d` (as JSON) is in the middle of a rollout.
+fn rolling_out(d: &Value) -> bool {
+    let wanted = d["spec"]["replicas"].as_i64().unwrap_or(1);
+    let status = &d["status"];
+    let count = |k: &str| status[k].as_i64().unwrap_or(0);
+    status["observedGeneration"] != d["metadata"]["generation"]
+        || count("updatedReplicas") < wanted
+        || count("replicas") > wanted
+        || count("availableReplicas") < wanted
+}
+
+/// Waits until every Deployment of `namespace` has rolled out.
+fn wait_rolled_out(cluster: &Cluster, namespace: &str, timeout: Duration) -> anyhow::Result<()> {
+    poll(
+        timeout,
+        &format!("the Deployments of {namespace} rolled out"),
+        || {
+            let deployments = cluster.list_json("deployments", Some(namespace), None)?;
+            Ok(deployments.iter().all(|d| !rolling_out(d)).then_some(()))
+        },
+    )
+}
+
+/// `status.pods` of template `name` as [injected, current, stale, missing].
+fn pod_counts(cluster: &Cluster, name: &str) -> anyhow::Result<Option<[u64; 4]>> {
+    let template = cluster.get_json("sidecartemplate", None, name)?;
+    let pods = &template["status"]["pods"];
+    let counts = ["injected", "current", "stale", "missing"].map(|k| pods[k].as_u64());
+    Ok(counts
+        .iter()
+        .all(Option::is_some)
+        .then(|| counts.map(Option::unwrap_or_default)))
+}
+
+fn wait_pod_counts(
+    cluster: &Cluster,
+    name: &str,
+    want: [u64; 4],
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let mut last = None;
+    poll(
+        timeout,
+        &format!("{name}'s status.pods (injected, current, stale, missing) = {want:?}"),
+        || {
+            last = pod_counts(cluster, name)?;
+            Ok((last == Some(want)).then_some(()))
+        },
+    )
+    .with_context(|| format!("last seen {last:?}"))
+}
+
+/// Template `name`'s `status.rollout.state`.
+fn rollout_state(cluster: &Cluster, name: &str) -> anyhow::Result<Option<String>> {
+    let template = cluster.get_json("sidecartemplate", None, name)?;
+    Ok(template["status"]["rollout"]["state"]
+        .as_str()
+        .map(str::to_owned))
+}
+
+/// The uid and the `sidecar.dev/injected` record of every Pod of `namespace` matching
+/// `selector`.
+fn pod_records(
+    cluster: &Cluster,
+    namespace: &str,
+    selector: &str,
+) -> anyhow::Result<Vec<(String, String)>> {
+    Ok(cluster
+        .list_json("pods", Some(namespace), Some(selector))?
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                p["metadata"]["annotations"]["sidecar.dev/injected"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+        .collect())
+}
+
+/// m. `RollingRestart` with the default budget: an image edit makes 3 Deployments' Pods
+/// stale; paused, nothing restarts; resumed, the Deployments restart one at a time (checked
+/// every 250 ms) until every Pod they own is current; a bare Pod and a Job's Pod stay as they
+/// were, reported as not restartable.
+pub fn rolling_restart_within_the_budget(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    let name = "e2e-rolling";
+    let ns = cluster.namespace("rolling", &[("e2e.sidecar.dev/scenario", "rolling")])?;
+    let strategy = |paused: bool| json!({"type": "RollingRestart", "paused": paused});
+    apply(
+        cluster,
+        &rolling_template(name, "rolling", FIRST_IMAGE, strategy(false)),
+    )?;
+    injector_e2e::steps::wait_served(cluster, name, CHART_OBJECTS)?;
+    for workload in ["web-a", "web-b", "web-c"] {
+        apply(cluster, &deployment(&ns, workload, 2, false))?;
+    }
+    apply(
+        cluster,
+        &json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "bare", "namespace": ns, "labels": {"kind": "bare"}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": FIRST_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]},
+        }),
+    )?;
+    apply(
+        cluster,
+        &json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "batch", "namespace": ns},
+            "spec": {"template": {"metadata": {"labels": {"kind": "job"}}, "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": FIRST_IMAGE, "imagePullPolicy": "Never", "command": ["sleep", "3600"]}]}}},
+        }),
+    )?;
+    wait_rolled_out(cluster, &ns, Duration::from_secs(120))?;
+    wait_pod_counts(cluster, name, [8, 8, 0, 0], Duration::from_secs(30))?;
+    let untouched_before = [
+        pod_records(cluster, &ns, "kind=bare")?,
+        pod_records(cluster, &ns, "kind=job")?,
+    ];
+
+    // Paused: the edit makes every Pod stale and nothing restarts.
+    apply(
+        cluster,
+        &rolling_template(name, "rolling", SECOND_IMAGE, strategy(true)),
+    )?;
+    wait_pod_counts(cluster, name, [8, 0, 8, 0], Duration::from_secs(30))?;
+    poll(Duration::from_secs(30), "the rollout Paused", || {
+        Ok((rollout_state(cluster, name)?.as_deref() == Some("Paused")).then_some(()))
+    })?;
+    std::thread::sleep(Duration::from_secs(4));
+    let deployments = cluster.list_json("deployments", Some(&ns), None)?;
+    ensure!(
+        deployments.iter().all(|d| {
+            d["spec"]["template"]["metadata"]["annotations"]["sidecar.dev/restartedAt"].is_null()
+        }),
+        "a Deployment was restarted while paused"
+    );
+
+    // Resumed: one Deployment at a time, watched continuously.
+    let most = AtomicUsize::new(0);
+    let samples = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let started = Instant::now();
+    let outcome = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| -> anyhow::Result<()> {
+            while !done.load(Ordering::Relaxed) {
+                let deployments = cluster.list_json("deployments", Some(&ns), None)?;
+                let now = deployments.iter().filter(|d| rolling_out(d)).count();
+                most.fetch_max(now, Ordering::Relaxed);
+                samples.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok(())
+        });
+        let result = (|| {
+            apply(
+                cluster,
+                &rolling_template(name, "rolling", SECOND_IMAGE, strategy(false)),
+            )?;
+            wait_pod_counts(cluster, name, [8, 6, 2, 0], Duration::from_secs(240))?;
+            poll(Duration::from_secs(60), "the rollout Complete", || {
+                Ok((rollout_state(cluster, name)?.as_deref() == Some("Complete")).then_some(()))
+            })?;
+            wait_rolled_out(cluster, &ns, Duration::from_secs(60))
+        })();
+        done.store(true, Ordering::Relaxed);
+        let watched = watcher
+            .join()
+            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?;
+        result.and(watched)
+    });
+    outcome?;
+    let (most, samples) = (most.into_inner(), samples.into_inner());
+    eprintln!(
+        "[e2e] 3 Deployments restarted in {:.1?}; at most {most} rolling out at once ({samples} samples)",
+        started.elapsed()
+    );
+    ensure!(
+        most == 1,
+        "{most} Deployments rolled out at once (budget 1)"
+    );
+
+    let template = cluster.get_json("sidecartemplate", None, name)?;
+    ensure!(
+        template["status"]["rollout"]["notRestartable"] == 2,
+        "status.rollout: {}",
+        template["status"]["rollout"]
+    );
+    let untouched_after = [
+        pod_records(cluster, &ns, "kind=bare")?,
+        pod_records(cluster, &ns, "kind=job")?,
+    ];
+    ensure!(
+        untouched_before == untouched_after,
+        "the bare Pod or the Job's Pod changed: {untouched_before:?} → {untouched_after:?}"
+    );
+    for pod in cluster.list_json("pods", Some(&ns), Some("app"))? {
+        let image = pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == "agent")
+            .map(|c| c["image"].clone());
+        ensure!(
+            image == Some(Value::from(SECOND_IMAGE)),
+            "{}: agent image {image:?}",
+            pod["metadata"]["name"]
+        );
+    }
+    let restarts = cluster
+        .list_json("events.events.k8s.io", Some("default"), None)?
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name && e["reason"] == "Restarted")
+        .count();
+    ensure!(restarts == 3, "{restarts} Restarted events, expected 3");
+    cluster.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
+    cluster.kubectl_ok(&["delete", "sidecartemplate", name])?;
+    Ok(())
+}
+
+/// n. Pods a best-effort template missed while no replica served are reported missing and
+/// healed by a restart of their Deployment; then an edit restarts a Deployment whose new Pods
+/// never turn Ready, which halts the rollout with `RolloutBlocked=True`/`Halted` naming it.
+pub fn a_stuck_rollout_halts_and_missing_pods_heal(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    let name = "e2e-healing";
+    let ns = cluster.namespace("healing", &[("e2e.sidecar.dev/scenario", "healing")])?;
+    let strategy = json!({"type": "RollingRestart", "progressDeadlineSeconds": 10});
+    apply(
+        cluster,
+        &rolling_template(name, "healing", FIRST_IMAGE, strategy.clone()),
+    )?;
+    injector_e2e::steps::wait_served(cluster, name, CHART_OBJECTS)?;
+    apply(cluster, &deployment(&ns, "stuck", 1, true))?;
+    wait_rolled_out(cluster, &ns, Duration::from_secs(90))?;
+
+    // No replica serves: the best-effort template is skipped for the Pods created meanwhile.
+    scale_operator(cluster, 0)?;
+    let outcome = (|| -> anyhow::Result<()> {
+        let selector = operator_selector(cluster)?;
+        poll(
+            Duration::from_secs(60),
+            "no operator Pod and no endpoint",
+            || {
+                let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
+                Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
+            },
+        )?;
+        apply(cluster, &deployment(&ns, "late", 2, false))?;
+        wait_rolled_out(cluster, &ns, Duration::from_secs(90))
+    })();
+    scale_operator(cluster, 2)?;
+    outcome?;
+    wait_operator_ready(cluster)?;
+    let late = pod_records(cluster, &ns, "app=late")?;
+    ensure!(
+        late.iter().all(|(_, record)| record.is_empty()),
+        "Pods admitted while no replica served carry {late:?}"
+    );
+
+    // Reported missing, then healed by a restart of their Deployment.
+    let started = Instant::now();
+    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(120))?;
+    wait_rolled_out(cluster, &ns, Duration::from_secs(60))?;
+    eprintln!(
+        "[e2e] the missing Pods healed {:.1?} after the operator came back",
+        started.elapsed()
+    );
+
+    // An edit: `late` restarts and completes, `stuck` restarts and never does.
+    apply(
+        cluster,
+        &rolling_template(name, "healing", SECOND_IMAGE, strategy),
+    )?;
+    let condition = poll(
+        Duration::from_secs(120),
+        "RolloutBlocked=True/Halted",
+        || {
+            let template = cluster.get_json("sidecartemplate", None, name)?;
+            Ok(template["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c["type"] == "RolloutBlocked"
+                        && c["status"] == "True"
+                        && c["reason"] == "Halted"
+                })
+                .cloned())
+        },
+    )?;
+    let message = condition["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains(&format!("deployment/stuck -n {ns}")),
+        "RolloutBlocked: {message}"
+    );
+    ensure!(rollout_state(cluster, name)?.as_deref() == Some("Halted"));
+    let late = pod_records(cluster, &ns, "app=late")?;
+    ensure!(
+        late.len() == 2 && late.iter().all(|(_, r)| !r.is_empty()),
+        "late: {late:?}"
+    );
+    eprintln!("[e2e] halted: {message}");
+    cluster.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
+    cluster.kubectl_ok(&["delete", "sidecartemplate", name])?;
+    Ok(())
+}
