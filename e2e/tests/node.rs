@@ -46,10 +46,11 @@ const UPGRADE: &str = "j-helm-upgrade-under-load";
 const RBAC: &str = "k-rbac-of-the-installed-chart";
 const ROLLING: &str = "m-rolling-restart-within-the-budget";
 const HEALING: &str = "n-a-stuck-rollout-halts-and-missing-pods-heal";
-/// Runs last (after m and n, which need the chart installed).
+const IN_PLACE: &str = "o-in-place-image-updates";
+/// Runs last (after m, n and o, which need the chart installed).
 const UNINSTALL: &str = "l-helm-uninstall-leaves-nothing";
 /// The scenarios that run on the chart's operator (last in `SCENARIOS`).
-const ON_THE_CHART: [&str; 8] = [
+const ON_THE_CHART: [&str; 9] = [
     CHART,
     REQUIRED_DOWN,
     FORCE_DELETED,
@@ -57,6 +58,7 @@ const ON_THE_CHART: [&str; 8] = [
     RBAC,
     ROLLING,
     HEALING,
+    IN_PLACE,
     UNINSTALL,
 ];
 
@@ -73,7 +75,7 @@ const INSTALLED_CHART: Release<'static> = Release {
 #[path = "node/rollouts.rs"]
 mod rollouts;
 
-const SCENARIOS: [(&str, Scenario); 14] = [
+const SCENARIOS: [(&str, Scenario); 15] = [
     ("a-fence-and-no-registry", fence_and_no_registry),
     (
         "b-kubernetes-service-from-a-pod",
@@ -99,6 +101,7 @@ const SCENARIOS: [(&str, Scenario); 14] = [
         HEALING,
         rollouts::a_stuck_rollout_halts_and_missing_pods_heal,
     ),
+    (IN_PLACE, rollouts::in_place_image_updates),
     (UNINSTALL, helm_uninstall_leaves_nothing),
 ];
 

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -160,7 +161,10 @@ pub struct UpdateStrategy {
     /// `OnCreate` (default): only Pods created from now on get the change; stale and missing
     /// Pods are counted in `status.pods`. `RollingRestart`: the operator restarts the
     /// Deployments, StatefulSets and DaemonSets that own stale or missing Pods, as
-    /// `kubectl rollout restart` does, a few at a time. Needs the chart's `rollouts.enabled`.
+    /// `kubectl rollout restart` does, a few at a time. `InPlace`: when only the images of
+    /// injected containers changed, the operator sets the new images on the running Pods (the
+    /// kubelet restarts just those containers), `maxUnavailable` at a time; any other change
+    /// is rolled out as `RollingRestart`. Both need the chart's `rollouts.enabled`.
     #[serde(default, rename = "type")]
     pub type_: UpdateStrategyType,
 
@@ -169,6 +173,12 @@ pub struct UpdateStrategy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub max_concurrent_workloads: Option<u32>,
+
+    /// `InPlace`: how many of the template's Pods may be not Ready at once while their images
+    /// are updated: a count, or a percentage of the Pods carrying the template (rounded down,
+    /// at least 1). Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
 
     /// No new restart starts while true; the ones under way complete.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -196,6 +206,9 @@ pub enum UpdateStrategyType {
     OnCreate,
     /// Restart the workloads owning stale or missing Pods.
     RollingRestart,
+    /// Update the images of injected containers on running Pods when only images changed;
+    /// otherwise as `RollingRestart`.
+    InPlace,
 }
 
 impl UpdateStrategyType {
@@ -204,6 +217,7 @@ impl UpdateStrategyType {
         match self {
             UpdateStrategyType::OnCreate => "OnCreate",
             UpdateStrategyType::RollingRestart => "RollingRestart",
+            UpdateStrategyType::InPlace => "InPlace",
         }
     }
 }
@@ -360,6 +374,9 @@ pub struct RolloutStatus {
     /// The workloads restarting now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarting: Vec<WorkloadRef>,
+    /// `InPlace`: the Pods (`namespace/name`) whose images are being updated now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub updating: Vec<String>,
     /// How many workloads own stale or missing Pods and wait their turn.
     #[serde(default)]
     pub waiting: u32,

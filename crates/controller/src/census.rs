@@ -32,6 +32,19 @@ pub const CENSUS_PERIOD: Duration = Duration::from_secs(1);
 /// The annotations of a Pod the census reads; the view drops every other.
 const READ_ANNOTATIONS: [&str; 3] = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEMPLATES_ANNOTATION];
 
+/// The leader's view of Pods (stripped metadata), which a rollout reads for the Pods to
+/// update in place.
+pub type PodView = Store<PartialObjectMeta<Pod>>;
+
+/// A census and the view of Pods it was counted from.
+#[derive(Clone)]
+pub struct Counted {
+    /// Where the Pods stand with each template.
+    pub census: Arc<Census>,
+    /// The Pods.
+    pub pods: PodView,
+}
+
 /// A Pod's controlling owner (what a rollout restarts, once resolved to its workload).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PodOwner {
@@ -152,7 +165,7 @@ pub async fn run(
     client: Client,
     templates: Arc<Templates>,
     operator_namespace: String,
-    mut publish: impl FnMut(Arc<Census>),
+    mut publish: impl FnMut(Arc<Census>, &Store<PartialObjectMeta<Pod>>),
 ) {
     let (pods, mut pods_writer) = reflector::store::<PartialObjectMeta<Pod>>();
     let (namespaces, mut namespaces_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
@@ -196,7 +209,7 @@ pub async fn run(
                 dirty = false;
                 counted = Some(Arc::clone(&snapshot));
                 match count_off_runtime(snapshot, &pods, &namespaces, &operator_namespace).await {
-                    Ok(tallies) => publish(Arc::new(tallies)),
+                    Ok(tallies) => publish(Arc::new(tallies), &pods),
                     Err(error) => tracing::error!(%error, "counting Pods failed"),
                 }
             }

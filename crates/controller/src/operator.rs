@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::FIELD_MANAGER;
-use crate::census::{self, Census};
+use crate::census::{self, Counted};
 use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
@@ -367,7 +367,7 @@ pub struct Operator {
     applied_ca: watch::Sender<Option<String>>,
     /// The leader's latest Pod census; `None` on a replica that does not lead, or before the
     /// first count.
-    census: watch::Sender<Option<Arc<Census>>>,
+    census: watch::Sender<Option<Counted>>,
     /// The leader's latest rollout decisions; `None` on a replica that does not lead, or
     /// before the first round.
     rollouts: watch::Sender<Option<Arc<Rollouts>>>,
@@ -759,7 +759,7 @@ impl Operator {
                     self.client.clone(),
                     Arc::clone(&self.templates),
                     self.options.namespace.clone(),
-                    |found| {
+                    |found, pods| {
                         let gone: Vec<String> = counted
                             .drain(..)
                             .filter(|name| !found.contains_key(name))
@@ -769,7 +769,10 @@ impl Operator {
                             gone.iter().map(String::as_str),
                         );
                         counted.extend(found.keys().cloned());
-                        self.census.send_replace(Some(found));
+                        self.census.send_replace(Some(Counted {
+                            census: found,
+                            pods: pods.clone(),
+                        }));
                     },
                 );
                 let still = tokio::select! {
@@ -803,14 +806,14 @@ impl Operator {
         let mut driver: Option<RolloutDriver> = None;
         loop {
             if self.is_leader() {
-                let census = self.census.borrow().clone();
-                if let Some(census) = census {
+                let counted = self.census.borrow().clone();
+                if let Some(counted) = counted {
                     let driver =
                         driver.get_or_insert_with(|| RolloutDriver::new(self.client.clone()));
                     let snapshot = self.templates.snapshot();
                     let mut restarted = Vec::new();
                     let rollouts = driver
-                        .round(snapshot.templates(), &census, |template, workload| {
+                        .round(snapshot.templates(), &counted, |template, workload| {
                             restarted.push((
                                 template.name.clone(),
                                 template.generation,
@@ -918,7 +921,7 @@ impl Operator {
                     };
                     let tally = census
                         .as_ref()
-                        .and_then(|census| census.get(&name))
+                        .and_then(|counted| counted.census.get(&name))
                         .map(|found| found.tally);
                     if let Some(tally) = tally {
                         desired.pods = Some(tally.into());

@@ -9,7 +9,7 @@
 //! (a `SelfSubjectAccessReview`: the chart grants it only with `rollouts.enabled`), and makes
 //! the restarts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use injector_api::names::{
@@ -17,20 +17,23 @@ use injector_api::names::{
 };
 use injector_api::{RolloutStatus, UpdateStrategyType, WorkloadRef};
 use injector_core::CompiledTemplate;
+use injector_core::lifecycle::{PodMeta, PodState, carried};
 use injector_core::rollout::{
-    WorkloadState, next_restarts, restarted_for, restarted_for_entry, states, with_restarted_for,
+    WorkloadState, in_place_patch, max_unavailable, next_restarts, restarted_for,
+    restarted_for_entry, states, updated_in_place, with_restarted_for,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
-use kube::{Client, Resource};
 use tokio::time::Instant;
 
-use crate::census::{Census, PodOwner};
+use crate::census::{Counted, PodOwner, PodView, owner_of};
 
 /// How long a permission check is trusted.
 const PERMISSION_TTL: Duration = Duration::from_secs(60);
@@ -52,6 +55,19 @@ pub struct WorkloadView {
     pub progress: [i64; 4],
     /// Its resourceVersion, so that a restart does not overwrite a change made meanwhile.
     pub resource_version: Option<String>,
+}
+
+/// Whether `template` is rolled out in place where it can be.
+fn in_place(template: &CompiledTemplate) -> bool {
+    template.update_strategy.type_ == UpdateStrategyType::InPlace
+}
+
+/// Whether `pod` is Ready.
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Reads `annotations` for the opt-out and the restart record.
@@ -178,8 +194,11 @@ pub struct RolloutDriver {
     replica_sets: HashMap<(String, String), Option<String>>,
     /// Each restarting workload's last progress counts, and when they last changed.
     progress: HashMap<WorkloadRef, ([i64; 4], Instant)>,
-    /// Whether the operator may restart workloads, and when that was asked.
-    permitted: Option<(Result<(), String>, Instant)>,
+    /// Whether the operator may restart workloads (and, second, update Pods in place), and
+    /// when that was asked.
+    permitted: Option<(bool, Result<(), String>, Instant)>,
+    /// `InPlace`: the Pods each template updated and that are not done yet.
+    in_flight: HashMap<String, BTreeSet<(String, String)>>,
 }
 
 impl RolloutDriver {
@@ -190,98 +209,240 @@ impl RolloutDriver {
             replica_sets: HashMap::new(),
             progress: HashMap::new(),
             permitted: None,
+            in_flight: HashMap::new(),
         }
     }
 
-    /// One round over every template with `RollingRestart`: what each one's rollout says, and
-    /// the restarts it calls for, made. `on_restart` hears of each restart made.
+    /// One round over every template with `RollingRestart` or `InPlace`: what each one's
+    /// rollout says, and the restarts and updates it calls for, made. `on_restart` hears of
+    /// each restart made.
     pub async fn round(
         &mut self,
         templates: &[std::sync::Arc<CompiledTemplate>],
-        census: &Census,
+        counted: &Counted,
         mut on_restart: impl FnMut(&CompiledTemplate, &WorkloadRef),
     ) -> Rollouts {
         let mut rollouts = Rollouts::new();
         let rolling: Vec<&CompiledTemplate> = templates
             .iter()
             .map(AsRef::as_ref)
-            .filter(|t| t.update_strategy.type_ == UpdateStrategyType::RollingRestart)
+            .filter(|t| t.update_strategy.type_ != UpdateStrategyType::OnCreate)
             .collect();
+        self.in_flight
+            .retain(|name, _| rolling.iter().any(|t| &t.name == name && in_place(t)));
         if rolling.is_empty() {
             self.progress.clear();
             return rollouts;
         }
-        let permitted = self.permitted().await;
+        let permitted = self.permitted(rolling.iter().any(|t| in_place(t))).await;
         let mut seen = Vec::new();
         for template in rolling {
             // Without the permission, not even the ReplicaSets are read (they would be refused).
-            if let Err(why) = &permitted {
-                rollouts.insert(
-                    template.name.clone(),
-                    RolloutStatus {
-                        state: states::FORBIDDEN.to_owned(),
-                        message: Some(why.clone()),
-                        ..RolloutStatus::default()
-                    },
-                );
-                continue;
-            }
-            let behind = census
-                .get(&template.name)
-                .map(|c| &c.behind)
-                .cloned()
-                .unwrap_or_default();
-            let (workloads, not_restartable) = self.workloads_behind(&behind).await;
-            let entry = restarted_for_entry(&template.name, &template.fingerprint.to_string());
-            let mut states = Vec::new();
-            let mut views = HashMap::new();
-            for (workload, pods) in workloads {
-                let view = match self.view(&workload).await {
-                    Ok(Some(view)) => view,
-                    Ok(None) => continue,
-                    Err(error) => {
-                        tracing::warn!(template = %template.name, %workload, %error, "reading a workload for its rollout failed");
-                        continue;
-                    }
-                };
-                let restarted = restarted_for(view.restarted_for.as_deref(), &entry);
-                let since_progress =
-                    self.since_progress(&workload, view.progress, restarted && !view.complete);
-                seen.push(workload.clone());
-                states.push(WorkloadState {
-                    workload: workload.clone(),
-                    opted_out: view.not_restartable,
-                    restarted,
-                    complete: view.complete,
-                    since_progress,
-                    pods,
-                });
-                views.insert(workload, view);
-            }
-            let decision = next_restarts(&template.update_strategy, &states, not_restartable);
-            let mut status = decision.status;
-            for workload in decision.restart {
-                let Some(view) = views.get(&workload) else {
-                    continue;
-                };
-                match self.restart(&workload, view, &entry).await {
-                    Ok(()) => {
-                        tracing::info!(template = %template.name, %workload, "restarted for the template's new version");
-                        self.progress
-                            .insert(workload.clone(), (view.progress, Instant::now()));
-                        on_restart(template, &workload);
-                    }
-                    Err(error) => {
-                        tracing::warn!(template = %template.name, %workload, %error, "restarting a workload failed; trying again next round");
-                        status.restarting.retain(|w| w != &workload);
-                        status.waiting += 1;
-                    }
+            let status = match &permitted {
+                Err(why) => RolloutStatus {
+                    state: states::FORBIDDEN.to_owned(),
+                    message: Some(why.clone()),
+                    ..RolloutStatus::default()
+                },
+                Ok(()) => {
+                    self.rollout(template, counted, &mut seen, &mut on_restart)
+                        .await
                 }
-            }
+            };
             rollouts.insert(template.name.clone(), status);
         }
         self.progress.retain(|workload, _| seen.contains(workload));
         rollouts
+    }
+
+    /// One template's round: its Pods updated in place (`InPlace`, when only images changed),
+    /// and the restarts of the workloads behind the rest.
+    async fn rollout(
+        &mut self,
+        template: &CompiledTemplate,
+        counted: &Counted,
+        seen: &mut Vec<WorkloadRef>,
+        on_restart: &mut impl FnMut(&CompiledTemplate, &WorkloadRef),
+    ) -> RolloutStatus {
+        let census = counted.census.get(&template.name);
+        let mut behind = census.map(|c| c.behind.clone()).unwrap_or_default();
+        let mut updating = Vec::new();
+        if in_place(template) {
+            // The Pods stale only in images are this round's to update, not to restart...
+            for (owner, pods) in census.map(|c| &c.in_place).into_iter().flatten() {
+                if let Some(count) = behind.get_mut(owner) {
+                    *count = count.saturating_sub(*pods);
+                }
+            }
+            behind.retain(|_, count| *count > 0);
+            let carrying = census.map_or(0, |c| c.tally.injected());
+            let (now_updating, not_in_place) = self
+                .update_in_place(template, &counted.pods, carrying)
+                .await;
+            updating = now_updating;
+            // ...unless they cannot be: those are restarted.
+            for owner in not_in_place {
+                *behind.entry(owner).or_default() += 1;
+            }
+        }
+        let (workloads, not_restartable) = self.workloads_behind(&behind).await;
+        let entry = restarted_for_entry(&template.name, &template.fingerprint.to_string());
+        let mut states = Vec::new();
+        let mut views = HashMap::new();
+        for (workload, pods) in workloads {
+            let view = match self.view(&workload).await {
+                Ok(Some(view)) => view,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(template = %template.name, %workload, %error, "reading a workload for its rollout failed");
+                    continue;
+                }
+            };
+            let restarted = restarted_for(view.restarted_for.as_deref(), &entry);
+            let since_progress =
+                self.since_progress(&workload, view.progress, restarted && !view.complete);
+            seen.push(workload.clone());
+            states.push(WorkloadState {
+                workload: workload.clone(),
+                opted_out: view.not_restartable,
+                restarted,
+                complete: view.complete,
+                since_progress,
+                pods,
+            });
+            views.insert(workload, view);
+        }
+        let decision = next_restarts(&template.update_strategy, &states, not_restartable);
+        let mut status = decision.status;
+        for workload in decision.restart {
+            let Some(view) = views.get(&workload) else {
+                continue;
+            };
+            match self.restart(&workload, view, &entry).await {
+                Ok(()) => {
+                    tracing::info!(template = %template.name, %workload, "restarted for the template's new version");
+                    self.progress
+                        .insert(workload.clone(), (view.progress, Instant::now()));
+                    on_restart(template, &workload);
+                }
+                Err(error) => {
+                    tracing::warn!(template = %template.name, %workload, %error, "restarting a workload failed; trying again next round");
+                    status.restarting.retain(|w| w != &workload);
+                    status.waiting += 1;
+                }
+            }
+        }
+        if !updating.is_empty() && status.state == states::COMPLETE {
+            status.state = states::PROGRESSING.to_owned();
+        }
+        status.updating = updating;
+        status
+    }
+
+    /// `InPlace`: the Pods of `pods` that carry an earlier version of `template` differing only
+    /// in images get its images, at most `maxUnavailable` (of the `carrying` Pods) not Ready
+    /// at once: the ones updated and not done yet, and the stale ones found not Ready. Returns
+    /// the Pods being updated (`namespace/name`) and the owners of those that cannot be
+    /// updated in place.
+    async fn update_in_place(
+        &mut self,
+        template: &CompiledTemplate,
+        pods: &PodView,
+        carrying: u32,
+    ) -> (Vec<String>, Vec<Option<PodOwner>>) {
+        let mut in_flight = self.in_flight.remove(&template.name).unwrap_or_default();
+        // Done (new images running, Ready) or gone: no longer in flight.
+        let mut still = BTreeSet::new();
+        for (namespace, name) in in_flight {
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
+            match api.get_opt(&name).await {
+                Ok(Some(pod))
+                    if pod.metadata.deletion_timestamp.is_none()
+                        && !updated_in_place(template, &pod) =>
+                {
+                    still.insert((namespace, name));
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(pod = %name, %namespace, %error, "reading a Pod updated in place failed");
+                    still.insert((namespace, name));
+                }
+            }
+        }
+        in_flight = still;
+        let budget =
+            max_unavailable(template.update_strategy.max_unavailable.as_ref(), carrying) as usize;
+        let mut unavailable = in_flight.len();
+        let mut not_in_place = Vec::new();
+        let mut candidates: Vec<_> = pods
+            .state()
+            .into_iter()
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+            .filter(|pod| {
+                let empty = BTreeMap::new();
+                let meta = PodMeta {
+                    namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
+                    annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
+                };
+                carried(template, &meta) == Some(PodState::Stale { in_place: true })
+            })
+            .collect();
+        candidates.sort_by(|a, b| {
+            (&a.metadata.namespace, &a.metadata.name)
+                .cmp(&(&b.metadata.namespace, &b.metadata.name))
+        });
+        for candidate in candidates {
+            if unavailable >= budget {
+                break;
+            }
+            let (Some(namespace), Some(name)) =
+                (&candidate.metadata.namespace, &candidate.metadata.name)
+            else {
+                continue;
+            };
+            let key = (namespace.clone(), name.clone());
+            if in_flight.contains(&key) {
+                continue;
+            }
+            let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+            let pod = match api.get_opt(name).await {
+                Ok(Some(pod)) => pod,
+                Ok(None) => continue,
+                Err(error) => {
+                    tracing::warn!(pod = %name, %namespace, %error, "reading a Pod to update in place failed");
+                    continue;
+                }
+            };
+            if !is_ready(&pod) {
+                // Not Ready already: it counts against the budget, and waits.
+                unavailable += 1;
+                continue;
+            }
+            let Some(patch) = in_place_patch(template, &pod) else {
+                not_in_place.push(owner_of(&candidate.metadata));
+                continue;
+            };
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(template = %template.name, pod = %name, %namespace, "images updated in place");
+                    in_flight.insert(key);
+                    unavailable += 1;
+                }
+                Err(error) => {
+                    tracing::warn!(template = %template.name, pod = %name, %namespace, %error, "updating a Pod's images failed; trying again next round");
+                }
+            }
+        }
+        let updating = in_flight
+            .iter()
+            .map(|(namespace, name)| format!("{namespace}/{name}"))
+            .collect();
+        self.in_flight.insert(template.name.clone(), in_flight);
+        (updating, not_in_place)
     }
 
     /// How long since `workload`'s rollout last made progress (zero when it is not
@@ -416,36 +577,40 @@ impl RolloutDriver {
         Ok(())
     }
 
-    /// Whether the operator may restart workloads: asked of the API server at most once per
-    /// [`PERMISSION_TTL`]; `Err` says what it may not do.
-    async fn permitted(&mut self) -> Result<(), String> {
-        if let Some((answer, at)) = &self.permitted
+    /// Whether the operator may restart workloads (and update Pods, with `pods`): asked of
+    /// the API server at most once per [`PERMISSION_TTL`]; `Err` says what it may not do.
+    async fn permitted(&mut self, pods: bool) -> Result<(), String> {
+        if let Some((asked_pods, answer, at)) = &self.permitted
             && at.elapsed() < PERMISSION_TTL
+            && *asked_pods == pods
         {
             return answer.clone();
         }
-        let answer = self.ask_permission().await;
-        self.permitted = Some((answer.clone(), Instant::now()));
+        let answer = self.ask_permission(pods).await;
+        self.permitted = Some((pods, answer.clone(), Instant::now()));
         answer
     }
 
-    async fn ask_permission(&self) -> Result<(), String> {
+    async fn ask_permission(&self, pods: bool) -> Result<(), String> {
         let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
-        let needed = [
-            ("patch", "deployments"),
-            ("patch", "statefulsets"),
-            ("patch", "daemonsets"),
-            ("get", "deployments"),
-            ("get", "statefulsets"),
-            ("get", "daemonsets"),
-            ("get", "replicasets"),
+        let mut needed = vec![
+            ("apps", "patch", "deployments"),
+            ("apps", "patch", "statefulsets"),
+            ("apps", "patch", "daemonsets"),
+            ("apps", "get", "deployments"),
+            ("apps", "get", "statefulsets"),
+            ("apps", "get", "daemonsets"),
+            ("apps", "get", "replicasets"),
         ];
+        if pods {
+            needed.extend([("", "get", "pods"), ("", "patch", "pods")]);
+        }
         let mut refused = Vec::new();
-        for (verb, resource) in needed {
+        for &(group, verb, resource) in &needed {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
                     resource_attributes: Some(ResourceAttributes {
-                        group: Some(Deployment::group(&()).into_owned()),
+                        group: Some(group.to_owned()),
                         resource: Some(resource.to_owned()),
                         verb: Some(verb.to_owned()),
                         ..ResourceAttributes::default()
@@ -456,7 +621,8 @@ impl RolloutDriver {
             };
             match api.create(&PostParams::default(), &review).await {
                 Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
-                Ok(_) => refused.push(format!("{verb} {resource}.apps")),
+                Ok(_) if group.is_empty() => refused.push(format!("{verb} {resource}")),
+                Ok(_) => refused.push(format!("{verb} {resource}.{group}")),
                 Err(error) => {
                     return Err(format!(
                         "cannot ask the API server whether the operator may restart workloads: {error}"
@@ -467,8 +633,11 @@ impl RolloutDriver {
         if refused.is_empty() {
             return Ok(());
         }
-        let what = if refused.len() == needed.len() {
+        let what = if refused.len() == needed.len() && !pods {
             "restart workloads (get and patch Deployments, StatefulSets and DaemonSets, get ReplicaSets)"
+                .to_owned()
+        } else if refused.len() == needed.len() {
+            "restart workloads or update Pods (get and patch Deployments, StatefulSets, DaemonSets and Pods, get ReplicaSets)"
                 .to_owned()
         } else {
             refused.join(", ")

@@ -183,6 +183,8 @@ pub struct TemplateCensus<O> {
     pub tally: Tally,
     /// How many stale or missing Pods each owner has.
     pub behind: BTreeMap<O, u32>,
+    /// Of those, how many are stale only in images (they can be updated in place).
+    pub in_place: BTreeMap<O, u32>,
 }
 
 impl<O> Default for TemplateCensus<O> {
@@ -190,6 +192,7 @@ impl<O> Default for TemplateCensus<O> {
         TemplateCensus {
             tally: Tally::default(),
             behind: BTreeMap::new(),
+            in_place: BTreeMap::new(),
         }
     }
 }
@@ -221,6 +224,9 @@ pub fn census_by_owner<'p, O: Ord + Clone>(
             census.tally.add(state);
             if state != PodState::Current {
                 *census.behind.entry(owner.clone()).or_default() += 1;
+            }
+            if state == (PodState::Stale { in_place: true }) {
+                *census.in_place.entry(owner.clone()).or_default() += 1;
             }
         }
     }

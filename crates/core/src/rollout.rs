@@ -9,12 +9,21 @@
 //! restart under way that made no progress for `progressDeadlineSeconds` halts the template's
 //! rollout; `paused` starts nothing new.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use injector_api::names::INJECTED_ANNOTATION;
 use injector_api::{
     DEFAULT_MAX_CONCURRENT_WORKLOADS, DEFAULT_PROGRESS_DEADLINE_SECONDS, RolloutStatus,
     UpdateStrategy, WorkloadRef,
 };
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::lifecycle::Recorded;
+use crate::placeholder::Node;
+use crate::plan::injected_entries;
+use crate::template::{CompiledTemplate, Item};
 
 /// Where one workload owning stale or missing Pods stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +137,7 @@ pub fn next_restarts(
         status: RolloutStatus {
             state: state.to_owned(),
             restarting: now_restarting,
+            updating: Vec::new(),
             waiting: u32::try_from(waiting.len() - started).unwrap_or(u32::MAX),
             not_restartable: not_restartable + opted_out,
             message,
@@ -158,6 +168,158 @@ pub fn with_restarted_for(value: Option<&str>, entry: &str) -> String {
     entries.push(entry);
     entries.sort_unstable();
     entries.join(",")
+}
+
+/// `updateStrategy.maxUnavailable` for a template carried by `pods` Pods: a count, or a
+/// percentage of them rounded down; at least 1 (so a rollout always moves), 1 when absent or
+/// unreadable.
+pub fn max_unavailable(value: Option<&IntOrString>, pods: u32) -> u32 {
+    let allowed = match value {
+        Some(IntOrString::Int(count)) => u32::try_from(*count).unwrap_or(0),
+        Some(IntOrString::String(text)) => text
+            .trim()
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse::<u64>().ok())
+            .map_or(1, |percent| {
+                u32::try_from(u64::from(pods) * percent.min(100) / 100).unwrap_or(u32::MAX)
+            }),
+        None => 1,
+    };
+    allowed.max(1)
+}
+
+/// A string field of an injected container as written, when it holds no placeholder (an
+/// image never does).
+fn fixed_field<'i>(item: &'i Item, field: &str) -> Option<&'i str> {
+    match &item.body {
+        Node::Fixed(fixed) => fixed.value().get(field)?.as_str(),
+        Node::Object(fields) => match fields.iter().find(|(key, _)| key == field)? {
+            (_, Node::Fixed(value)) => value.value().as_str(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The image an injected container or init container is written with.
+fn image_of(item: &Item) -> Option<&str> {
+    fixed_field(item, "image")
+}
+
+/// The strategic-merge patch that brings `pod`, which carries an earlier version of
+/// `template` differing only in images, to the template as it is now: the images of the
+/// template's containers and init containers (native sidecars included) set to the
+/// template's, and the template's entry of the Pod's record rewritten, guarded by the Pod's
+/// resourceVersion. `None` when the Pod lacks one of the template's containers or has no
+/// record of it, or when the image of a plain init container changed (the kubelet would
+/// restart the whole Pod for it): it cannot be updated in place.
+pub fn in_place_patch(template: &CompiledTemplate, pod: &Pod) -> Option<serde_json::Value> {
+    let spec = pod.spec.as_ref()?;
+    let record = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(INJECTED_ANNOTATION)?;
+    let updated = |items: &[Item], running: &[Container], init: bool| {
+        let mut changes = Vec::new();
+        for item in items {
+            let image = image_of(item)?;
+            let current = running.iter().find(|c| c.name == item.key)?;
+            if current.image.as_deref() != Some(image) {
+                if init && fixed_field(item, "restartPolicy") != Some("Always") {
+                    return None;
+                }
+                changes.push(serde_json::json!({"name": item.key, "image": image}));
+            }
+        }
+        Some(changes)
+    };
+    let containers = updated(&template.containers, &spec.containers, false)?;
+    let init_containers = updated(
+        &template.init_containers,
+        spec.init_containers.as_deref().unwrap_or_default(),
+        true,
+    )?;
+    let record = rerecorded(record, template)?;
+    let mut patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": pod.metadata.resource_version,
+            "annotations": {INJECTED_ANNOTATION: record},
+        },
+    });
+    let mut spec_patch = serde_json::Map::new();
+    if !containers.is_empty() {
+        spec_patch.insert("containers".into(), containers.into());
+    }
+    if !init_containers.is_empty() {
+        spec_patch.insert("initContainers".into(), init_containers.into());
+    }
+    if !spec_patch.is_empty() {
+        patch["spec"] = spec_patch.into();
+    }
+    Some(patch)
+}
+
+/// `record` (a Pod's `sidecar.dev/injected`) with `template`'s entry rewritten to its current
+/// generation and fingerprint; `None` when the record has no entry for it.
+pub fn rerecorded(record: &str, template: &CompiledTemplate) -> Option<String> {
+    let mut found = false;
+    let entries: Vec<String> = injected_entries(record)
+        .map(|entry| {
+            if Recorded::parse(entry).name == template.name {
+                found = true;
+                format!(
+                    "{}@{}#{}",
+                    template.name, template.generation, template.fingerprint
+                )
+            } else {
+                entry.to_owned()
+            }
+        })
+        .collect();
+    found.then(|| entries.join(","))
+}
+
+/// Whether `pod` runs the images `template` sets, every container of it started and the Pod
+/// Ready: an update in place is done.
+pub fn updated_in_place(template: &CompiledTemplate, pod: &Pod) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let statuses: BTreeMap<&str, _> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .map(|s| (s.name.as_str(), s))
+        .collect();
+    let running_new = template
+        .containers
+        .iter()
+        .chain(&template.init_containers)
+        .all(|item| {
+            let (Some(image), Some(status)) = (image_of(item), statuses.get(item.key.as_str()))
+            else {
+                return false;
+            };
+            same_image(&status.image, image)
+                && status.state.as_ref().is_some_and(|s| s.running.is_some())
+        });
+    ready && running_new
+}
+
+/// Whether the image a container status reports is `image` (the runtime may report it
+/// normalized: `docker.io/library/` before a short name).
+fn same_image(reported: &str, image: &str) -> bool {
+    reported == image
+        || reported
+            .strip_suffix(image)
+            .is_some_and(|prefix| prefix.ends_with('/'))
 }
 
 #[cfg(test)]

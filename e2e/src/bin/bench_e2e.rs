@@ -11,6 +11,10 @@
 //!    `apiserver_admission_webhook_admission_duration_seconds`, and the webhook's own
 //!    `sidecar_injector_admission_duration_seconds`.
 //!
+//! 4. the Pod census: the operator's RSS with [`CENSUS_PODS`] injected Pods on the API server
+//!    (against its RSS before they were created), and the time from a template edit to
+//!    counts that say every one of them is stale.
+//!
 //! Prints a Markdown report and writes it to `target/bench-e2e.md`.
 
 use std::collections::BTreeMap;
@@ -35,6 +39,10 @@ const STARTS: usize = 10;
 const STREAM_RATE: u32 = 20;
 const STREAM_SECONDS: u32 = 20;
 
+/// Injected Pods created for figure 4, and how many creations are in flight at once.
+const CENSUS_PODS: usize = 10_000;
+const CENSUS_CONCURRENCY: usize = 32;
+
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -56,6 +64,7 @@ fn main() -> anyhow::Result<()> {
     operator_start_to_ready(&cp, &mut operator, &mut report)?;
     apply_to_first_injection(&cp, &runtime, &client, &mut report)?;
     pod_create_latency(&cp, &runtime, &client, &operator, &mut report)?;
+    census(&cp, &runtime, &client, &operator, &mut report)?;
 
     println!("{report}");
     let path = workspace_root().join("target/bench-e2e.md");
@@ -252,6 +261,123 @@ fn pod_create_latency(
     }
     writeln!(report)?;
     Ok(())
+}
+
+/// Figure 4: RSS before and after [`CENSUS_PODS`] Pods a template injects are created (and
+/// counted), then a template edit and the time until `status.pods` calls them all stale.
+fn census(
+    cp: &ControlPlane,
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    operator: &Operator,
+    report: &mut String,
+) -> anyhow::Result<()> {
+    let pid = operator.pid().context("the operator runs no process")?;
+    let template = |image: &str| {
+        format!(
+            "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {{name: bench-census}}\n\
+             spec:\n  namespaceSelector: {{matchLabels: {{bench: census}}}}\n  failurePolicy: Ignore\n\
+             \x20 containers: [{{name: agent, image: \"{image}\"}}]\n"
+        )
+    };
+    cp.apply_yaml(&template("busybox:1.36"))?;
+    wait_served(cp, "bench-census", "sidecar-injector")?;
+    let namespace = cp.namespace("bench-census", &[("bench", "census")])?;
+    injector_e2e::steps::wait_injected(cp, &namespace, &["app=web"], "agent")?;
+    let counted = |want: &str, n: usize| -> anyhow::Result<bool> {
+        let template = cp.get_json("sidecartemplate", None, "bench-census")?;
+        Ok(template["status"]["pods"][want].as_u64() == Some(n as u64))
+    };
+    // Settled: the probe Pod counted.
+    poll_until(Duration::from_secs(30), || counted("injected", 1))?;
+    let idle = rss_kib(pid)?;
+
+    let started = Instant::now();
+    runtime.block_on(create_many(client, &namespace, CENSUS_PODS - 1))?;
+    let created = started.elapsed();
+    poll_until(Duration::from_secs(120), || counted("current", CENSUS_PODS))?;
+    let counted_after = started.elapsed();
+    // Let a few census rounds and status writes run before reading the figure.
+    std::thread::sleep(Duration::from_secs(5));
+    let loaded = rss_kib(pid)?;
+
+    let edited = Instant::now();
+    cp.apply_yaml(&template("busybox:1.37"))?;
+    poll_until(Duration::from_secs(120), || counted("stale", CENSUS_PODS))?;
+    let to_counts = edited.elapsed();
+    let peak = rss_kib_peak(pid)?;
+    writeln!(
+        report,
+        "### The Pod census\n\n\
+         {CENSUS_PODS} Pods injected by one template (created {CENSUS_CONCURRENCY} at a time \
+         through the webhook in {:.1} s; counted current {:.1} s after the first creation), \
+         besides the {} Pods of the figures above. The operator's RSS (VmRSS; the leader \
+         keeps a metadata-only view of every Pod):\n\n\
+         | before the Pods | with them | peak (VmHWM) | template edit to `status.pods.stale` = {CENSUS_PODS} |\n|---|---|---|---|\n\
+         | {:.1} MiB | {:.1} MiB (+{:.1}) | {:.1} MiB | {:.2} s |\n",
+        created.as_secs_f64(),
+        counted_after.as_secs_f64(),
+        2 * STREAM_RATE * STREAM_SECONDS,
+        idle as f64 / 1024.0,
+        loaded as f64 / 1024.0,
+        (loaded as f64 - idle as f64) / 1024.0,
+        peak as f64 / 1024.0,
+        to_counts.as_secs_f64(),
+    )?;
+    Ok(())
+}
+
+/// Polls `done` every 50 ms until it holds, for at most `timeout`.
+fn poll_until(
+    timeout: Duration,
+    mut done: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while !done()? {
+        if started.elapsed() > timeout {
+            bail!("not done within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// A field of `/proc/PID/status`, in KiB.
+fn proc_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    proc_status_kib(pid, "VmRSS:")
+}
+
+fn rss_kib_peak(pid: u32) -> anyhow::Result<u64> {
+    proc_status_kib(pid, "VmHWM:")
+}
+
+/// Creates `count` Pods labelled `app=web` in `namespace`, [`CENSUS_CONCURRENCY`] at a time.
+async fn create_many(client: &kube::Client, namespace: &str, count: usize) -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let mut pod = probe_pod();
+    pod.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "web".to_owned())]));
+    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..count)
+        .map(|_| {
+            let (pods, pod) = (pods.clone(), pod.clone());
+            async move {
+                pods.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(CENSUS_CONCURRENCY)
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 /// Creates `STREAM_RATE` Pods a second for `STREAM_SECONDS`, each on its own task so a slow

@@ -395,3 +395,167 @@ pub fn a_stuck_rollout_halts_and_missing_pods_heal(cluster: &Cluster) -> anyhow:
     cluster.kubectl_ok(&["delete", "sidecartemplate", name])?;
     Ok(())
 }
+
+/// The statuses of `pod`'s containers and init containers by name: (image, restartCount,
+/// running).
+fn container_statuses(pod: &Value) -> std::collections::BTreeMap<String, (String, i64, bool)> {
+    ["containerStatuses", "initContainerStatuses"]
+        .iter()
+        .flat_map(|k| pod["status"][k].as_array().cloned().unwrap_or_default())
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or_default().to_owned(),
+                (
+                    s["image"].as_str().unwrap_or_default().to_owned(),
+                    s["restartCount"].as_i64().unwrap_or_default(),
+                    s["state"]["running"].is_object(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// o. `InPlace`: an image edit of a container and of a native sidecar is set on the 3 running
+/// Pods of a Deployment, one Pod not Ready at most (sampled every 250 ms), the Pods kept (same
+/// uids) and only the changed containers restarted by the kubelet; then an edit of more than
+/// images falls back to a restart of the Deployment.
+pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
+    ensure_chart(cluster)?;
+    let name = "e2e-in-place";
+    let ns = cluster.namespace("in-place", &[("e2e.sidecar.dev/scenario", "in-place")])?;
+    let template = |image: &str, args: &[&str]| {
+        json!({
+            "apiVersion": "sidecar.dev/v1alpha1",
+            "kind": "SidecarTemplate",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"e2e.sidecar.dev/scenario": "in-place"}},
+                "failurePolicy": "Ignore",
+                "updateStrategy": {"type": "InPlace", "maxUnavailable": 1},
+                "containers": [{"name": "proxy", "image": image, "imagePullPolicy": "Never", "command": ["sleep", "3600"], "args": args}],
+                "initContainers": [{"name": "agent", "image": image, "imagePullPolicy": "Never", "restartPolicy": "Always", "command": ["sleep", "3600"]}],
+            },
+        })
+    };
+    apply(cluster, &template(FIRST_IMAGE, &[]))?;
+    injector_e2e::steps::wait_served(cluster, name, CHART_OBJECTS)?;
+    apply(cluster, &deployment(&ns, "web", 3, false))?;
+    wait_rolled_out(cluster, &ns, Duration::from_secs(120))?;
+    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(30))?;
+    let before: std::collections::BTreeMap<String, Value> = cluster
+        .list_json("pods", Some(&ns), Some("app=web"))?
+        .into_iter()
+        .map(|p| {
+            (
+                p["metadata"]["uid"].as_str().unwrap_or_default().to_owned(),
+                p,
+            )
+        })
+        .collect();
+
+    let most = AtomicUsize::new(0);
+    let samples = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    let started = Instant::now();
+    let outcome = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| -> anyhow::Result<()> {
+            while !done.load(Ordering::Relaxed) {
+                let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
+                let not_ready = pods.iter().filter(|p| !is_ready(p)).count();
+                most.fetch_max(not_ready, Ordering::Relaxed);
+                samples.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok(())
+        });
+        let result = (|| {
+            apply(cluster, &template(SECOND_IMAGE, &[]))?;
+            wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(5)).or_else(|_| {
+                wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(180))
+            })?;
+            poll(
+                Duration::from_secs(120),
+                "every Pod Ready with the new images",
+                || {
+                    let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
+                    let done = pods.len() == 3
+                        && pods.iter().all(|p| {
+                            let statuses = container_statuses(p);
+                            is_ready(p)
+                                && ["proxy", "agent"].iter().all(|c| {
+                                    statuses.get(*c).is_some_and(|(image, _, running)| {
+                                        image.ends_with(SECOND_IMAGE) && *running
+                                    })
+                                })
+                        });
+                    Ok(done.then_some(pods))
+                },
+            )
+        })();
+        done.store(true, Ordering::Relaxed);
+        let watched = watcher
+            .join()
+            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?;
+        result.and_then(|pods| watched.map(|()| pods))
+    });
+    let after = outcome?;
+    let (most, samples) = (most.into_inner(), samples.into_inner());
+    eprintln!(
+        "[e2e] 3 Pods updated in place in {:.1?}; at most {most} not Ready at once ({samples} samples)",
+        started.elapsed()
+    );
+    ensure!(
+        most <= 1,
+        "{most} Pods not Ready at once (maxUnavailable 1)"
+    );
+    for pod in &after {
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+        let earlier = before.get(uid).with_context(|| {
+            format!(
+                "Pod {} was replaced, not updated in place",
+                pod["metadata"]["name"]
+            )
+        })?;
+        let (then, now) = (container_statuses(earlier), container_statuses(pod));
+        eprintln!(
+            "[e2e] {}: before {then:?}, after {now:?}",
+            pod["metadata"]["name"]
+        );
+        ensure!(
+            then.get("app").map(|s| s.1) == now.get("app").map(|s| s.1),
+            "the app container was restarted: {then:?} → {now:?}"
+        );
+        for changed in ["proxy", "agent"] {
+            let (then, now) = (then.get(changed), now.get(changed));
+            ensure!(
+                now.map(|s| s.1) > then.map(|s| s.1),
+                "{changed} was not restarted by the kubelet: {then:?} → {now:?}"
+            );
+        }
+    }
+
+    // More than images: the Deployment is restarted instead.
+    apply(cluster, &template(SECOND_IMAGE, &["-v"]))?;
+    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(5))
+        .or_else(|_| wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(180)))?;
+    wait_rolled_out(cluster, &ns, Duration::from_secs(120))?;
+    let replaced = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
+    ensure!(
+        replaced.len() == 3
+            && replaced
+                .iter()
+                .all(|p| !before.contains_key(p["metadata"]["uid"].as_str().unwrap_or_default())),
+        "the Pods were not replaced by a restart"
+    );
+    cluster.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
+    cluster.kubectl_ok(&["delete", "sidecartemplate", name])?;
+    Ok(())
+}

@@ -166,3 +166,132 @@ fn restarted_for_keeps_one_entry_per_template() {
     let value = with_restarted_for(Some("mesh-2#1"), &entry);
     assert_eq!(value, "mesh#00000000000000aa,mesh-2#1");
 }
+
+fn compiled(spec: serde_json::Value, generation: i64) -> CompiledTemplate {
+    let template: injector_api::SidecarTemplate = serde_json::from_value(serde_json::json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": "mesh", "generation": generation},
+        "spec": spec,
+    }))
+    .unwrap();
+    crate::template::compile(&template).unwrap()
+}
+
+fn mesh(proxy: &str, init: &str, generation: i64) -> CompiledTemplate {
+    compiled(
+        serde_json::json!({
+            "containers": [{"name": "proxy", "image": proxy, "args": ["--port", "{{ pod.name }}"]}],
+            "initContainers": [{"name": "agent", "image": init, "restartPolicy": "Always"}],
+        }),
+        generation,
+    )
+}
+
+fn running_pod(template: &CompiledTemplate, proxy: &str, init: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "web-1", "namespace": "shop", "resourceVersion": "7",
+            "annotations": {INJECTED_ANNOTATION: format!("logger@2#00000000000000aa,mesh@{}#{}", template.generation, template.fingerprint)},
+        },
+        "spec": {
+            "initContainers": [{"name": "agent", "image": init, "restartPolicy": "Always"}],
+            "containers": [{"name": "app", "image": "app:1"}, {"name": "proxy", "image": proxy}],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn an_image_change_is_patched_in_place_with_the_record() {
+    let old = mesh("envoy:1.30", "agent:1", 1);
+    let new = mesh("envoy:1.31", "agent:2", 2);
+    assert!(new.fingerprint.only_images_differ(&old.fingerprint));
+    let pod = running_pod(&old, "envoy:1.30", "agent:1");
+    let patch = in_place_patch(&new, &pod).unwrap();
+    assert_eq!(
+        patch,
+        serde_json::json!({
+            "metadata": {
+                "resourceVersion": "7",
+                "annotations": {INJECTED_ANNOTATION: format!("logger@2#00000000000000aa,mesh@2#{}", new.fingerprint)},
+            },
+            "spec": {
+                "containers": [{"name": "proxy", "image": "envoy:1.31"}],
+                "initContainers": [{"name": "agent", "image": "agent:2"}],
+            },
+        })
+    );
+    // A Pod without one of the template's containers cannot be updated in place.
+    let mut lacking = pod.clone();
+    lacking.spec.as_mut().unwrap().init_containers = None;
+    assert_eq!(in_place_patch(&new, &lacking), None);
+    // Nor a plain init container's image change: the kubelet would restart the whole Pod.
+    let plain_init = |image: &str| {
+        compiled(
+            serde_json::json!({"initContainers": [{"name": "setup", "image": image}]}),
+            1,
+        )
+    };
+    let mut with_init = running_pod(&plain_init("setup:1"), "envoy:1.30", "agent:1");
+    with_init.spec.as_mut().unwrap().init_containers = Some(vec![Container {
+        name: "setup".into(),
+        image: Some("setup:1".into()),
+        ..Container::default()
+    }]);
+    assert_eq!(in_place_patch(&plain_init("setup:2"), &with_init), None);
+    // Nor one whose record does not name the template.
+    let mut unrecorded = pod;
+    unrecorded.metadata.annotations = None;
+    assert_eq!(in_place_patch(&new, &unrecorded), None);
+}
+
+#[test]
+fn an_update_in_place_is_done_when_the_new_images_run_and_the_pod_is_ready() {
+    let new = mesh("envoy:1.31", "agent:2", 2);
+    let pod = |proxy: &str, ready: &str, running: bool| -> Pod {
+        let state = if running {
+            serde_json::json!({"running": {}})
+        } else {
+            serde_json::json!({"waiting": {"reason": "ContainerCreating"}})
+        };
+        let mut pod = running_pod(&new, "envoy:1.31", "agent:2");
+        pod.status = serde_json::from_value(serde_json::json!({
+            "conditions": [{"type": "Ready", "status": ready}],
+            "initContainerStatuses": [{"name": "agent", "image": "docker.io/library/agent:2", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}}],
+            "containerStatuses": [
+                {"name": "app", "image": "app:1", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}},
+                {"name": "proxy", "image": proxy, "imageID": "", "ready": true, "restartCount": 1, "state": state},
+            ],
+        }))
+        .unwrap();
+        pod
+    };
+    assert!(updated_in_place(&new, &pod("envoy:1.31", "True", true)));
+    assert!(!updated_in_place(&new, &pod("envoy:1.30", "True", true)));
+    assert!(!updated_in_place(&new, &pod("envoy:1.31", "False", true)));
+    assert!(!updated_in_place(&new, &pod("envoy:1.31", "True", false)));
+}
+
+#[test]
+fn max_unavailable_is_a_count_or_a_share_and_at_least_one() {
+    assert_eq!(max_unavailable(None, 40), 1);
+    assert_eq!(max_unavailable(Some(&IntOrString::Int(3)), 40), 3);
+    assert_eq!(max_unavailable(Some(&IntOrString::Int(0)), 40), 1);
+    assert_eq!(
+        max_unavailable(Some(&IntOrString::String("25%".into())), 40),
+        10
+    );
+    assert_eq!(
+        max_unavailable(Some(&IntOrString::String("25%".into())), 3),
+        1
+    );
+    assert_eq!(
+        max_unavailable(Some(&IntOrString::String("250%".into())), 4),
+        4
+    );
+    assert_eq!(
+        max_unavailable(Some(&IntOrString::String("lots".into())), 4),
+        1
+    );
+}
