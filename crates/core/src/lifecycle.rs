@@ -173,17 +173,8 @@ pub fn census<'p>(
     let mut tallies: Vec<Tally> = vec![Tally::default(); templates.len()];
     for pod in pods {
         let labels = namespace(pod.namespace);
-        let info = NamespaceInfo {
-            name: pod.namespace,
-            labels,
-        };
         for (template, tally) in templates.iter().zip(&mut tallies) {
-            let state = if labels.is_some() {
-                state(template, &pod, &info)
-            } else {
-                carried(template, &pod)
-            };
-            if let Some(state) = state {
+            if let Some(state) = standing(template, &pod, labels) {
                 tally.add(state);
             }
         }
@@ -193,6 +184,27 @@ pub fn census<'p>(
         .map(|t| t.name.clone())
         .zip(tallies)
         .collect()
+}
+
+/// Where `pod` stands with `template` as [`census`] counts it: by [`state`] when its
+/// namespace's labels are known, else (a namespace whose Pods no template may select) by what
+/// it carries alone. For callers that need each Pod's standing, not only the tallies.
+pub fn standing(
+    template: &CompiledTemplate,
+    pod: &PodMeta<'_>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> Option<PodState> {
+    match namespace_labels {
+        Some(labels) => state(
+            template,
+            pod,
+            &NamespaceInfo {
+                name: pod.namespace,
+                labels: Some(labels),
+            },
+        ),
+        None => carried(template, pod),
+    }
 }
 
 /// Where `pod` stands with `template` by its record alone: `None` when it does not carry it.
