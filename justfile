@@ -114,6 +114,13 @@ fuzz seconds="60":
 render template pod *args:
     cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
 
+# Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH
+install-plugin dir=(env_var('HOME') / ".local/bin"):
+    cargo build --quiet -p injector-cli --bin sidecar-injector
+    mkdir -p "{{dir}}"
+    install -m 0755 target/debug/sidecar-injector "{{dir}}/kubectl-sidecar"
+    @echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+
 # Cluster demo on a real node: a local control plane, a node and the operator, examples/nginx-sidecar's Deployment 2/2 Ready and its sidecar answering, and an unselected namespace; left running (stop it with `just down`; needs root)
 demo: node-packages
     cargo run --quiet -p injector-e2e --bin demo

@@ -45,7 +45,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 20] = [
+const SCENARIOS: [(&str, Scenario); 21] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -110,6 +110,10 @@ const SCENARIOS: [(&str, Scenario); 20] = [
     (
         "pod_counts_follow_template_changes",
         pod_counts_follow_template_changes,
+    ),
+    (
+        "kubectl_sidecar_status_and_explain",
+        kubectl_sidecar_status_and_explain,
     ),
 ];
 
@@ -1913,24 +1917,7 @@ fn pod_counts_follow_template_changes(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
     let name = "e2e-census";
     let template = |image: &str, priority: i32| {
-        format!(
-            r#"
-apiVersion: sidecar.dev/v1alpha1
-kind: SidecarTemplate
-metadata:
-  name: {name}
-spec:
-  namespaceSelector:
-    matchLabels: {{e2e.sidecar.dev/scenario: census}}
-  podSelector:
-    matchLabels: {{app: counted}}
-  priority: {priority}
-  failurePolicy: Ignore
-  containers:
-    - name: counted-agent
-      image: {image}
-"#
-        )
+        one_container_template(name, "census", "counted", "counted-agent", image, priority)
     };
     let ns = cp.namespace("census", &[("e2e.sidecar.dev/scenario", "census")])?;
     let counted = [("app", "counted")];
@@ -1942,10 +1929,7 @@ spec:
     create_pod(cp, &ns, "other", &[("app", "other")], &[], false)?;
     cp.apply_yaml(&template("busybox:1.36", 10))?;
     wait_served(cp, name)?;
-    poll(Duration::from_secs(30), "injection (dry run)", || {
-        let (pod, _) = create_pod(cp, &ns, "probe", &counted, &[], true)?;
-        Ok(annotation(&pod, INJECTED).is_some().then_some(()))
-    })?;
+    wait_dry_run_image(cp, &ns, &counted, "counted-agent", "busybox:1.36")?;
     for pod in ["late-1", "late-2"] {
         let (pod, _) = create_pod(cp, &ns, pod, &counted, &[], false)?;
         ensure!(annotation(&pod, INJECTED).is_some(), "not injected: {pod}");
@@ -1957,14 +1941,7 @@ spec:
     cp.apply_yaml(&template("busybox:1.37", 10))?;
     let took = wait_pod_counts(cp, name, [2, 0, 2, 2])?;
     eprintln!("[e2e] counts after the image edit: {took:.1?}");
-    poll(
-        Duration::from_secs(30),
-        "injection of the new image (dry run)",
-        || {
-            let (pod, _) = create_pod(cp, &ns, "probe", &counted, &[], true)?;
-            Ok((container_image(&pod, "counted-agent") == Some("busybox:1.37")).then_some(()))
-        },
-    )?;
+    wait_dry_run_image(cp, &ns, &counted, "counted-agent", "busybox:1.37")?;
     create_pod(cp, &ns, "after-edit", &counted, &[], false)?;
     wait_pod_counts(cp, name, [3, 1, 2, 2])?;
     poll(Duration::from_secs(30), "a PodsStale event", || {
@@ -2027,4 +2004,248 @@ fn container_image<'a>(pod: &'a Value, name: &str) -> Option<&'a str> {
         .iter()
         .find(|c| c["name"] == name)?["image"]
         .as_str()
+}
+
+/// `kubectl sidecar ARGS` through the real kubectl, which finds the plugin as `kubectl-sidecar`
+/// on `PATH` (a symbolic link to the binary under test, first on `PATH`); its standard output.
+/// kubectl takes no flag before a plugin's name, so this does without `kubectl_command`'s.
+fn kubectl_sidecar(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let bin = cp.dir().join("plugin-bin");
+    let link = bin.join("kubectl-sidecar");
+    if !link.exists() {
+        std::fs::create_dir_all(&bin)?;
+        std::os::unix::fs::symlink(injector_e2e::operator_binary()?, &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))?;
+    let out = std::process::Command::new(cp.kubectl_path())
+        .env("KUBECONFIG", cp.kubeconfig_path())
+        .env("PATH", path)
+        .arg("sidecar")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("cannot run kubectl")?;
+    ensure!(
+        out.status.success(),
+        "kubectl sidecar {}: {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The kubectl plugin against live Pods: a bare Pod created before the template is missing
+/// and not restartable, a Deployment's Pods made stale by an image edit are shown under the
+/// Deployment, the counts agree with the operator's `status.pods` (table and JSON), and
+/// `explain` says what a Pod carries and why the template applies to it or not.
+fn kubectl_sidecar_status_and_explain(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-plugin";
+    let template = |image: &str| {
+        one_container_template(name, "plugin", "plugged", "plugged-agent", image, 100)
+    };
+    let ns = cp.namespace("plugin", &[("e2e.sidecar.dev/scenario", "plugin")])?;
+    let plugged = [("app", "plugged")];
+    // Before the template: missing, and no workload can restart it.
+    create_pod(cp, &ns, "bare", &plugged, &[], false)?;
+    create_pod(cp, &ns, "other", &[("app", "other")], &[], false)?;
+    cp.apply_yaml(&template("busybox:1.36"))?;
+    wait_served(cp, name)?;
+    wait_dry_run_image(cp, &ns, &plugged, "plugged-agent", "busybox:1.36")?;
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "plugged"}},
+            "template": {
+                "metadata": {"labels": {"app": "plugged"}},
+                "spec": {"containers": [{"name": "web", "image": "busybox:1.36"}]},
+            },
+        },
+    });
+    cp.apply_yaml(&deployment.to_string())?;
+    let web_pods = poll(
+        Duration::from_secs(60),
+        "the Deployment's 2 Pods, injected",
+        || {
+            let pods: Vec<Value> = cp
+                .list_json("pods", Some(&ns), None)?
+                .into_iter()
+                .filter(|p| {
+                    p["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("web-"))
+                })
+                .collect();
+            let injected = pods.iter().all(|p| annotation(p, INJECTED).is_some());
+            Ok((pods.len() == 2 && injected).then_some(pods))
+        },
+    )?;
+    let web_pod = web_pods[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+
+    // An image edit: the Deployment's Pods are stale; a Pod created now is current.
+    cp.apply_yaml(&template("busybox:1.37"))?;
+    wait_dry_run_image(cp, &ns, &plugged, "plugged-agent", "busybox:1.37")?;
+    create_pod(cp, &ns, "late", &plugged, &[], false)?;
+    // (injected, current, stale, missing), as the operator writes them.
+    wait_pod_counts(cp, name, [3, 1, 2, 1])?;
+
+    let table = kubectl_sidecar(cp, &["status", name])?;
+    eprintln!("[e2e] kubectl sidecar status {name}:\n{table}");
+    let row = |first: &str| -> Vec<&str> {
+        table
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .find(|cells| cells.first() == Some(&first))
+            .unwrap_or_default()
+    };
+    ensure!(
+        row(name) == [name, "True", "OnCreate", "3", "1", "2", "1", "-"],
+        "the template's row: {:?}",
+        row(name)
+    );
+    let deployment_row = table.lines().find(|l| l.contains("deployment/web"));
+    ensure!(
+        deployment_row.is_some_and(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.get(..5) == Some(&[ns.as_str(), "deployment/web", "yes", "2", "0"][..])
+        }),
+        "no Deployment with 2 stale Pods: {deployment_row:?}"
+    );
+    let bare_row = table.lines().find(|l| l.contains("pod/bare"));
+    ensure!(
+        bare_row.is_some_and(|l| l.contains("no: bare Pod")),
+        "the bare Pod is not listed as not restartable: {bare_row:?}"
+    );
+    ensure!(
+        !table.contains("pod/other") && !table.contains("pod/late"),
+        "{table}"
+    );
+    ensure!(
+        !table.contains("differs"),
+        "the operator's count differs: {table}"
+    );
+
+    let json: Value = serde_json::from_str(&kubectl_sidecar(cp, &["status", "-o", "json"])?)?;
+    let ours = json["templates"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["name"] == name))
+        .context("the template is not in the JSON")?;
+    let counts = serde_json::json!({"injected": 3, "current": 1, "stale": 2, "missing": 1});
+    ensure!(ours["pods"] == counts, "pods: {}", ours["pods"]);
+    ensure!(
+        ours["statusPods"] == counts,
+        "statusPods: {}",
+        ours["statusPods"]
+    );
+    let workloads = ours["workloads"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        workloads.iter().any(|w| w["kind"] == "Deployment"
+            && w["name"] == "web"
+            && w["stale"].as_array().map(Vec::len) == Some(2)
+            && w.get("notRestartable").is_none()),
+        "workloads: {workloads:?}"
+    );
+    ensure!(
+        workloads.iter().any(|w| w["kind"] == "Pod"
+            && w["name"] == "bare"
+            && w["notRestartable"] == "bare Pod"),
+        "workloads: {workloads:?}"
+    );
+
+    let bare = kubectl_sidecar(cp, &["explain", "pod/bare", "-n", &ns])?;
+    eprintln!("[e2e] kubectl sidecar explain pod/bare:\n{bare}");
+    for line in [
+        "carries (sidecar.dev/injected): nothing".to_owned(),
+        format!("missing  {name}"),
+        format!("applied  {name}"),
+    ] {
+        ensure!(bare.contains(&line), "explain pod/bare lacks {line:?}");
+    }
+    let stale = kubectl_sidecar(cp, &["explain", &format!("pod/{web_pod}"), "-n", &ns])?;
+    eprintln!("[e2e] kubectl sidecar explain pod/{web_pod}:\n{stale}");
+    for line in [
+        format!(
+            "stale    {name} (carries generation 1; in force: generation 2, only images changed since)"
+        ),
+        "created by replicaset/web-".to_owned(),
+        format!("skipped  {name}"),
+    ] {
+        ensure!(
+            stale.contains(&line),
+            "explain pod/{web_pod} lacks {line:?}"
+        );
+    }
+    let other = kubectl_sidecar(cp, &["explain", "pod/other", "-n", &ns])?;
+    ensure!(
+        other.contains("the pod selector does not match the pod's labels"),
+        "explain pod/other:\n{other}"
+    );
+    let workload = kubectl_sidecar(cp, &["explain", "deployment/web", "-n", &ns])?;
+    ensure!(
+        workload.contains(&format!("applied  {name} (generation 2")),
+        "explain deployment/web:\n{workload}"
+    );
+
+    cp.kubectl_ok(&["delete", "deployment", "web", "-n", &ns, "--wait=false"])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// A best-effort template `name` adding one container `container` of `image`, selecting Pods
+/// labelled `app: APP` in namespaces labelled `e2e.sidecar.dev/scenario: SCENARIO`.
+fn one_container_template(
+    name: &str,
+    scenario: &str,
+    app: &str,
+    container: &str,
+    image: &str,
+    priority: i32,
+) -> String {
+    format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: {name}
+spec:
+  namespaceSelector:
+    matchLabels: {{e2e.sidecar.dev/scenario: {scenario}}}
+  podSelector:
+    matchLabels: {{app: {app}}}
+  priority: {priority}
+  failurePolicy: Ignore
+  containers:
+    - name: {container}
+      image: {image}
+"#
+    )
+}
+
+/// Waits until a Pod labelled `labels` created in `namespace` (a server-side dry run) gets
+/// container `container` of `image`: the webhook serves that version of the template.
+fn wait_dry_run_image(
+    cp: &ControlPlane,
+    namespace: &str,
+    labels: &[(&str, &str)],
+    container: &str,
+    image: &str,
+) -> anyhow::Result<()> {
+    poll(
+        Duration::from_secs(30),
+        &format!("{container} of {image} injected (dry run)"),
+        || {
+            let (pod, _) = create_pod(cp, namespace, "probe", labels, &[], true)?;
+            Ok((container_image(&pod, container) == Some(image)).then_some(()))
+        },
+    )
 }

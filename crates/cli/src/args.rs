@@ -2,6 +2,7 @@
 //! each command's flags become the options its module takes.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use injector_controller::certs::Lifetimes;
 
+use crate::kubectl::{KubectlArgs, is_plugin};
 use crate::render::{OutputFormat, RenderRequest, parse_labels};
 use crate::run::RunOptions;
 use crate::serve::ServeOptions;
@@ -35,6 +37,42 @@ pub(crate) enum Command {
     Run(Box<RunArgs>),
     /// Print the SidecarTemplate CustomResourceDefinition as YAML.
     Crd,
+    /// The kubectl plugin's commands (`kubectl sidecar …` when installed as kubectl-sidecar).
+    Kubectl(KubectlArgs),
+}
+
+/// The command line of the binary started as `kubectl-sidecar`: the plugin's commands alone,
+/// with kubectl's name for them in help and errors.
+#[derive(Parser)]
+#[command(
+    name = "kubectl-sidecar",
+    bin_name = "kubectl sidecar",
+    version,
+    about = "The sidecar-injector kubectl plugin: template status and live explanations"
+)]
+struct PluginCli {
+    #[command(flatten)]
+    args: KubectlArgs,
+}
+
+impl Cli {
+    /// Parses `argv`: as the kubectl plugin when its first item (the program) is named
+    /// `kubectl-sidecar`, else as `sidecar-injector`. The error prints clap's message and exit
+    /// status (help and version too).
+    pub fn try_parse_argv<I, T>(argv: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+        if argv.first().is_some_and(|argv0| is_plugin(argv0)) {
+            let plugin = PluginCli::try_parse_from(argv)?;
+            return Ok(Cli {
+                command: Command::Kubectl(plugin.args),
+            });
+        }
+        Cli::try_parse_from(argv)
+    }
 }
 
 #[derive(clap::Args)]

@@ -3,6 +3,7 @@
 
 pub mod args;
 pub mod documents;
+pub mod kubectl;
 pub mod process;
 pub mod render;
 pub mod run;

@@ -39,6 +39,14 @@ impl Cli {
                 until_signalled(|stop| async move { Ok(crate::run::run(options, stop).await?) })?;
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Kubectl(args) => {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .context("cannot start the async runtime")?;
+                print!("{}", runtime.block_on(args.execute())?);
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Crd => {
                 print!(
                     "{}",

@@ -87,7 +87,7 @@ pub enum RenderError {
 }
 
 /// Where each pod-bearing kind keeps its pod template, as a JSON pointer.
-fn pod_template_pointer(kind: &str) -> Option<&'static str> {
+pub(crate) fn pod_template_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some(""),
         "Deployment"
@@ -196,14 +196,13 @@ fn render_object<'t>(
     templates: &'t [Arc<CompiledTemplate>],
     object: Document,
 ) -> Result<((String, Value), Plan<'t>), RenderError> {
-    let kind = object.kind().to_owned();
     let display = object.describe();
     let bad = |message: String| RenderError::BadPod {
         path: request.pod_file.clone(),
         object: display.clone(),
         message,
     };
-    let mut value = object.value;
+    let value = object.value;
     let namespace = value
         .pointer("/metadata/namespace")
         .and_then(Value::as_str)
@@ -219,25 +218,36 @@ fn render_object<'t>(
         name: &namespace,
         labels: Some(&labels),
     };
-    let pointer = pod_template_pointer(&kind).unwrap_or_default();
+    let (mutated, plan) = plan_object(value, &info, templates).map_err(bad)?;
+    Ok(((format!("{display} in {namespace}"), mutated), plan))
+}
+
+/// Plans `object` as admission would in `namespace` and applies the patch: a Pod as it is, a
+/// workload's pod template as the Pod its controller would create (named by `generateName`
+/// when it names none, as those Pods are). Returns the mutated object and the plan; the error
+/// says what is wrong with the object. `render` and `kubectl sidecar explain` share it.
+pub(crate) fn plan_object<'t>(
+    mut value: Value,
+    namespace: &NamespaceInfo<'_>,
+    templates: &'t [Arc<CompiledTemplate>],
+) -> Result<(Value, Plan<'t>), String> {
+    let kind = text_at(&value, "/kind").to_owned();
+    let pointer = pod_template_pointer(&kind)
+        .ok_or_else(|| format!("a {kind:?} holds no Pod nor pod template"))?;
 
     if pointer.is_empty() {
-        let plan = plan(&value, &info, templates).map_err(|e| bad(e.to_string()))?;
+        let plan = plan(&value, namespace, templates).map_err(|e| e.to_string())?;
         json_patch::patch(&mut value, &plan.patch.to_json_patch())
-            .map_err(|e| bad(format!("patch does not apply: {e}")))?;
-        return Ok(((format!("{display} in {namespace}"), value), plan));
+            .map_err(|e| format!("patch does not apply: {e}"))?;
+        return Ok((value, plan));
     }
 
     // A workload: plan its pod template as the Pod its controller would create.
-    let workload_name = value
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let workload_name = text_at(&value, "/metadata/name").to_owned();
     let template = value
         .pointer_mut(pointer)
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| bad(format!("has no pod template at {pointer}")))?;
+        .ok_or_else(|| format!("has no pod template at {pointer}"))?;
     let mut metadata = match template.remove("metadata") {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
@@ -255,9 +265,9 @@ fn render_object<'t>(
         "metadata": metadata,
         "spec": template.remove("spec").unwrap_or(Value::Null),
     });
-    let plan = plan(&pod, &info, templates).map_err(|e| bad(e.to_string()))?;
+    let plan = plan(&pod, namespace, templates).map_err(|e| e.to_string())?;
     json_patch::patch(&mut pod, &plan.patch.to_json_patch())
-        .map_err(|e| bad(format!("patch does not apply: {e}")))?;
+        .map_err(|e| format!("patch does not apply: {e}"))?;
     if let Value::Object(mut pod) = pod {
         if let Some(Value::Object(mut metadata)) = pod.remove("metadata") {
             if !had_generate_name {
@@ -269,10 +279,19 @@ fn render_object<'t>(
             template.insert("spec".into(), spec);
         }
     }
-    Ok(((format!("{display} in {namespace}"), value), plan))
+    Ok((value, plan))
 }
 
-fn explain(name: &str, plan: &Plan, templates: &[Arc<CompiledTemplate>]) -> String {
+/// The string at `pointer` in `value`, empty when there is none.
+pub(crate) fn text_at<'v>(value: &'v Value, pointer: &str) -> &'v str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Explains `plan` per template (applied, skipped and why, denied) under the heading `name`.
+pub(crate) fn explain(name: &str, plan: &Plan, templates: &[Arc<CompiledTemplate>]) -> String {
     let priority = |template: &str| {
         templates
             .iter()
@@ -319,7 +338,7 @@ fn explain(name: &str, plan: &Plan, templates: &[Arc<CompiledTemplate>]) -> Stri
 }
 
 /// The containers a mutated object's Pods run, one line each kind.
-fn container_summary(object: &Value) -> String {
+pub(crate) fn container_summary(object: &Value) -> String {
     let kind = object
         .get("kind")
         .and_then(Value::as_str)

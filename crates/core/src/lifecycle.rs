@@ -210,17 +210,10 @@ pub fn census_by_owner<'p, O: Ord + Clone>(
         .collect();
     for (pod, owner) in pods {
         let labels = namespace(pod.namespace);
-        let info = NamespaceInfo {
-            name: pod.namespace,
-            labels,
-        };
         for (template, census) in templates.iter().zip(&mut found) {
-            let state = if labels.is_some() {
-                state(template, &pod, &info)
-            } else {
-                carried(template, &pod)
+            let Some(state) = standing(template, &pod, labels) else {
+                continue;
             };
-            let Some(state) = state else { continue };
             census.tally.add(state);
             if state != PodState::Current {
                 *census.behind.entry(owner.clone()).or_default() += 1;
@@ -235,6 +228,27 @@ pub fn census_by_owner<'p, O: Ord + Clone>(
         .map(|t| t.name.clone())
         .zip(found)
         .collect()
+}
+
+/// Where `pod` stands with `template` as [`census`] counts it: by [`state`] when its
+/// namespace's labels are known, else (a namespace whose Pods no template may select) by what
+/// it carries alone. For callers that need each Pod's standing, not only the tallies.
+pub fn standing(
+    template: &CompiledTemplate,
+    pod: &PodMeta<'_>,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> Option<PodState> {
+    match namespace_labels {
+        Some(labels) => state(
+            template,
+            pod,
+            &NamespaceInfo {
+                name: pod.namespace,
+                labels: Some(labels),
+            },
+        ),
+        None => carried(template, pod),
+    }
 }
 
 /// Where `pod` stands with `template` by its record alone: `None` when it does not carry it.

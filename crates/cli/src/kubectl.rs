@@ -1,0 +1,184 @@
+//! `kubectl sidecar`: the binary as a kubectl plugin. Installed as `kubectl-sidecar` on the
+//! `PATH` (a copy or a symbolic link), kubectl runs it for `kubectl sidecar …`, and its
+//! arguments are the plugin's; `sidecar-injector kubectl …` takes the same commands.
+//!
+//! `status` shows where each template's Pods stand and the workloads behind the stale and
+//! missing ones; `explain` replays the decision for a live object. Both read the cluster
+//! through the usual kubeconfig ([`cluster`]) and decide with the operator's own code
+//! ([`status`], [`explain`]); neither writes anything.
+
+pub mod cluster;
+pub mod explain;
+pub mod status;
+mod table;
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use injector_api::SidecarTemplate;
+use injector_controller::sync::{Observed, TemplateSync};
+use injector_core::{Snapshot, Templates};
+use kube::runtime::watcher::Event;
+
+use self::cluster::{ClusterError, Connection};
+use self::explain::{Namespace, Target};
+
+/// The file name that makes the binary the plugin: kubectl runs `kubectl-sidecar` for
+/// `kubectl sidecar`.
+pub const PLUGIN_FILE_NAME: &str = "kubectl-sidecar";
+
+/// Whether the program was started as the plugin (`argv[0]` names `kubectl-sidecar`).
+pub fn is_plugin(argv0: &OsStr) -> bool {
+    Path::new(argv0)
+        .file_name()
+        .is_some_and(|name| name == PLUGIN_FILE_NAME)
+}
+
+/// The plugin's command line: `kubectl sidecar [flags] COMMAND`.
+#[derive(clap::Args, Debug)]
+pub struct KubectlArgs {
+    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
+    #[arg(long, global = true, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
+    /// The operator's namespace: its Pods are never injected, and count only for what they
+    /// carry (as the operator counts them).
+    #[arg(
+        long,
+        global = true,
+        default_value = "sidecar-injector",
+        value_name = "NAMESPACE"
+    )]
+    operator_namespace: String,
+    #[command(subcommand)]
+    command: PluginCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PluginCommand {
+    /// Where each SidecarTemplate's Pods stand (injected, current, stale, missing), its
+    /// rollout, and the workloads behind its stale and missing Pods.
+    Status(StatusArgs),
+    /// Replay the injection decision for a live object: what it carries, what it would get
+    /// now, and why each template applies or not.
+    Explain(ExplainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// One template (default: every one).
+    template: Option<String>,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
+    output: StatusOutput,
+}
+
+/// How `status` prints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StatusOutput {
+    Table,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExplainArgs {
+    /// KIND/NAME: pod, deployment, statefulset, daemonset, replicaset, job or cronjob.
+    target: Target,
+    /// The object's namespace (default: the context's).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+}
+
+/// Why a plugin command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// Talking to the cluster failed.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The object cannot be planned.
+    #[error("{object}: {message}")]
+    Plan {
+        /// `kind/name`.
+        object: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The JSON output cannot be written.
+    #[error("cannot print JSON: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl KubectlArgs {
+    /// Runs the command; returns what to print.
+    pub async fn execute(self) -> Result<String, PluginError> {
+        let connection = Connection {
+            kubeconfig: self.kubeconfig,
+            context: self.context,
+        };
+        let (client, default_namespace) = cluster::connect(&connection).await?;
+        match self.command {
+            PluginCommand::Status(args) => {
+                let templates = cluster::templates(&client, args.template.as_deref()).await?;
+                let (in_force, observed) = in_force(&templates);
+                let pods = cluster::pods(&client).await?;
+                let namespaces = cluster::namespaces(&client).await?;
+                let live = status::count(&in_force, &pods, &namespaces, &self.operator_namespace);
+                let owners = cluster::owners(&client, status::owner_lookups(&live)).await?;
+                let report = status::report(&templates, &observed, &live, &owners);
+                Ok(match args.output {
+                    StatusOutput::Table => status::to_table(&report),
+                    StatusOutput::Json => status::to_json(&report)?,
+                })
+            }
+            PluginCommand::Explain(args) => {
+                let namespace = args.namespace.unwrap_or(default_namespace);
+                let object = cluster::object(&client, &args.target, &namespace).await?;
+                let labels = cluster::namespace_labels(&client, &namespace).await?;
+                let templates = cluster::templates(&client, None).await?;
+                let (in_force, _) = in_force(&templates);
+                let namespace = Namespace {
+                    name: &namespace,
+                    labels: (namespace != self.operator_namespace).then_some(&labels),
+                };
+                explain::explain(object, &namespace, in_force.templates()).map_err(|message| {
+                    PluginError::Plan {
+                        object: format!(
+                            "{}/{}",
+                            args.target.kind.as_str().to_lowercase(),
+                            args.target.name
+                        ),
+                        message,
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// The templates the operator keeps in force for `templates`, and what compiling each gave:
+/// the operator's own sync, fed one complete listing, so an invalid required template keeps
+/// the generation its `status.lastValid` records, exactly as in a replica started now.
+fn in_force(templates: &[SidecarTemplate]) -> (Arc<Snapshot>, BTreeMap<String, Observed>) {
+    let published = Templates::new();
+    let observed = Arc::new(Mutex::new(BTreeMap::new()));
+    let mut sync = TemplateSync::new(Arc::clone(&published), Arc::clone(&observed));
+    sync.handle(Event::Init);
+    for template in templates {
+        sync.handle(Event::InitApply(template.clone()));
+    }
+    sync.handle(Event::InitDone);
+    let observed = std::mem::take(
+        &mut *observed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    (published.snapshot(), observed)
+}
+
+#[cfg(test)]
+#[path = "kubectl/tests.rs"]
+mod tests;

@@ -1,0 +1,259 @@
+//! What `kubectl sidecar` reads from the cluster, and nothing else: it never writes. Pods,
+//! ReplicaSets and Jobs are read as metadata only (the API server sends no spec), like the
+//! operator's census.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use injector_api::SidecarTemplate;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::PartialObjectMeta;
+use kube::{Client, Config};
+use serde_json::Value;
+
+use super::explain::{Target, TargetKind};
+use super::status::{ObjectKey, Owners, controller};
+
+/// How many objects one list call asks for.
+const PAGE: u32 = 500;
+
+/// What went wrong talking to the cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The kubeconfig cannot be read or used.
+    #[error("cannot use the kubeconfig")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    /// No client can be made from the configuration.
+    #[error("cannot connect to Kubernetes")]
+    Client(#[source] kube::Error),
+    /// A call failed.
+    #[error("{what}")]
+    Call {
+        /// What was asked.
+        what: String,
+        /// Why it failed.
+        source: kube::Error,
+    },
+    /// The object does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// An object could not be turned into JSON.
+    #[error("{what}")]
+    Json {
+        /// The object.
+        what: String,
+        /// Why.
+        source: serde_json::Error,
+    },
+}
+
+/// Where to connect: the kubeconfig (`--kubeconfig`, else `$KUBECONFIG`, else
+/// `~/.kube/config`) and its context (`--context`, else the current one).
+#[derive(Clone, Debug, Default)]
+pub struct Connection {
+    /// A kubeconfig file, over `$KUBECONFIG`.
+    pub kubeconfig: Option<PathBuf>,
+    /// The context to use.
+    pub context: Option<String>,
+}
+
+/// A client for `connection`, and the namespace its context names (else `default`).
+pub async fn connect(connection: &Connection) -> Result<(Client, String), ClusterError> {
+    let options = KubeConfigOptions {
+        context: connection.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let config = match &connection.kubeconfig {
+        Some(path) => {
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
+        }
+        None => Config::from_kubeconfig(&options).await?,
+    };
+    let namespace = config.default_namespace.clone();
+    let client = Client::try_from(config).map_err(ClusterError::Client)?;
+    Ok((client, namespace))
+}
+
+fn call(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Call { what, source }
+}
+
+/// Every SidecarTemplate, or the one named.
+pub async fn templates(
+    client: &Client,
+    name: Option<&str>,
+) -> Result<Vec<SidecarTemplate>, ClusterError> {
+    let api: Api<SidecarTemplate> = Api::all(client.clone());
+    match name {
+        Some(name) => {
+            let what = format!("sidecartemplate/{name}");
+            let template = api.get_opt(name).await.map_err(call(what.clone()))?;
+            Ok(vec![template.ok_or(ClusterError::NotFound(what))?])
+        }
+        None => Ok(api
+            .list(&ListParams::default())
+            .await
+            .map_err(call("list sidecartemplates"))?
+            .items),
+    }
+}
+
+/// The metadata of every `K` in the cluster, page by page.
+async fn all_metadata<K>(client: &Client, what: &str) -> Result<Vec<ObjectMeta>, ClusterError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    list_pages(&api, what).await
+}
+
+async fn list_pages<K>(api: &Api<K>, what: &str) -> Result<Vec<ObjectMeta>, ClusterError>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut found = Vec::new();
+    let mut token: Option<String> = None;
+    loop {
+        let mut params = ListParams::default().limit(PAGE);
+        if let Some(token) = &token {
+            params = params.continue_token(token);
+        }
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(call(format!("list {what} (metadata)")))?;
+        found.extend(page.items.into_iter().map(|item| item.metadata));
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(found);
+        }
+    }
+}
+
+/// The metadata of every Pod.
+pub async fn pods(client: &Client) -> Result<Vec<ObjectMeta>, ClusterError> {
+    all_metadata::<Pod>(client, "pods").await
+}
+
+/// The metadata of every Namespace.
+pub async fn namespaces(client: &Client) -> Result<Vec<ObjectMeta>, ClusterError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    list_pages(&api, "namespaces").await
+}
+
+/// The labels of one Namespace.
+pub async fn namespace_labels(
+    client: &Client,
+    name: &str,
+) -> Result<BTreeMap<String, String>, ClusterError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let what = format!("namespace/{name}");
+    let namespace = api
+        .get_metadata_opt(name)
+        .await
+        .map_err(call(what.clone()))?;
+    Ok(namespace
+        .ok_or(ClusterError::NotFound(what))?
+        .metadata
+        .labels
+        .unwrap_or_default())
+}
+
+/// The controller owner of each of `keys` (ReplicaSets and Jobs), read one by one; a key whose
+/// object is gone has none.
+pub async fn owners(client: &Client, keys: BTreeSet<ObjectKey>) -> Result<Owners, ClusterError> {
+    let mut owners = Owners::new();
+    for key in keys {
+        let what = format!(
+            "{}/{} -n {}",
+            key.kind.to_lowercase(),
+            key.name,
+            key.namespace
+        );
+        let meta: Option<ObjectMeta> = match key.kind.as_str() {
+            "ReplicaSet" => metadata_of::<ReplicaSet>(client, &key, &what).await?,
+            "Job" => metadata_of::<Job>(client, &key, &what).await?,
+            _ => None,
+        };
+        let owner = meta
+            .as_ref()
+            .and_then(controller)
+            .map(|(kind, name)| (kind.to_owned(), name.to_owned()));
+        owners.insert(key, owner);
+    }
+    Ok(owners)
+}
+
+async fn metadata_of<K>(
+    client: &Client,
+    key: &ObjectKey,
+    what: &str,
+) -> Result<Option<ObjectMeta>, ClusterError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), &key.namespace);
+    let found: Option<PartialObjectMeta<K>> =
+        api.get_metadata_opt(&key.name).await.map_err(call(what))?;
+    Ok(found.map(|object| object.metadata))
+}
+
+/// The object `target` names in `namespace`, as JSON (with its `kind`).
+pub async fn object(
+    client: &Client,
+    target: &Target,
+    namespace: &str,
+) -> Result<Value, ClusterError> {
+    let what = format!(
+        "{}/{} -n {namespace}",
+        target.kind.as_str().to_lowercase(),
+        target.name
+    );
+    match target.kind {
+        TargetKind::Pod => typed::<Pod>(client, namespace, &target.name, what).await,
+        TargetKind::Deployment => typed::<Deployment>(client, namespace, &target.name, what).await,
+        TargetKind::StatefulSet => {
+            typed::<StatefulSet>(client, namespace, &target.name, what).await
+        }
+        TargetKind::DaemonSet => typed::<DaemonSet>(client, namespace, &target.name, what).await,
+        TargetKind::ReplicaSet => typed::<ReplicaSet>(client, namespace, &target.name, what).await,
+        TargetKind::Job => typed::<Job>(client, namespace, &target.name, what).await,
+        TargetKind::CronJob => typed::<CronJob>(client, namespace, &target.name, what).await,
+    }
+}
+
+async fn typed<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    what: String,
+) -> Result<Value, ClusterError>
+where
+    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + k8s_openapi::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let object = api
+        .get_opt(name)
+        .await
+        .map_err(call(what.clone()))?
+        .ok_or_else(|| ClusterError::NotFound(what.clone()))?;
+    // k8s-openapi's types serialize their apiVersion and kind, which planning reads.
+    serde_json::to_value(&object).map_err(|source| ClusterError::Json { what, source })
+}

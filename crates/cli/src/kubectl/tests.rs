@@ -1,0 +1,103 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use injector_api::FailurePolicy;
+use serde_json::json;
+
+use super::*;
+use crate::args::{Cli, Command};
+
+fn plugin_args(argv: &[&str]) -> Result<KubectlArgs, clap::Error> {
+    match Cli::try_parse_argv(argv)?.command {
+        Command::Kubectl(args) => Ok(args),
+        _ => panic!("{argv:?}: not the plugin's command"),
+    }
+}
+
+#[test]
+fn the_plugins_file_name_makes_argv_the_plugins() {
+    let args = plugin_args(&[
+        "/home/me/.local/bin/kubectl-sidecar",
+        "status",
+        "-o",
+        "json",
+    ])
+    .unwrap();
+    match args.command {
+        PluginCommand::Status(status) => {
+            assert_eq!(status.template, None);
+            assert_eq!(status.output, StatusOutput::Json);
+        }
+        PluginCommand::Explain(_) => panic!("not status"),
+    }
+    assert_eq!(args.operator_namespace, "sidecar-injector");
+    // The binary's own commands are not the plugin's.
+    assert!(Cli::try_parse_argv(["kubectl-sidecar", "render"]).is_err());
+    assert!(Cli::try_parse_argv(["kubectl-sidecar", "kubectl", "status"]).is_err());
+}
+
+#[test]
+fn the_same_commands_are_under_sidecar_injector_kubectl() {
+    let args = plugin_args(&[
+        "sidecar-injector",
+        "kubectl",
+        "explain",
+        "deploy/web",
+        "-n",
+        "shop",
+        "--context",
+        "kind-a",
+        "--kubeconfig",
+        "/tmp/config",
+        "--operator-namespace",
+        "injector",
+    ])
+    .unwrap();
+    assert_eq!(args.context.as_deref(), Some("kind-a"));
+    assert_eq!(args.kubeconfig, Some(PathBuf::from("/tmp/config")));
+    assert_eq!(args.operator_namespace, "injector");
+    match args.command {
+        PluginCommand::Explain(explain) => {
+            assert_eq!(explain.target.kind, explain::TargetKind::Deployment);
+            assert_eq!(explain.target.name, "web");
+            assert_eq!(explain.namespace.as_deref(), Some("shop"));
+        }
+        PluginCommand::Status(_) => panic!("not explain"),
+    }
+    // Not under another name: only the exact file name is the plugin.
+    assert!(Cli::try_parse_argv(["/usr/bin/sidecar-injector", "status"]).is_err());
+    assert!(!is_plugin(OsStr::new("kubectl-sidecar-old")));
+    assert!(is_plugin(OsStr::new("./kubectl-sidecar")));
+}
+
+#[test]
+fn help_names_the_plugin_as_kubectl_does() {
+    let error = Cli::try_parse_argv(["kubectl-sidecar", "--help"])
+        .err()
+        .unwrap();
+    assert!(
+        error.to_string().contains("Usage: kubectl sidecar"),
+        "{error}"
+    );
+}
+
+#[test]
+fn an_invalid_required_template_keeps_its_last_valid_generation_in_force() {
+    let template: SidecarTemplate = serde_json::from_value(json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": "security", "generation": 5},
+        "spec": {"containers": [{"name": "agent"}]},
+        "status": {"lastValid": {"generation": 4, "spec": {
+            "containers": [{"name": "agent", "image": "agent:4"}],
+        }}},
+    }))
+    .unwrap();
+    let (snapshot, observed) = in_force(&[template]);
+    let kept = snapshot.get("security").unwrap();
+    assert_eq!(
+        (kept.generation, kept.failure_policy),
+        (4, FailurePolicy::Fail)
+    );
+    assert!(observed["security"].outcome.is_err());
+    assert_eq!(observed["security"].kept.as_ref().unwrap().generation, 4);
+}
