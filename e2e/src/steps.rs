@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use serde_json::Value;
 
 use crate::control_plane::ControlPlane;
@@ -145,4 +146,61 @@ pub fn ready_condition(template: &Value) -> Option<Value> {
         .iter()
         .find(|c| c["type"] == "Ready")
         .cloned()
+}
+
+/// `status.pods` of template `name` as [injected, current, stale, missing], once the leader has
+/// written them.
+pub fn pod_counts(cp: &ControlPlane, name: &str) -> anyhow::Result<Option<[u64; 4]>> {
+    let template = cp.get_json("sidecartemplate", None, name)?;
+    let pods = &template["status"]["pods"];
+    let counts = ["injected", "current", "stale", "missing"].map(|k| pods[k].as_u64());
+    Ok(counts
+        .iter()
+        .all(Option::is_some)
+        .then(|| counts.map(Option::unwrap_or_default)))
+}
+
+/// Waits (up to `timeout`) until template `name`'s `status.pods` is `want`; returns how long
+/// it took.
+pub fn wait_pod_counts(
+    cp: &ControlPlane,
+    name: &str,
+    want: [u64; 4],
+    timeout: Duration,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut last = None;
+    poll(
+        timeout,
+        &format!("{name}'s status.pods (injected, current, stale, missing) to be {want:?}"),
+        || {
+            last = pod_counts(cp, name)?;
+            Ok((last == Some(want)).then_some(()))
+        },
+    )
+    .with_context(|| format!("last seen: {last:?}"))?;
+    Ok(started.elapsed())
+}
+
+/// Waits (up to `timeout`) until template `name` has the condition `type_` with `status` and
+/// `reason`; returns it.
+pub fn wait_condition(
+    cp: &ControlPlane,
+    name: &str,
+    (type_, status, reason): (&str, &str, &str),
+    timeout: Duration,
+) -> anyhow::Result<Value> {
+    poll(
+        timeout,
+        &format!("{name}: {type_}={status}/{reason}"),
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            Ok(template["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == type_ && c["status"] == status && c["reason"] == reason)
+                .cloned())
+        },
+    )
 }

@@ -465,22 +465,11 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
          spec:\n  updateStrategy: {type: RollingRestart}\n  namespaceSelector: {matchLabels: {none: none}}\n\
          \x20 containers:\n    - name: rolling\n      image: busybox:1.36\n",
     )?;
-    let blocked = poll(
+    let blocked = injector_e2e::steps::wait_condition(
+        cp,
+        "chart-rolling",
+        ("RolloutBlocked", "True", "Forbidden"),
         Duration::from_secs(30),
-        "RolloutBlocked=True/Forbidden",
-        || {
-            let template = cp.get_json("sidecartemplate", None, "chart-rolling")?;
-            Ok(template["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| {
-                    c["type"] == "RolloutBlocked"
-                        && c["status"] == "True"
-                        && c["reason"] == "Forbidden"
-                })
-                .cloned())
-        },
     )?;
     let message = blocked["message"].as_str().unwrap_or_default();
     ensure!(

@@ -821,15 +821,7 @@ fn required_while_no_replica_serves(cluster: &Cluster) -> anyhow::Result<()> {
     // Back to 2 replicas whatever happens meanwhile, so that a failure here does not fail the
     // scenarios after this one too.
     let down = (|| -> anyhow::Result<u32> {
-        let selector = operator_selector(cluster)?;
-        poll(
-            Duration::from_secs(60),
-            "no operator Pod and no endpoint",
-            || {
-                let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
-                Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
-            },
-        )?;
+        wait_no_operator(cluster)?;
         let mut refused = 0;
         for _ in 0..3 {
             let out = create()?;
@@ -1175,6 +1167,19 @@ fn scale_operator(cluster: &Cluster, replicas: u32) -> anyhow::Result<()> {
         &format!("--replicas={replicas}"),
     ])?;
     Ok(())
+}
+
+/// Waits until no operator Pod runs and the Service has no endpoint.
+fn wait_no_operator(cluster: &Cluster) -> anyhow::Result<()> {
+    let selector = operator_selector(cluster)?;
+    poll(
+        Duration::from_secs(60),
+        "no operator Pod and no endpoint",
+        || {
+            let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
+            Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
+        },
+    )
 }
 
 /// The label selector of the operator's Pods, from the Deployment.

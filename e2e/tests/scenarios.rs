@@ -1882,32 +1882,9 @@ spec:
     result
 }
 
-/// `status.pods` of template `name` as (injected, current, stale, missing), once the counts
-/// are there.
-fn pod_counts(cp: &ControlPlane, name: &str) -> anyhow::Result<Option<[u64; 4]>> {
-    let template = cp.get_json("sidecartemplate", None, name)?;
-    let pods = &template["status"]["pods"];
-    let counts = ["injected", "current", "stale", "missing"].map(|k| pods[k].as_u64());
-    Ok(counts
-        .iter()
-        .all(Option::is_some)
-        .then(|| counts.map(Option::unwrap_or_default)))
-}
-
-/// Waits until template `name`'s `status.pods` is `want`; returns how long it took.
+/// [`injector_e2e::steps::wait_pod_counts`] within 30 s.
 fn wait_pod_counts(cp: &ControlPlane, name: &str, want: [u64; 4]) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let mut last = None;
-    let found = poll(
-        Duration::from_secs(30),
-        &format!("{name}'s status.pods to be (injected, current, stale, missing) {want:?}"),
-        || {
-            last = pod_counts(cp, name)?;
-            Ok((last == Some(want)).then_some(()))
-        },
-    );
-    found.with_context(|| format!("last seen: {last:?}"))?;
-    Ok(started.elapsed())
+    injector_e2e::steps::wait_pod_counts(cp, name, want, Duration::from_secs(30))
 }
 
 /// The leader's Pod census: Pods created before a template are missing, the ones it injects
@@ -1964,9 +1941,9 @@ fn pod_counts_follow_template_changes(env: &mut Env<'_>) -> anyhow::Result<()> {
     )?;
     std::thread::sleep(Duration::from_secs(3));
     ensure!(
-        pod_counts(cp, name)? == Some([3, 1, 2, 2]),
+        injector_e2e::steps::pod_counts(cp, name)? == Some([3, 1, 2, 2]),
         "after a priority edit: {:?}",
-        pod_counts(cp, name)?
+        injector_e2e::steps::pod_counts(cp, name)?
     );
 
     // Deleting a stale Pod and a missing one: the counts follow.

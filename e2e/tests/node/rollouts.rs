@@ -11,10 +11,7 @@ use anyhow::{Context, ensure};
 use injector_e2e::{Cluster, poll};
 use serde_json::{Value, json};
 
-use super::{
-    CHART_OBJECTS, RELEASE_NAMESPACE, ensure_chart, operator_selector, scale_operator,
-    service_endpoints, wait_operator_ready,
-};
+use super::{CHART_OBJECTS, ensure_chart, scale_operator, wait_no_operator, wait_operator_ready};
 
 /// The sidecar's first image and the one an edit brings (both stand-ins present on the node).
 const FIRST_IMAGE: &str = "stand-in.invalid/busybox:1.36";
@@ -109,33 +106,13 @@ fn wait_rolled_out(cluster: &Cluster, namespace: &str, timeout: Duration) -> any
     )
 }
 
-/// `status.pods` of template `name` as [injected, current, stale, missing].
-fn pod_counts(cluster: &Cluster, name: &str) -> anyhow::Result<Option<[u64; 4]>> {
-    let template = cluster.get_json("sidecartemplate", None, name)?;
-    let pods = &template["status"]["pods"];
-    let counts = ["injected", "current", "stale", "missing"].map(|k| pods[k].as_u64());
-    Ok(counts
-        .iter()
-        .all(Option::is_some)
-        .then(|| counts.map(Option::unwrap_or_default)))
-}
-
 fn wait_pod_counts(
     cluster: &Cluster,
     name: &str,
     want: [u64; 4],
     timeout: Duration,
 ) -> anyhow::Result<()> {
-    let mut last = None;
-    poll(
-        timeout,
-        &format!("{name}'s status.pods (injected, current, stale, missing) = {want:?}"),
-        || {
-            last = pod_counts(cluster, name)?;
-            Ok((last == Some(want)).then_some(()))
-        },
-    )
-    .with_context(|| format!("last seen {last:?}"))
+    injector_e2e::steps::wait_pod_counts(cluster, name, want, timeout).map(drop)
 }
 
 /// Template `name`'s `status.rollout.state`.
@@ -327,15 +304,7 @@ pub fn a_stuck_rollout_halts_and_missing_pods_heal(cluster: &Cluster) -> anyhow:
     // No replica serves: the best-effort template is skipped for the Pods created meanwhile.
     scale_operator(cluster, 0)?;
     let outcome = (|| -> anyhow::Result<()> {
-        let selector = operator_selector(cluster)?;
-        poll(
-            Duration::from_secs(60),
-            "no operator Pod and no endpoint",
-            || {
-                let pods = cluster.list_json("pods", Some(RELEASE_NAMESPACE), Some(&selector))?;
-                Ok((pods.is_empty() && service_endpoints(cluster)?.is_empty()).then_some(()))
-            },
-        )?;
+        wait_no_operator(cluster)?;
         apply(cluster, &deployment(&ns, "late", 2, false))?;
         wait_rolled_out(cluster, &ns, Duration::from_secs(90))
     })();
@@ -362,22 +331,11 @@ pub fn a_stuck_rollout_halts_and_missing_pods_heal(cluster: &Cluster) -> anyhow:
         cluster,
         &rolling_template(name, "healing", SECOND_IMAGE, strategy),
     )?;
-    let condition = poll(
+    let condition = injector_e2e::steps::wait_condition(
+        cluster,
+        name,
+        ("RolloutBlocked", "True", "Halted"),
         Duration::from_secs(120),
-        "RolloutBlocked=True/Halted",
-        || {
-            let template = cluster.get_json("sidecartemplate", None, name)?;
-            Ok(template["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| {
-                    c["type"] == "RolloutBlocked"
-                        && c["status"] == "True"
-                        && c["reason"] == "Halted"
-                })
-                .cloned())
-        },
     )?;
     let message = condition["message"].as_str().unwrap_or_default();
     ensure!(
@@ -431,7 +389,7 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
     ensure_chart(cluster)?;
     let name = "e2e-in-place";
     let ns = cluster.namespace("in-place", &[("e2e.sidecar.dev/scenario", "in-place")])?;
-    let template = |image: &str, args: &[&str]| {
+    let template = |image: &str, seconds: &str| {
         json!({
             "apiVersion": "sidecar.dev/v1alpha1",
             "kind": "SidecarTemplate",
@@ -440,12 +398,12 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
                 "namespaceSelector": {"matchLabels": {"e2e.sidecar.dev/scenario": "in-place"}},
                 "failurePolicy": "Ignore",
                 "updateStrategy": {"type": "InPlace", "maxUnavailable": 1},
-                "containers": [{"name": "proxy", "image": image, "imagePullPolicy": "Never", "command": ["sleep", "3600"], "args": args}],
+                "containers": [{"name": "proxy", "image": image, "imagePullPolicy": "Never", "command": ["sleep"], "args": [seconds]}],
                 "initContainers": [{"name": "agent", "image": image, "imagePullPolicy": "Never", "restartPolicy": "Always", "command": ["sleep", "3600"]}],
             },
         })
     };
-    apply(cluster, &template(FIRST_IMAGE, &[]))?;
+    apply(cluster, &template(FIRST_IMAGE, "3600"))?;
     injector_e2e::steps::wait_served(cluster, name, CHART_OBJECTS)?;
     apply(cluster, &deployment(&ns, "web", 3, false))?;
     wait_rolled_out(cluster, &ns, Duration::from_secs(120))?;
@@ -477,10 +435,7 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
             Ok(())
         });
         let result = (|| {
-            apply(cluster, &template(SECOND_IMAGE, &[]))?;
-            wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(5)).or_else(|_| {
-                wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(180))
-            })?;
+            apply(cluster, &template(SECOND_IMAGE, "3600"))?;
             poll(
                 Duration::from_secs(120),
                 "every Pod Ready with the new images",
@@ -507,6 +462,7 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
         result.and_then(|pods| watched.map(|()| pods))
     });
     let after = outcome?;
+    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(30))?;
     let (most, samples) = (most.into_inner(), samples.into_inner());
     eprintln!(
         "[e2e] 3 Pods updated in place in {:.1?}; at most {most} not Ready at once ({samples} samples)",
@@ -542,19 +498,30 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
         }
     }
 
-    // More than images: the Deployment is restarted instead.
-    apply(cluster, &template(SECOND_IMAGE, &["-v"]))?;
-    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(5))
-        .or_else(|_| wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(180)))?;
+    // More than images (an argument): the Deployment is restarted instead.
+    apply(cluster, &template(SECOND_IMAGE, "3601"))?;
+    poll(Duration::from_secs(60), "the Deployment restarted", || {
+        let web = cluster.get_json("deployment", Some(&ns), "web")?;
+        let restarted =
+            !web["spec"]["template"]["metadata"]["annotations"]["sidecar.dev/restartedAt"]
+                .is_null();
+        Ok(restarted.then_some(()))
+    })?;
     wait_rolled_out(cluster, &ns, Duration::from_secs(120))?;
-    let replaced = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
-    ensure!(
-        replaced.len() == 3
-            && replaced
-                .iter()
-                .all(|p| !before.contains_key(p["metadata"]["uid"].as_str().unwrap_or_default())),
-        "the Pods were not replaced by a restart"
-    );
+    wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(30))?;
+    // The old Pods may still be terminating for a moment.
+    poll(
+        Duration::from_secs(60),
+        "3 new Pods, the old ones gone",
+        || {
+            let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
+            let replaced = pods.len() == 3
+                && pods.iter().all(|p| {
+                    !before.contains_key(p["metadata"]["uid"].as_str().unwrap_or_default())
+                });
+            Ok(replaced.then_some(()))
+        },
+    )?;
     cluster.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
     cluster.kubectl_ok(&["delete", "sidecartemplate", name])?;
     Ok(())
