@@ -36,11 +36,14 @@ const READ_ANNOTATIONS: [&str; 3] = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEM
 /// update in place.
 pub type PodView = Store<PartialObjectMeta<Pod>>;
 
-/// A census and the view of Pods it was counted from.
+/// A census, the templates it counted against and the view of Pods it was counted from.
 #[derive(Clone)]
 pub struct Counted {
     /// Where the Pods stand with each template.
     pub census: Arc<Census>,
+    /// The templates in force when it was counted (a rollout works from these, so that its
+    /// fingerprints and the counts agree).
+    pub snapshot: Arc<injector_core::Snapshot>,
     /// The Pods.
     pub pods: PodView,
 }
@@ -165,7 +168,7 @@ pub async fn run(
     client: Client,
     templates: Arc<Templates>,
     operator_namespace: String,
-    mut publish: impl FnMut(Arc<Census>, &Store<PartialObjectMeta<Pod>>),
+    mut publish: impl FnMut(Counted),
 ) {
     let (pods, mut pods_writer) = reflector::store::<PartialObjectMeta<Pod>>();
     let (namespaces, mut namespaces_writer) = reflector::store::<PartialObjectMeta<Namespace>>();
@@ -208,8 +211,12 @@ pub async fn run(
                 }
                 dirty = false;
                 counted = Some(Arc::clone(&snapshot));
-                match count_off_runtime(snapshot, &pods, &namespaces, &operator_namespace).await {
-                    Ok(tallies) => publish(Arc::new(tallies), &pods),
+                match count_off_runtime(Arc::clone(&snapshot), &pods, &namespaces, &operator_namespace).await {
+                    Ok(census) => publish(Counted {
+                        census: Arc::new(census),
+                        snapshot,
+                        pods: pods.clone(),
+                    }),
                     Err(error) => tracing::error!(%error, "counting Pods failed"),
                 }
             }

@@ -706,6 +706,10 @@ impl Operator {
                 last_applied.as_ref(),
             );
             let Some(reason) = reason else {
+                // Nothing to apply: the configuration in the cluster is the desired one, so it
+                // carries the desired caBundle wherever an entry needs one (with no entry, a
+                // new CA needs no apply at all, and its Secret must not wait for one).
+                self.applied_ca.send_replace(Some(desired_ca));
                 continue;
             };
             tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
@@ -759,20 +763,20 @@ impl Operator {
                     self.client.clone(),
                     Arc::clone(&self.templates),
                     self.options.namespace.clone(),
-                    |found, pods| {
+                    |found: Counted| {
                         let gone: Vec<String> = counted
                             .drain(..)
-                            .filter(|name| !found.contains_key(name))
+                            .filter(|name| !found.census.contains_key(name))
                             .collect();
                         self.metrics.set_template_pods(
-                            found.iter().map(|(name, census)| (name, census.tally)),
+                            found
+                                .census
+                                .iter()
+                                .map(|(name, census)| (name, census.tally)),
                             gone.iter().map(String::as_str),
                         );
-                        counted.extend(found.keys().cloned());
-                        self.census.send_replace(Some(Counted {
-                            census: found,
-                            pods: pods.clone(),
-                        }));
+                        counted.extend(found.census.keys().cloned());
+                        self.census.send_replace(Some(found));
                     },
                 );
                 let still = tokio::select! {
@@ -808,19 +812,33 @@ impl Operator {
             if self.is_leader() {
                 let counted = self.census.borrow().clone();
                 if let Some(counted) = counted {
-                    let driver =
+                    let active =
                         driver.get_or_insert_with(|| RolloutDriver::new(self.client.clone()));
-                    let snapshot = self.templates.snapshot();
                     let mut restarted = Vec::new();
-                    let rollouts = driver
-                        .round(snapshot.templates(), &counted, |template, workload| {
-                            restarted.push((
-                                template.name.clone(),
-                                template.generation,
-                                workload.clone(),
-                            ));
-                        })
-                        .await;
+                    // A round stops where it is when leadership is lost: a deposed leader
+                    // restarts and patches nothing more.
+                    let round = active.round(&counted, |template, workload| {
+                        restarted.push((
+                            template.name.clone(),
+                            template.generation,
+                            workload.clone(),
+                        ));
+                    });
+                    let outcome = tokio::select! {
+                        rollouts = round => Some(rollouts),
+                        _ = stop.cancelled() => return,
+                        changed = Self::leadership_changed(&mut leading, "rollouts") => {
+                            if !changed {
+                                return;
+                            }
+                            None
+                        }
+                    };
+                    let Some(rollouts) = outcome else {
+                        driver = None;
+                        self.rollouts.send_replace(None);
+                        continue;
+                    };
                     self.rollouts.send_replace(Some(Arc::new(rollouts)));
                     for (name, generation, workload) in restarted {
                         let template = self
@@ -923,8 +941,9 @@ impl Operator {
                         .as_ref()
                         .and_then(|counted| counted.census.get(&name))
                         .map(|found| found.tally);
-                    if let Some(tally) = tally {
-                        desired.pods = Some(tally.into());
+                    // A template not in force (invalid, nothing kept) has no counts.
+                    if census.is_some() {
+                        desired.pods = tally.map(Into::into);
                     }
                     if let Some(rollouts) = &rollouts {
                         desired = crate::status::with_rollout(

@@ -12,22 +12,20 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use injector_api::names::{
-    RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_DISABLED,
+use injector_api::{
+    DEFAULT_PROGRESS_DEADLINE_SECONDS, RolloutStatus, UpdateStrategyType, WorkloadRef,
 };
-use injector_api::{RolloutStatus, UpdateStrategyType, WorkloadRef};
 use injector_core::CompiledTemplate;
 use injector_core::lifecycle::{PodMeta, PodState, carried};
 use injector_core::rollout::{
     WorkloadState, in_place_patch, max_unavailable, next_restarts, restarted_for,
-    restarted_for_entry, states, updated_in_place, with_restarted_for,
+    restarted_for_entry, states, updated_in_place,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
@@ -35,27 +33,17 @@ use tokio::time::Instant;
 
 use crate::census::{Counted, PodOwner, PodView, owner_of};
 
+mod workloads;
+
+pub use workloads::{
+    WorkloadView, daemon_set_view, deployment_view, restart_patch, stateful_set_view,
+};
+
 /// How long a permission check is trusted.
 const PERMISSION_TTL: Duration = Duration::from_secs(60);
 
 /// What a round decided, by template name (templates with `RollingRestart` only).
 pub type Rollouts = BTreeMap<String, RolloutStatus>;
-
-/// What is known of a workload's rollout, read from the workload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkloadView {
-    /// Annotated `sidecar.dev/rollout: disabled`, or updated only on delete (a restart would
-    /// not replace its Pods).
-    pub not_restartable: bool,
-    /// Its `sidecar.dev/restarted-for` annotation.
-    pub restarted_for: Option<String>,
-    /// Every replica updated and available.
-    pub complete: bool,
-    /// Counts that grow as its rollout progresses: a change is progress.
-    pub progress: [i64; 4],
-    /// Its resourceVersion, so that a restart does not overwrite a change made meanwhile.
-    pub resource_version: Option<String>,
-}
 
 /// Whether `template` is rolled out in place where it can be.
 fn in_place(template: &CompiledTemplate) -> bool {
@@ -70,115 +58,6 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Reads `annotations` for the opt-out and the restart record.
-fn annotations_of(meta: &ObjectMeta) -> (bool, Option<String>) {
-    let annotations = meta.annotations.as_ref();
-    let opted_out = annotations
-        .and_then(|a| a.get(ROLLOUT_ANNOTATION))
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case(ROLLOUT_DISABLED));
-    let restarted = annotations
-        .and_then(|a| a.get(RESTARTED_FOR_ANNOTATION))
-        .cloned();
-    (opted_out, restarted)
-}
-
-/// Where a Deployment's rollout stands (as `kubectl rollout status` judges it).
-pub fn deployment_view(deployment: &Deployment) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&deployment.metadata);
-    let wanted = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.replicas)
-        .unwrap_or(1);
-    let status = deployment.status.clone().unwrap_or_default();
-    let generation = deployment.metadata.generation.unwrap_or_default();
-    let observed = status.observed_generation.unwrap_or_default();
-    let updated = i64::from(status.updated_replicas.unwrap_or_default());
-    let replicas = i64::from(status.replicas.unwrap_or_default());
-    let available = i64::from(status.available_replicas.unwrap_or_default());
-    let ready = i64::from(status.ready_replicas.unwrap_or_default());
-    let complete = observed >= generation
-        && updated >= i64::from(wanted)
-        && replicas == updated
-        && available >= updated;
-    WorkloadView {
-        not_restartable: opted_out,
-        restarted_for,
-        complete,
-        progress: [observed, updated, ready, available],
-        resource_version: deployment.metadata.resource_version.clone(),
-    }
-}
-
-/// Where a StatefulSet's rollout stands. One updated only on delete is not restartable.
-pub fn stateful_set_view(set: &StatefulSet) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&set.metadata);
-    let spec = set.spec.clone().unwrap_or_default();
-    let on_delete = spec
-        .update_strategy
-        .as_ref()
-        .and_then(|s| s.type_.as_deref())
-        == Some("OnDelete");
-    let wanted = i64::from(spec.replicas.unwrap_or(1));
-    let status = set.status.clone().unwrap_or_default();
-    let generation = set.metadata.generation.unwrap_or_default();
-    let observed = status.observed_generation.unwrap_or_default();
-    let updated = i64::from(status.updated_replicas.unwrap_or_default());
-    let ready = i64::from(status.ready_replicas.unwrap_or_default());
-    let available = i64::from(status.available_replicas.unwrap_or_default());
-    let complete = observed >= generation
-        && updated >= wanted
-        && ready >= wanted
-        && status.update_revision.is_some()
-        && status.current_revision == status.update_revision;
-    WorkloadView {
-        not_restartable: opted_out || on_delete,
-        restarted_for,
-        complete,
-        progress: [observed, updated, ready, available],
-        resource_version: set.metadata.resource_version.clone(),
-    }
-}
-
-/// Where a DaemonSet's rollout stands. One updated only on delete is not restartable.
-pub fn daemon_set_view(set: &DaemonSet) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&set.metadata);
-    let on_delete = set
-        .spec
-        .as_ref()
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|s| s.type_.as_deref())
-        == Some("OnDelete");
-    let status = set.status.clone().unwrap_or_default();
-    let generation = set.metadata.generation.unwrap_or_default();
-    let observed = status.observed_generation.unwrap_or_default();
-    let desired = i64::from(status.desired_number_scheduled);
-    let updated = i64::from(status.updated_number_scheduled.unwrap_or_default());
-    let ready = i64::from(status.number_ready);
-    let available = i64::from(status.number_available.unwrap_or_default());
-    let complete = observed >= generation && updated >= desired && available >= desired;
-    WorkloadView {
-        not_restartable: opted_out || on_delete,
-        restarted_for,
-        complete,
-        progress: [observed, updated, ready, available],
-        resource_version: set.metadata.resource_version.clone(),
-    }
-}
-
-/// The merge patch that restarts a workload for `entry` (`template#fingerprint`) at `now`.
-pub fn restart_patch(view: &WorkloadView, entry: &str, now: &str) -> serde_json::Value {
-    serde_json::json!({
-        "metadata": {
-            "resourceVersion": view.resource_version,
-            "annotations": {
-                RESTARTED_FOR_ANNOTATION: with_restarted_for(view.restarted_for.as_deref(), entry),
-            },
-        },
-        "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: now}}}},
-    })
-}
-
 /// Why an API call of a rollout failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
@@ -187,18 +66,76 @@ pub enum RolloutError {
     Kube(#[from] kube::Error),
 }
 
-/// The leader's rollout state across rounds.
+/// What one round has seen and done so far, across its templates.
+#[derive(Default)]
+struct Round {
+    /// For each workload behind some template, the `restarted-for` entries of every template
+    /// it is behind for: a restart brings them all.
+    wanted_by: BTreeMap<WorkloadRef, Vec<String>>,
+    /// The workloads restarted this round.
+    restarted: BTreeSet<WorkloadRef>,
+    /// The (template, workload) pairs looked at.
+    seen: BTreeSet<(String, WorkloadRef)>,
+    /// The ReplicaSets resolved.
+    replica_sets: BTreeSet<(String, String)>,
+    /// The Pods considered for an update in place.
+    candidates: BTreeSet<(String, String)>,
+}
+
+/// A template's work before its restarts.
+struct Plan {
+    /// The restartable workloads behind its stale and missing Pods, with how many.
+    workloads: BTreeMap<WorkloadRef, u32>,
+    /// Its stale and missing Pods without a restartable owner.
+    not_restartable: u32,
+    /// What updating its Pods in place did.
+    in_place: InPlaceRound,
+}
+
+/// A Pod updated in place and not done yet.
+#[derive(Clone, Debug)]
+struct InFlight {
+    /// The workload that owns it (one Pod of a workload at a time).
+    workload: WorkloadRef,
+    /// When it was patched.
+    since: Instant,
+}
+
+/// What updating a template's Pods in place did this round.
+#[derive(Default)]
+struct InPlaceRound {
+    /// The Pods being updated (`namespace/name`).
+    updating: Vec<String>,
+    /// The owners of stale Pods that cannot be updated in place: restarted instead.
+    fallback: Vec<Option<PodOwner>>,
+    /// Stale Pods without a restartable owner, or of an opted-out one: never touched.
+    not_restartable: u32,
+    /// A Pod updated in place that did not come back Ready in time.
+    stuck: Option<String>,
+}
+
+/// The leader's rollout state across rounds. A new leader starts empty: what a restart was
+/// for is on the workload (`sidecar.dev/restarted-for`), when it was made on its Pod template
+/// (`sidecar.dev/restartedAt`).
 pub struct RolloutDriver {
     client: Client,
-    /// Each ReplicaSet's Deployment (`None`: it has none), as last resolved.
+    /// Each ReplicaSet's Deployment (`None`: it has none), as last resolved; only those seen
+    /// in the last round are kept.
     replica_sets: HashMap<(String, String), Option<String>>,
-    /// Each restarting workload's last progress counts, and when they last changed.
-    progress: HashMap<WorkloadRef, ([i64; 4], Instant)>,
-    /// Whether the operator may restart workloads (and, second, update Pods in place), and
-    /// when that was asked.
+    /// Each template's restarting workloads: their last progress counts, and when they last
+    /// changed.
+    progress: HashMap<(String, WorkloadRef), ([i64; 4], Instant)>,
+    /// The workloads each template restarted for its current version and that have not been
+    /// seen complete: they keep their slot even once none of their Pods is stale any more.
+    restarted: HashMap<String, BTreeSet<WorkloadRef>>,
+    /// Whether the operator may restart workloads (and update Pods in place, first), and when
+    /// that was asked.
     permitted: Option<(bool, Result<(), String>, Instant)>,
     /// `InPlace`: the Pods each template updated and that are not done yet.
-    in_flight: HashMap<String, BTreeSet<(String, String)>>,
+    in_flight: HashMap<String, BTreeMap<(String, String), InFlight>>,
+    /// Pods found not updatable in place, at their resourceVersion: not read again until it
+    /// changes.
+    not_in_place: HashMap<(String, String), String>,
 }
 
 impl RolloutDriver {
@@ -208,67 +145,97 @@ impl RolloutDriver {
             client,
             replica_sets: HashMap::new(),
             progress: HashMap::new(),
+            restarted: HashMap::new(),
             permitted: None,
             in_flight: HashMap::new(),
+            not_in_place: HashMap::new(),
         }
     }
 
-    /// One round over every template with `RollingRestart` or `InPlace`: what each one's
-    /// rollout says, and the restarts and updates it calls for, made. `on_restart` hears of
-    /// each restart made.
+    /// One round over every template with `RollingRestart` or `InPlace`, counted in
+    /// `counted`: what each one's rollout says, and the restarts and updates it calls for,
+    /// made. `on_restart` hears of each restart made.
     pub async fn round(
         &mut self,
-        templates: &[std::sync::Arc<CompiledTemplate>],
         counted: &Counted,
         mut on_restart: impl FnMut(&CompiledTemplate, &WorkloadRef),
     ) -> Rollouts {
         let mut rollouts = Rollouts::new();
-        let rolling: Vec<&CompiledTemplate> = templates
+        let rolling: Vec<&CompiledTemplate> = counted
+            .snapshot
+            .templates()
             .iter()
             .map(AsRef::as_ref)
             .filter(|t| t.update_strategy.type_ != UpdateStrategyType::OnCreate)
             .collect();
         self.in_flight
             .retain(|name, _| rolling.iter().any(|t| &t.name == name && in_place(t)));
+        self.restarted
+            .retain(|name, _| rolling.iter().any(|t| &t.name == name));
         if rolling.is_empty() {
             self.progress.clear();
+            self.replica_sets.clear();
+            self.not_in_place.clear();
             return rollouts;
         }
         let permitted = self.permitted(rolling.iter().any(|t| in_place(t))).await;
-        let mut seen = Vec::new();
-        for template in rolling {
+        if let Err(why) = permitted {
             // Without the permission, not even the ReplicaSets are read (they would be refused).
-            let status = match &permitted {
-                Err(why) => RolloutStatus {
+            for template in rolling {
+                let status = RolloutStatus {
                     state: states::FORBIDDEN.to_owned(),
                     message: Some(why.clone()),
                     ..RolloutStatus::default()
-                },
-                Ok(()) => {
-                    self.rollout(template, counted, &mut seen, &mut on_restart)
-                        .await
-                }
-            };
+                };
+                rollouts.insert(template.name.clone(), status);
+            }
+            return rollouts;
+        }
+        let mut round = Round::default();
+        // First every template's Pods updated in place and the workloads behind the rest, so
+        // that a restart brings every template's new version at once (and is made once).
+        let mut plans = Vec::new();
+        for template in &rolling {
+            let plan = self.plan(template, counted, &mut round).await;
+            for workload in plan.workloads.keys() {
+                round
+                    .wanted_by
+                    .entry(workload.clone())
+                    .or_default()
+                    .push(restarted_for_entry(
+                        &template.name,
+                        &template.fingerprint.to_string(),
+                    ));
+            }
+            plans.push(plan);
+        }
+        for (template, plan) in rolling.iter().zip(plans) {
+            let status = self
+                .restarts(template, plan, &mut round, &mut on_restart)
+                .await;
             rollouts.insert(template.name.clone(), status);
         }
-        self.progress.retain(|workload, _| seen.contains(workload));
+        self.progress.retain(|key, _| round.seen.contains(key));
+        self.replica_sets
+            .retain(|key, _| round.replica_sets.contains(key));
+        self.not_in_place
+            .retain(|key, _| round.candidates.contains(key));
         rollouts
     }
 
-    /// One template's round: its Pods updated in place (`InPlace`, when only images changed),
-    /// and the restarts of the workloads behind the rest.
-    async fn rollout(
+    /// A template's Pods updated in place (`InPlace`, when only images changed), and the
+    /// workloads behind the rest of its stale and missing Pods.
+    async fn plan(
         &mut self,
         template: &CompiledTemplate,
         counted: &Counted,
-        seen: &mut Vec<WorkloadRef>,
-        on_restart: &mut impl FnMut(&CompiledTemplate, &WorkloadRef),
-    ) -> RolloutStatus {
+        round: &mut Round,
+    ) -> Plan {
         let census = counted.census.get(&template.name);
         let mut behind = census.map(|c| c.behind.clone()).unwrap_or_default();
-        let mut updating = Vec::new();
+        let mut in_place_round = InPlaceRound::default();
         if in_place(template) {
-            // The Pods stale only in images are this round's to update, not to restart...
+            // The Pods stale only in images are updated in place, not restarted...
             for (owner, pods) in census.map(|c| &c.in_place).into_iter().flatten() {
                 if let Some(count) = behind.get_mut(owner) {
                     *count = count.saturating_sub(*pods);
@@ -276,19 +243,48 @@ impl RolloutDriver {
             }
             behind.retain(|_, count| *count > 0);
             let carrying = census.map_or(0, |c| c.tally.injected());
-            let (now_updating, not_in_place) = self
-                .update_in_place(template, &counted.pods, carrying)
+            in_place_round = self
+                .update_in_place(template, &counted.pods, carrying, round)
                 .await;
-            updating = now_updating;
             // ...unless they cannot be: those are restarted.
-            for owner in not_in_place {
+            for owner in std::mem::take(&mut in_place_round.fallback) {
                 *behind.entry(owner).or_default() += 1;
             }
         }
-        let (workloads, not_restartable) = self.workloads_behind(&behind).await;
+        let mut workloads: BTreeMap<WorkloadRef, u32> = BTreeMap::new();
+        let mut not_restartable = in_place_round.not_restartable;
+        for (owner, &pods) in &behind {
+            match self.workload_of(owner.as_ref(), round).await {
+                Some(workload) => *workloads.entry(workload).or_default() += pods,
+                None => not_restartable += pods,
+            }
+        }
+        Plan {
+            workloads,
+            not_restartable,
+            in_place: in_place_round,
+        }
+    }
+
+    /// A template's restarts: where each workload behind it stands, the decision, and the
+    /// restarts it calls for.
+    async fn restarts(
+        &mut self,
+        template: &CompiledTemplate,
+        plan: Plan,
+        round: &mut Round,
+        on_restart: &mut impl FnMut(&CompiledTemplate, &WorkloadRef),
+    ) -> RolloutStatus {
         let entry = restarted_for_entry(&template.name, &template.fingerprint.to_string());
+        let mut workloads = plan.workloads;
+        // A workload restarted for this version keeps its slot until its rollout completes,
+        // even when none of its Pods is stale any more.
+        for workload in self.restarted.get(&template.name).into_iter().flatten() {
+            workloads.entry(workload.clone()).or_insert(0);
+        }
         let mut states = Vec::new();
         let mut views = HashMap::new();
+        let mut still_restarting = BTreeSet::new();
         for (workload, pods) in workloads {
             let view = match self.view(&workload).await {
                 Ok(Some(view)) => view,
@@ -299,9 +295,13 @@ impl RolloutDriver {
                 }
             };
             let restarted = restarted_for(view.restarted_for.as_deref(), &entry);
-            let since_progress =
-                self.since_progress(&workload, view.progress, restarted && !view.complete);
-            seen.push(workload.clone());
+            let restarting = restarted && !view.complete;
+            if restarting {
+                still_restarting.insert(workload.clone());
+            }
+            let key = (template.name.clone(), workload.clone());
+            let since_progress = self.since_progress(&key, &view, restarting);
+            round.seen.insert(key);
             states.push(WorkloadState {
                 workload: workload.clone(),
                 opted_out: view.not_restartable,
@@ -312,17 +312,41 @@ impl RolloutDriver {
             });
             views.insert(workload, view);
         }
-        let decision = next_restarts(&template.update_strategy, &states, not_restartable);
+        let strategy = &template.update_strategy;
+        let decision = next_restarts(strategy, &states, plan.not_restartable);
         let mut status = decision.status;
-        for workload in decision.restart {
+        // A Pod updated in place that never came back halts the rollout like a workload.
+        let halted = plan.in_place.stuck.as_ref().map(|pod| {
+            let seconds = strategy
+                .progress_deadline_seconds
+                .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS);
+            format!(
+                "pod {pod} was not Ready with its new images {seconds}s after they were set; nothing more is updated until it is or the template changes"
+            )
+        });
+        let restarts = if halted.is_some() {
+            Vec::new()
+        } else {
+            decision.restart
+        };
+        for workload in restarts {
             let Some(view) = views.get(&workload) else {
                 continue;
             };
-            match self.restart(&workload, view, &entry).await {
+            let entries = round.wanted_by.get(&workload).cloned().unwrap_or_default();
+            if round.restarted.contains(&workload) {
+                // Restarted this round for another template, with this one's entry too.
+                continue;
+            }
+            match self.restart(&workload, view, &entries).await {
                 Ok(()) => {
                     tracing::info!(template = %template.name, %workload, "restarted for the template's new version");
-                    self.progress
-                        .insert(workload.clone(), (view.progress, Instant::now()));
+                    round.restarted.insert(workload.clone());
+                    self.progress.insert(
+                        (template.name.clone(), workload.clone()),
+                        (view.progress, Instant::now()),
+                    );
+                    still_restarting.insert(workload.clone());
                     on_restart(template, &workload);
                 }
                 Err(error) => {
@@ -332,48 +356,64 @@ impl RolloutDriver {
                 }
             }
         }
-        if !updating.is_empty() && status.state == states::COMPLETE {
+        self.restarted
+            .insert(template.name.clone(), still_restarting);
+        if let Some(message) = halted {
+            status.state = states::HALTED.to_owned();
+            status.message = Some(message);
+        } else if !plan.in_place.updating.is_empty() && status.state == states::COMPLETE {
             status.state = states::PROGRESSING.to_owned();
         }
-        status.updating = updating;
+        status.updating = plan.in_place.updating;
         status
     }
 
     /// `InPlace`: the Pods of `pods` that carry an earlier version of `template` differing only
-    /// in images get its images, at most `maxUnavailable` (of the `carrying` Pods) not Ready
-    /// at once: the ones updated and not done yet, and the stale ones found not Ready. Returns
-    /// the Pods being updated (`namespace/name`) and the owners of those that cannot be
-    /// updated in place.
+    /// in images get its images: only Pods of a restartable workload that has not opted out,
+    /// one Pod of a workload at a time, and at most `maxUnavailable` (of the `carrying` Pods)
+    /// not Ready at once (the ones updated and not done yet, and the stale ones found not
+    /// Ready).
     async fn update_in_place(
         &mut self,
         template: &CompiledTemplate,
         pods: &PodView,
         carrying: u32,
-    ) -> (Vec<String>, Vec<Option<PodOwner>>) {
+        round: &mut Round,
+    ) -> InPlaceRound {
+        let strategy = &template.update_strategy;
+        let deadline = Duration::from_secs(u64::from(
+            strategy
+                .progress_deadline_seconds
+                .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS),
+        ));
+        let mut result = InPlaceRound::default();
         let mut in_flight = self.in_flight.remove(&template.name).unwrap_or_default();
         // Done (new images running, Ready) or gone: no longer in flight.
-        let mut still = BTreeSet::new();
-        for (namespace, name) in in_flight {
+        let mut still = BTreeMap::new();
+        for ((namespace, name), flight) in in_flight {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-            match api.get_opt(&name).await {
-                Ok(Some(pod))
-                    if pod.metadata.deletion_timestamp.is_none()
-                        && !updated_in_place(template, &pod) =>
-                {
-                    still.insert((namespace, name));
+            let done = match api.get_opt(&name).await {
+                Ok(Some(pod)) => {
+                    pod.metadata.deletion_timestamp.is_some() || updated_in_place(template, &pod)
                 }
-                Ok(_) => {}
+                Ok(None) => true,
                 Err(error) => {
                     tracing::warn!(pod = %name, %namespace, %error, "reading a Pod updated in place failed");
-                    still.insert((namespace, name));
+                    false
                 }
+            };
+            if !done {
+                if flight.since.elapsed() >= deadline {
+                    result.stuck = Some(format!("{namespace}/{name}"));
+                }
+                still.insert((namespace, name), flight);
             }
         }
         in_flight = still;
-        let budget =
-            max_unavailable(template.update_strategy.max_unavailable.as_ref(), carrying) as usize;
+        let budget = max_unavailable(strategy.max_unavailable.as_ref(), carrying) as usize;
         let mut unavailable = in_flight.len();
-        let mut not_in_place = Vec::new();
+        let mut busy: BTreeSet<WorkloadRef> =
+            in_flight.values().map(|f| f.workload.clone()).collect();
         let mut candidates: Vec<_> = pods
             .state()
             .into_iter()
@@ -392,17 +432,49 @@ impl RolloutDriver {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))
         });
+        let mut opted_out: HashMap<WorkloadRef, bool> = HashMap::new();
         for candidate in candidates {
-            if unavailable >= budget {
-                break;
-            }
             let (Some(namespace), Some(name)) =
                 (&candidate.metadata.namespace, &candidate.metadata.name)
             else {
                 continue;
             };
             let key = (namespace.clone(), name.clone());
-            if in_flight.contains(&key) {
+            round.candidates.insert(key.clone());
+            if in_flight.contains_key(&key) {
+                continue;
+            }
+            let owner = owner_of(&candidate.metadata);
+            // Bare Pods, Jobs' and opted-out workloads' Pods are never touched.
+            let Some(workload) = self.workload_of(owner.as_ref(), round).await else {
+                result.not_restartable += 1;
+                continue;
+            };
+            let out = match opted_out.get(&workload) {
+                Some(out) => *out,
+                None => {
+                    let out = match self.view(&workload).await {
+                        Ok(Some(view)) => view.not_restartable,
+                        Ok(None) | Err(_) => true,
+                    };
+                    opted_out.insert(workload.clone(), out);
+                    out
+                }
+            };
+            if out {
+                result.not_restartable += 1;
+                continue;
+            }
+            let version = candidate
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap_or_default();
+            if self.not_in_place.get(&key) == Some(&version) {
+                result.fallback.push(owner);
+                continue;
+            }
+            if result.stuck.is_some() || unavailable >= budget || busy.contains(&workload) {
                 continue;
             }
             let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
@@ -420,7 +492,8 @@ impl RolloutDriver {
                 continue;
             }
             let Some(patch) = in_place_patch(template, &pod) else {
-                not_in_place.push(owner_of(&candidate.metadata));
+                self.not_in_place.insert(key, version);
+                result.fallback.push(owner);
                 continue;
             };
             match api
@@ -429,7 +502,14 @@ impl RolloutDriver {
             {
                 Ok(_) => {
                     tracing::info!(template = %template.name, pod = %name, %namespace, "images updated in place");
-                    in_flight.insert(key);
+                    busy.insert(workload.clone());
+                    in_flight.insert(
+                        key,
+                        InFlight {
+                            workload,
+                            since: Instant::now(),
+                        },
+                    );
                     unavailable += 1;
                 }
                 Err(error) => {
@@ -437,57 +517,52 @@ impl RolloutDriver {
                 }
             }
         }
-        let updating = in_flight
-            .iter()
+        result.updating = in_flight
+            .keys()
             .map(|(namespace, name)| format!("{namespace}/{name}"))
             .collect();
         self.in_flight.insert(template.name.clone(), in_flight);
-        (updating, not_in_place)
+        result
     }
 
-    /// How long since `workload`'s rollout last made progress (zero when it is not
-    /// restarting).
+    /// How long since a template's restart of a workload last made progress (zero when it is
+    /// not restarting). A restart first seen by this leader counts from when it was made.
     fn since_progress(
         &mut self,
-        workload: &WorkloadRef,
-        progress: [i64; 4],
+        key: &(String, WorkloadRef),
+        view: &WorkloadView,
         restarting: bool,
     ) -> Duration {
         let now = Instant::now();
         if !restarting {
-            self.progress.remove(workload);
+            self.progress.remove(key);
             return Duration::ZERO;
         }
+        let made = view
+            .restarted_at
+            .and_then(|at| {
+                let ago = k8s_openapi::jiff::Timestamp::now().duration_since(at);
+                Duration::try_from(ago).ok()
+            })
+            .and_then(|ago| now.checked_sub(ago))
+            .unwrap_or(now);
         let (last, at) = self
             .progress
-            .entry(workload.clone())
-            .or_insert((progress, now));
-        if *last != progress {
-            *last = progress;
+            .entry(key.clone())
+            .or_insert((view.progress, made));
+        if *last != view.progress {
+            *last = view.progress;
             *at = now;
         }
         now.duration_since(*at)
     }
 
-    /// The workloads behind `behind`'s owners, with their stale or missing Pods, and how many
-    /// such Pods have no restartable owner.
-    async fn workloads_behind(
-        &mut self,
-        behind: &BTreeMap<Option<PodOwner>, u32>,
-    ) -> (BTreeMap<WorkloadRef, u32>, u32) {
-        let mut workloads: BTreeMap<WorkloadRef, u32> = BTreeMap::new();
-        let mut not_restartable = 0;
-        for (owner, &pods) in behind {
-            match self.workload_of(owner.as_ref()).await {
-                Some(workload) => *workloads.entry(workload).or_default() += pods,
-                None => not_restartable += pods,
-            }
-        }
-        (workloads, not_restartable)
-    }
-
     /// The restartable workload that owns Pods owned by `owner`, if any.
-    async fn workload_of(&mut self, owner: Option<&PodOwner>) -> Option<WorkloadRef> {
+    async fn workload_of(
+        &mut self,
+        owner: Option<&PodOwner>,
+        round: &mut Round,
+    ) -> Option<WorkloadRef> {
         let owner = owner?;
         let workload = |kind: &str, name: String| WorkloadRef {
             kind: kind.to_owned(),
@@ -498,6 +573,7 @@ impl RolloutDriver {
             "StatefulSet" | "DaemonSet" => Some(workload(&owner.kind, owner.name.clone())),
             "ReplicaSet" => {
                 let key = (owner.namespace.clone(), owner.name.clone());
+                round.replica_sets.insert(key.clone());
                 if let Some(deployment) = self.replica_sets.get(&key) {
                     return deployment.clone().map(|name| workload("Deployment", name));
                 }
@@ -544,15 +620,15 @@ impl RolloutDriver {
         })
     }
 
-    /// Restarts `workload` for `entry`.
+    /// Restarts `workload` for `entries`.
     async fn restart(
         &self,
         workload: &WorkloadRef,
         view: &WorkloadView,
-        entry: &str,
+        entries: &[String],
     ) -> Result<(), RolloutError> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let patch = Patch::Merge(restart_patch(view, entry, &now));
+        let patch = Patch::Merge(restart_patch(view, entries, &now));
         let params = PatchParams::default();
         let client = self.client.clone();
         let ns = &workload.namespace;
@@ -586,12 +662,27 @@ impl RolloutDriver {
         {
             return answer.clone();
         }
-        let answer = self.ask_permission(pods).await;
-        self.permitted = Some((pods, answer.clone(), Instant::now()));
-        answer
+        match self.ask_permission(pods).await {
+            Ok(answer) => {
+                self.permitted = Some((pods, answer.clone(), Instant::now()));
+                answer
+            }
+            // The API server could not answer: the last answer stands until it can.
+            Err(error) => {
+                tracing::warn!(%error, "asking the API server whether the operator may restart workloads failed");
+                match &self.permitted {
+                    Some((_, answer, _)) => answer.clone(),
+                    None => Err(format!(
+                        "cannot ask the API server whether the operator may restart workloads: {error}"
+                    )),
+                }
+            }
+        }
     }
 
-    async fn ask_permission(&self, pods: bool) -> Result<(), String> {
+    /// Asks the API server (one SelfSubjectAccessReview per verb and resource): `Ok(Err)`
+    /// says what the operator may not do; `Err` that it could not be asked.
+    async fn ask_permission(&self, pods: bool) -> Result<Result<(), String>, kube::Error> {
         let api: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
         let mut needed = vec![
             ("apps", "patch", "deployments"),
@@ -619,19 +710,17 @@ impl RolloutDriver {
                 },
                 ..SelfSubjectAccessReview::default()
             };
-            match api.create(&PostParams::default(), &review).await {
-                Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => {}
-                Ok(_) if group.is_empty() => refused.push(format!("{verb} {resource}")),
-                Ok(_) => refused.push(format!("{verb} {resource}.{group}")),
-                Err(error) => {
-                    return Err(format!(
-                        "cannot ask the API server whether the operator may restart workloads: {error}"
-                    ));
-                }
+            let answer = api.create(&PostParams::default(), &review).await?;
+            if !answer.status.as_ref().is_some_and(|s| s.allowed) {
+                refused.push(if group.is_empty() {
+                    format!("{verb} {resource}")
+                } else {
+                    format!("{verb} {resource}.{group}")
+                });
             }
         }
         if refused.is_empty() {
-            return Ok(());
+            return Ok(Ok(()));
         }
         let what = if refused.len() == needed.len() && !pods {
             "restart workloads (get and patch Deployments, StatefulSets and DaemonSets, get ReplicaSets)"
@@ -642,12 +731,8 @@ impl RolloutDriver {
         } else {
             refused.join(", ")
         };
-        Err(format!(
+        Ok(Err(format!(
             "the operator may not {what} in every namespace, so it restarts nothing: install the chart with rollouts.enabled=true, or set updateStrategy.type OnCreate"
-        ))
+        )))
     }
 }
-
-#[cfg(test)]
-#[path = "rollout/tests.rs"]
-mod tests;

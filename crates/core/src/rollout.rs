@@ -298,10 +298,16 @@ pub fn updated_in_place(template: &CompiledTemplate, pod: &Pod) -> bool {
         .chain(status.init_container_statuses.iter().flatten())
         .map(|s| (s.name.as_str(), s))
         .collect();
+    // A plain init container has run and ended (and its image is never changed in place):
+    // only the containers and the native sidecars must run the new images.
+    let native_sidecars = template
+        .init_containers
+        .iter()
+        .filter(|item| fixed_field(item, "restartPolicy") == Some("Always"));
     let running_new = template
         .containers
         .iter()
-        .chain(&template.init_containers)
+        .chain(native_sidecars)
         .all(|item| {
             let (Some(image), Some(status)) = (image_of(item), statuses.get(item.key.as_str()))
             else {

@@ -275,6 +275,52 @@ async fn a_rotation_waits_for_the_template_list_before_writing_its_secret() {
     stop.cancel();
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_new_ca_is_published_at_once_when_the_configuration_has_no_entry_to_carry_it() {
+    // No template, and a configuration from an earlier start (no entry, so no caBundle): a new
+    // CA needs no apply, and its Secret must not wait for one (it waited for the next resync,
+    // a minute without a certificate, before).
+    let existing = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "sidecar-injector", "resourceVersion": "4",
+            "labels": {webhook_config::MANAGED_BY_LABEL: webhook_config::MANAGED_BY}},
+    });
+    let (client, calls) = fake_api(move |call, _| {
+        if call.is(Method::GET, SECRET_PATH) {
+            failure(StatusCode::NOT_FOUND, "NotFound")
+        } else if call.method == Method::POST && call.path.ends_with("/secrets") {
+            ok(&call.body)
+        } else if call.is(Method::GET, CONFIGURATIONS_PATH) {
+            configurations(call, std::slice::from_ref(&existing))
+        } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
+            ok(&call.body)
+        } else {
+            panic!("unexpected {call:?}")
+        }
+    });
+    let (_leader, leading) = watch::channel(true);
+    let operator = operator(client, options(Lifetimes::default()), leading);
+    operator.templates.publish(Registry::new().snapshot());
+    operator.templates.mark_synced();
+    let stop = CancellationToken::new();
+    let started = Instant::now();
+    tokio::spawn(Arc::clone(&operator).configuration_loop(stop.clone()));
+    // The configuration loop has seen the configuration before the CA comes.
+    wait_for_calls(&calls, 1, |c| c.is(Method::GET, CONFIGURATIONS_PATH)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::spawn(Arc::clone(&operator).rotate_loop(stop.clone()));
+    let created = wait_for_calls(&calls, 1, |c| {
+        c.method == Method::POST && c.path.ends_with("/secrets")
+    })
+    .await;
+    assert!(
+        created[0].at - started < Duration::from_secs(10),
+        "the Secret waited {:?}",
+        created[0].at - started
+    );
+    stop.cancel();
+}
+
 // On the real clock: a loop that spins never lets a paused clock advance to the timeout.
 #[tokio::test]
 async fn a_closed_leadership_channel_stops_the_leader_loops() {

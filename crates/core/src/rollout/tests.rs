@@ -295,3 +295,24 @@ fn max_unavailable_is_a_count_or_a_share_and_at_least_one() {
         1
     );
 }
+
+#[test]
+fn a_plain_init_container_does_not_keep_an_update_in_place_from_being_done() {
+    let new = compiled(
+        serde_json::json!({
+            "containers": [{"name": "proxy", "image": "envoy:1.31"}],
+            "initContainers": [{"name": "setup", "image": "setup:1"}],
+        }),
+        2,
+    );
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-1"},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "initContainerStatuses": [{"name": "setup", "image": "setup:1", "imageID": "", "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}],
+            "containerStatuses": [{"name": "proxy", "image": "envoy:1.31", "imageID": "", "ready": true, "restartCount": 1, "state": {"running": {}}}],
+        },
+    }))
+    .unwrap();
+    assert!(updated_in_place(&new, &pod));
+}

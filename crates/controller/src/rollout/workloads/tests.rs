@@ -151,15 +151,42 @@ fn a_restart_is_the_pod_templates_annotation_guarded_by_the_resource_version() {
         deployment_status(3, 1, 1, 1),
         &[(RESTARTED_FOR_ANNOTATION, "logger#1,mesh#2")],
     ));
-    let patch = restart_patch(&view, "mesh#3", "2026-11-23T19:00:00Z");
+    let patch = restart_patch(
+        &view,
+        &["mesh#3".to_owned(), "agent#1".to_owned()],
+        "2026-11-23T19:00:00Z",
+    );
     assert_eq!(
         patch,
         json!({
             "metadata": {
                 "resourceVersion": "41",
-                "annotations": {RESTARTED_FOR_ANNOTATION: "logger#1,mesh#3"},
+                "annotations": {RESTARTED_FOR_ANNOTATION: "agent#1,logger#1,mesh#3"},
             },
             "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: "2026-11-23T19:00:00Z"}}}},
         })
+    );
+}
+
+#[test]
+fn the_restart_time_is_read_from_the_pod_template() {
+    let mut restarted = deployment(1, deployment_status(3, 1, 1, 1), &[]);
+    restarted.spec.as_mut().unwrap().template.metadata = Some(ObjectMeta {
+        annotations: Some(
+            [(
+                RESTARTED_AT_ANNOTATION.to_owned(),
+                "2026-11-23T19:00:00Z".to_owned(),
+            )]
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    });
+    assert_eq!(
+        deployment_view(&restarted).restarted_at,
+        Some("2026-11-23T19:00:00Z".parse().unwrap())
+    );
+    assert_eq!(
+        deployment_view(&deployment(1, deployment_status(3, 1, 1, 1), &[])).restarted_at,
+        None
     );
 }
