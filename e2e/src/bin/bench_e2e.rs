@@ -288,12 +288,12 @@ fn census(
         let template = cp.get_json("sidecartemplate", None, "bench-census")?;
         Ok(template["status"]["pods"][want].as_u64() == Some(n as u64))
     };
-    // Settled: the probe Pod counted.
-    poll_until(Duration::from_secs(30), || counted("injected", 1))?;
+    // Settled: the template counted (no Pod yet; the probes were dry runs).
+    poll_until(Duration::from_secs(30), || counted("injected", 0))?;
     let idle = rss_kib(pid)?;
 
     let started = Instant::now();
-    runtime.block_on(create_many(client, &namespace, CENSUS_PODS - 1))?;
+    runtime.block_on(create_many(client, &namespace, CENSUS_PODS))?;
     let created = started.elapsed();
     poll_until(Duration::from_secs(120), || counted("current", CENSUS_PODS))?;
     let counted_after = started.elapsed();
