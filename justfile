@@ -137,6 +137,19 @@ bench-e2e:
 # End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the image ~9); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages image
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
+    {{just_executable()}} e2e-next
+
+# The scenarios and the chart test again on every other Kubernetes version of e2e/control-plane/versions.env (KUBE_VERSIONS; the node and the 3-minute rotation run on the default version only)
+e2e-next:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    source e2e/control-plane/versions.env
+    for version in $KUBE_VERSIONS; do
+        if [[ "$version" == "$KUBE_VERSION" ]]; then continue; fi
+        echo "[e2e] ===== the scenarios and the chart test on Kubernetes $version" >&2
+        SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=0 SIDECAR_INJECTOR_KUBE_VERSION="$version" \
+            cargo test -p injector-e2e --test scenarios --test chart -- --nocapture
+    done
 
 # Install the node's host packages (containerd, runc, CNI plugins, iptables, busybox-static) from Debian when missing (needs root)
 node-packages:

@@ -18,6 +18,12 @@
 #                        (go.mod + go.sum) from the versions in versions.env;
 #                        commit the result
 #
+# SIDECAR_INJECTOR_KUBE_VERSION (one of KUBE_VERSIONS in versions.env; default
+# KUBE_VERSION) picks the Kubernetes version of the Kubernetes binaries. A version
+# other than KUBE_VERSION builds from its own wrapper module kubernetes-<version>/
+# (--regen with the variable set writes it), and its binaries are cached side by
+# side with the default's: <name>-<version>.
+#
 # Kubernetes and etcd cannot be built with a plain `go install cmd@version`:
 # their go.mod files point their own sibling modules at local directories with
 # replace lines, which are ignored when the module is a dependency. The wrapper
@@ -29,16 +35,25 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 
-: "${KUBE_VERSION:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?}"
+: "${KUBE_VERSION:?} ${KUBE_VERSIONS:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?}"
+
+log() { printf '[control-plane] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# The Kubernetes version to build, and its wrapper module (kubernetes/ for the default).
+kube_wrapper=kubernetes
+if [[ -n "${SIDECAR_INJECTOR_KUBE_VERSION:-}" && "$SIDECAR_INJECTOR_KUBE_VERSION" != "$KUBE_VERSION" ]]; then
+  [[ " $KUBE_VERSIONS " == *" $SIDECAR_INJECTOR_KUBE_VERSION "* ]] \
+    || die "SIDECAR_INJECTOR_KUBE_VERSION=$SIDECAR_INJECTOR_KUBE_VERSION is not one of KUBE_VERSIONS ($KUBE_VERSIONS) in versions.env"
+  KUBE_VERSION="$SIDECAR_INJECTOR_KUBE_VERSION"
+  kube_wrapper="kubernetes-$KUBE_VERSION"
+fi
 
 cache="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}"
 bindir="$cache/bin"
 export GOMODCACHE="${GOMODCACHE:-$cache/gomod}"
 export GOCACHE="${GOCACHE:-$cache/gocache}"
 export CGO_ENABLED=0
-
-log() { printf '[control-plane] %s\n' "$*" >&2; }
-die() { log "error: $*"; exit 1; }
 
 command -v go >/dev/null || die "go is not on PATH"
 
@@ -111,6 +126,15 @@ write_wrapper() {
 regen() {
   local gomod
   gomod="$(module_gomod k8s.io/kubernetes "$KUBE_VERSION")"
+  if [[ "$kube_wrapper" != kubernetes ]]; then
+    # Another version: its own wrapper, with the same tools.go; etcd stays as it is.
+    mkdir -p "$here/$kube_wrapper"
+    cp "$here/kubernetes/tools.go" "$here/$kube_wrapper/tools.go"
+    write_wrapper "$kube_wrapper" "$gomod" k8s.io/kubernetes "$KUBE_VERSION" \
+      "$(local_replaces "$gomod" ./staging/)" "$kube_staging_version"
+    log "regenerated the $kube_wrapper/ wrapper module; commit go.mod and go.sum"
+    return
+  fi
   write_wrapper kubernetes "$gomod" k8s.io/kubernetes "$KUBE_VERSION" \
     "$(local_replaces "$gomod" ./staging/)" "$kube_staging_version"
 
@@ -143,8 +167,8 @@ done
 kube_tags="selinux,notest,grpcnotrace"
 
 build_kube() { # name out
-  check_wrapper kubernetes k8s.io/kubernetes "$KUBE_VERSION"
-  (cd "$here/kubernetes" && go build -mod=readonly "${go_build_flags[@]}" \
+  check_wrapper "$kube_wrapper" k8s.io/kubernetes "$KUBE_VERSION"
+  (cd "$here/$kube_wrapper" && go build -mod=readonly "${go_build_flags[@]}" \
     -tags "$kube_tags" -ldflags "$kube_ldflags" -o "$2" "k8s.io/kubernetes/cmd/$1")
 }
 

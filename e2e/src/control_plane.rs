@@ -87,8 +87,13 @@ impl ControlPlane {
             plane.print_logs(40);
             return Err(e.context("the control plane did not start"));
         }
+        let version = plane.kubectl_ok(&["version", "-o", "json"]).ok();
+        let version = version
+            .and_then(|json| serde_json::from_str::<serde_json::Value>(&json).ok())
+            .and_then(|v| v["serverVersion"]["gitVersion"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "of unknown version".to_owned());
         eprintln!(
-            "[e2e] control plane ready in {:.1?} at {} (dir {})",
+            "[e2e] control plane {version} ready in {:.1?} at {} (dir {})",
             started.elapsed(),
             plane.server_url(),
             plane.dir.display()

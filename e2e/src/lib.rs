@@ -43,6 +43,18 @@ pub use process::http_get_at;
 /// The environment variable that turns the end-to-end scenarios on (`1`).
 pub const ENABLE_VAR: &str = "SIDECAR_INJECTOR_E2E";
 
+/// The variable that picks the Kubernetes version of the control plane (one of `KUBE_VERSIONS`
+/// in `e2e/control-plane/versions.env`; unset: its `KUBE_VERSION`). The node runs only the
+/// default version: node scenarios are skipped when it is set.
+pub const KUBE_VERSION_VAR: &str = "SIDECAR_INJECTOR_KUBE_VERSION";
+
+/// The Kubernetes version asked for with [`KUBE_VERSION_VAR`], if any.
+pub fn kube_version() -> Option<String> {
+    std::env::var(KUBE_VERSION_VAR)
+        .ok()
+        .filter(|v| !v.is_empty())
+}
+
 /// The environment variable that keeps the control plane's temporary directory (`1`), with
 /// its logs, certificates and etcd data, instead of removing it at the end.
 pub const KEEP_VAR: &str = "SIDECAR_INJECTOR_E2E_KEEP";

@@ -141,13 +141,22 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One node per machine: the scenarios share it and run one at a time, in order.
     args.test_threads = Some(1);
-    let enabled = injector_e2e::enabled();
+    let mut enabled = injector_e2e::enabled();
     if !enabled {
         eprintln!(
             "[e2e] node scenarios ignored: set {}=1 (or run `just e2e`) to start a local node \
              and run the scenarios that need running Pods",
             injector_e2e::ENABLE_VAR
         );
+    }
+    // The node (containerd 1.6, cgroup v1 here) runs the default version only.
+    if let Some(version) = injector_e2e::kube_version() {
+        eprintln!(
+            "[e2e] node scenarios ignored: {}={version}; the node runs only the default \
+             Kubernetes version (e2e/control-plane/versions.env)",
+            injector_e2e::KUBE_VERSION_VAR
+        );
+        enabled = false;
     }
     let shared: Shared = Arc::default();
     let trials = SCENARIOS
