@@ -398,6 +398,12 @@ fn details(template: &TemplateStatus) -> String {
                 rollout.restarting.iter().map(|w| w.to_string()).collect();
             line.push_str(&format!("; restarting {}", restarting.join(", ")));
         }
+        if !rollout.updating.is_empty() {
+            line.push_str(&format!(
+                "; updating in place {}",
+                rollout.updating.join(", ")
+            ));
+        }
         line.push_str(&format!(
             "; {} waiting; {} Pods not restartable",
             rollout.waiting, rollout.not_restartable
