@@ -145,6 +145,39 @@ fn pod_records(
         .collect())
 }
 
+/// Runs `work` while a thread samples `count` every 250 ms; returns what `work` gave, the
+/// most `count` ever said, and how many samples were taken.
+fn watching<T: Send>(
+    count: impl Fn() -> anyhow::Result<usize> + Sync,
+    work: impl FnOnce() -> anyhow::Result<T>,
+) -> anyhow::Result<(T, usize, usize)> {
+    let most = AtomicUsize::new(0);
+    let samples = AtomicUsize::new(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| -> anyhow::Result<()> {
+            while !done.load(Ordering::Relaxed) {
+                most.fetch_max(count()?, Ordering::Relaxed);
+                samples.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            Ok(())
+        });
+        let result = work();
+        done.store(true, Ordering::Relaxed);
+        let watched = watcher
+            .join()
+            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?;
+        let value = result?;
+        watched?;
+        Ok((
+            value,
+            most.load(Ordering::Relaxed),
+            samples.load(Ordering::Relaxed),
+        ))
+    })
+}
+
 /// m. `RollingRestart` with the default budget: an image edit makes 3 Deployments' Pods
 /// stale; paused, nothing restarts; resumed, the Deployments restart one at a time (checked
 /// every 250 ms) until every Pod they own is current; a bare Pod and a Job's Pod stay as they
@@ -204,40 +237,22 @@ pub fn rolling_restart_within_the_budget(cluster: &Cluster) -> anyhow::Result<()
     );
 
     // Resumed: one Deployment at a time, watched continuously.
-    let most = AtomicUsize::new(0);
-    let samples = AtomicUsize::new(0);
-    let done = AtomicBool::new(false);
     let started = Instant::now();
-    let outcome = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| -> anyhow::Result<()> {
-            while !done.load(Ordering::Relaxed) {
-                let deployments = cluster.list_json("deployments", Some(&ns), None)?;
-                let now = deployments.iter().filter(|d| rolling_out(d)).count();
-                most.fetch_max(now, Ordering::Relaxed);
-                samples.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Ok(())
-        });
-        let result = (|| {
-            apply(
-                cluster,
-                &rolling_template(name, "rolling", SECOND_IMAGE, strategy(false)),
-            )?;
-            wait_pod_counts(cluster, name, [8, 6, 2, 0], Duration::from_secs(240))?;
-            poll(Duration::from_secs(60), "the rollout Complete", || {
-                Ok((rollout_state(cluster, name)?.as_deref() == Some("Complete")).then_some(()))
-            })?;
-            wait_rolled_out(cluster, &ns, Duration::from_secs(60))
-        })();
-        done.store(true, Ordering::Relaxed);
-        let watched = watcher
-            .join()
-            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?;
-        result.and(watched)
-    });
-    outcome?;
-    let (most, samples) = (most.into_inner(), samples.into_inner());
+    let rolling_now = || -> anyhow::Result<usize> {
+        let deployments = cluster.list_json("deployments", Some(&ns), None)?;
+        Ok(deployments.iter().filter(|d| rolling_out(d)).count())
+    };
+    let ((), most, samples) = watching(rolling_now, || {
+        apply(
+            cluster,
+            &rolling_template(name, "rolling", SECOND_IMAGE, strategy(false)),
+        )?;
+        wait_pod_counts(cluster, name, [8, 6, 2, 0], Duration::from_secs(240))?;
+        poll(Duration::from_secs(60), "the rollout Complete", || {
+            Ok((rollout_state(cluster, name)?.as_deref() == Some("Complete")).then_some(()))
+        })?;
+        wait_rolled_out(cluster, &ns, Duration::from_secs(60))
+    })?;
     eprintln!(
         "[e2e] 3 Deployments restarted in {:.1?}; at most {most} rolling out at once ({samples} samples)",
         started.elapsed()
@@ -419,51 +434,33 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
         })
         .collect();
 
-    let most = AtomicUsize::new(0);
-    let samples = AtomicUsize::new(0);
-    let done = AtomicBool::new(false);
     let started = Instant::now();
-    let outcome = std::thread::scope(|scope| {
-        let watcher = scope.spawn(|| -> anyhow::Result<()> {
-            while !done.load(Ordering::Relaxed) {
+    let not_ready_now = || -> anyhow::Result<usize> {
+        let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
+        Ok(pods.iter().filter(|p| !is_ready(p)).count())
+    };
+    let (after, most, samples) = watching(not_ready_now, || {
+        apply(cluster, &template(SECOND_IMAGE, "3600"))?;
+        poll(
+            Duration::from_secs(120),
+            "every Pod Ready with the new images",
+            || {
                 let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
-                let not_ready = pods.iter().filter(|p| !is_ready(p)).count();
-                most.fetch_max(not_ready, Ordering::Relaxed);
-                samples.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            Ok(())
-        });
-        let result = (|| {
-            apply(cluster, &template(SECOND_IMAGE, "3600"))?;
-            poll(
-                Duration::from_secs(120),
-                "every Pod Ready with the new images",
-                || {
-                    let pods = cluster.list_json("pods", Some(&ns), Some("app=web"))?;
-                    let done = pods.len() == 3
-                        && pods.iter().all(|p| {
-                            let statuses = container_statuses(p);
-                            is_ready(p)
-                                && ["proxy", "agent"].iter().all(|c| {
-                                    statuses.get(*c).is_some_and(|(image, _, running)| {
-                                        image.ends_with(SECOND_IMAGE) && *running
-                                    })
+                let done = pods.len() == 3
+                    && pods.iter().all(|p| {
+                        let statuses = container_statuses(p);
+                        is_ready(p)
+                            && ["proxy", "agent"].iter().all(|c| {
+                                statuses.get(*c).is_some_and(|(image, _, running)| {
+                                    image.ends_with(SECOND_IMAGE) && *running
                                 })
-                        });
-                    Ok(done.then_some(pods))
-                },
-            )
-        })();
-        done.store(true, Ordering::Relaxed);
-        let watched = watcher
-            .join()
-            .map_err(|_| anyhow::anyhow!("the watcher panicked"))?;
-        result.and_then(|pods| watched.map(|()| pods))
-    });
-    let after = outcome?;
+                            })
+                    });
+                Ok(done.then_some(pods))
+            },
+        )
+    })?;
     wait_pod_counts(cluster, name, [3, 3, 0, 0], Duration::from_secs(30))?;
-    let (most, samples) = (most.into_inner(), samples.into_inner());
     eprintln!(
         "[e2e] 3 Pods updated in place in {:.1?}; at most {most} not Ready at once ({samples} samples)",
         started.elapsed()
