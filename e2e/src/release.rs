@@ -220,8 +220,14 @@ impl Release<'_> {
         for &(verb, resource, namespace, allowed) in matrix {
             // kubectl reads `resource/name`; a subresource is a flag of its own.
             let mut args = vec!["auth", "can-i", verb, "--as", &service_account];
-            match resource.strip_suffix("/status") {
-                Some(base) => args.extend([base, "--subresource", "status"]),
+            let subresource = ["status", "log", "exec"].into_iter().find_map(|sub| {
+                resource
+                    .strip_suffix(sub)
+                    .and_then(|base| base.strip_suffix('/'))
+                    .map(|base| (base, sub))
+            });
+            match subresource {
+                Some((base, sub)) => args.extend([base, "--subresource", sub]),
                 None => args.push(resource),
             }
             match namespace {
