@@ -276,7 +276,12 @@ pub fn rolling_restart_within_the_budget(cluster: &Cluster) -> anyhow::Result<()
         untouched_before == untouched_after,
         "the bare Pod or the Job's Pod changed: {untouched_before:?} → {untouched_after:?}"
     );
-    for pod in cluster.list_json("pods", Some(&ns), Some("app"))? {
+    // Old Pods may still be terminating (their grace period is 1 s): only the live ones.
+    let live = cluster.list_json("pods", Some(&ns), Some("app"))?;
+    for pod in live
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+    {
         let image = pod["spec"]["containers"]
             .as_array()
             .into_iter()
