@@ -52,9 +52,29 @@ fn annotations_of(meta: &ObjectMeta) -> (bool, Option<String>) {
     (opted_out, restarted)
 }
 
+/// A workload's view from its metadata and Pod template (the opt-out, the restart record and
+/// time, the resourceVersion) and what its kind says of its rollout: whether it updates only
+/// on delete, whether the rollout is complete, and its progress counts.
+fn view_of(
+    meta: &ObjectMeta,
+    template: Option<&PodTemplateSpec>,
+    on_delete: bool,
+    complete: bool,
+    progress: [i64; 4],
+) -> WorkloadView {
+    let (opted_out, restarted_for) = annotations_of(meta);
+    WorkloadView {
+        not_restartable: opted_out || on_delete,
+        restarted_for,
+        complete,
+        progress,
+        resource_version: meta.resource_version.clone(),
+        restarted_at: restarted_at(template),
+    }
+}
+
 /// Where a Deployment's rollout stands (as `kubectl rollout status` judges it).
 pub fn deployment_view(deployment: &Deployment) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&deployment.metadata);
     let wanted = deployment
         .spec
         .as_ref()
@@ -71,19 +91,17 @@ pub fn deployment_view(deployment: &Deployment) -> WorkloadView {
         && updated >= i64::from(wanted)
         && replicas == updated
         && available >= updated;
-    WorkloadView {
-        not_restartable: opted_out,
-        restarted_for,
+    view_of(
+        &deployment.metadata,
+        deployment.spec.as_ref().map(|s| &s.template),
+        false,
         complete,
-        progress: [observed, updated, ready, available],
-        resource_version: deployment.metadata.resource_version.clone(),
-        restarted_at: restarted_at(deployment.spec.as_ref().map(|s| &s.template)),
-    }
+        [observed, updated, ready, available],
+    )
 }
 
 /// Where a StatefulSet's rollout stands. One updated only on delete is not restartable.
 pub fn stateful_set_view(set: &StatefulSet) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&set.metadata);
     let spec = set.spec.clone().unwrap_or_default();
     let on_delete = spec
         .update_strategy
@@ -102,19 +120,17 @@ pub fn stateful_set_view(set: &StatefulSet) -> WorkloadView {
         && ready >= wanted
         && status.update_revision.is_some()
         && status.current_revision == status.update_revision;
-    WorkloadView {
-        not_restartable: opted_out || on_delete,
-        restarted_for,
+    view_of(
+        &set.metadata,
+        set.spec.as_ref().map(|s| &s.template),
+        on_delete,
         complete,
-        progress: [observed, updated, ready, available],
-        resource_version: set.metadata.resource_version.clone(),
-        restarted_at: restarted_at(set.spec.as_ref().map(|s| &s.template)),
-    }
+        [observed, updated, ready, available],
+    )
 }
 
 /// Where a DaemonSet's rollout stands. One updated only on delete is not restartable.
 pub fn daemon_set_view(set: &DaemonSet) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(&set.metadata);
     let on_delete = set
         .spec
         .as_ref()
@@ -129,14 +145,13 @@ pub fn daemon_set_view(set: &DaemonSet) -> WorkloadView {
     let ready = i64::from(status.number_ready);
     let available = i64::from(status.number_available.unwrap_or_default());
     let complete = observed >= generation && updated >= desired && available >= desired;
-    WorkloadView {
-        not_restartable: opted_out || on_delete,
-        restarted_for,
+    view_of(
+        &set.metadata,
+        set.spec.as_ref().map(|s| &s.template),
+        on_delete,
         complete,
-        progress: [observed, updated, ready, available],
-        resource_version: set.metadata.resource_version.clone(),
-        restarted_at: restarted_at(set.spec.as_ref().map(|s| &s.template)),
-    }
+        [observed, updated, ready, available],
+    )
 }
 
 /// The merge patch that restarts a workload for `entries` (`template#fingerprint` of every
