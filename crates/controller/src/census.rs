@@ -126,14 +126,7 @@ pub fn count(
     let metas = pods
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-        .map(|pod| {
-            let meta = PodMeta {
-                namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
-                labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-                annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-            };
-            (meta, owner_of(&pod.metadata))
-        });
+        .map(|pod| (PodMeta::of(&pod.metadata), owner_of(&pod.metadata)));
     lifecycle::census_by_owner(snapshot.templates(), metas, |name| {
         labels.get(name).copied()
     })

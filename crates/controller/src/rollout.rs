@@ -18,7 +18,7 @@ use injector_api::{
 use injector_core::CompiledTemplate;
 use injector_core::lifecycle::{PodMeta, PodState, carried};
 use injector_core::rollout::{
-    WorkloadState, in_place_patch, max_unavailable, next_restarts, restarted_for,
+    WorkloadState, in_place_patch, is_ready, max_unavailable, next_restarts, restarted_for,
     restarted_for_entry, states, updated_in_place,
 };
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
@@ -48,14 +48,6 @@ pub type Rollouts = BTreeMap<String, RolloutStatus>;
 /// Whether `template` is rolled out in place where it can be.
 fn in_place(template: &CompiledTemplate) -> bool {
     template.update_strategy.type_ == UpdateStrategyType::InPlace
-}
-
-/// Whether `pod` is Ready.
-fn is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Why an API call of a rollout failed.
@@ -419,13 +411,8 @@ impl RolloutDriver {
             .into_iter()
             .filter(|pod| pod.metadata.deletion_timestamp.is_none())
             .filter(|pod| {
-                let empty = BTreeMap::new();
-                let meta = PodMeta {
-                    namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
-                    labels: pod.metadata.labels.as_ref().unwrap_or(&empty),
-                    annotations: pod.metadata.annotations.as_ref().unwrap_or(&empty),
-                };
-                carried(template, &meta) == Some(PodState::Stale { in_place: true })
+                carried(template, &PodMeta::of(&pod.metadata))
+                    == Some(PodState::Stale { in_place: true })
             })
             .collect();
         candidates.sort_by(|a, b| {

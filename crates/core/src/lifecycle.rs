@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
 use injector_api::{FailurePolicy, PodCounts};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::fingerprint::Fingerprint;
 use crate::plan::{NamespaceInfo, injected_entries, opts_out, pod_wide_skip, unselected_by_pod};
@@ -41,6 +42,20 @@ pub struct PodMeta<'a> {
     pub labels: &'a BTreeMap<String, String>,
     /// Its annotations.
     pub annotations: &'a BTreeMap<String, String>,
+}
+
+/// The labels and annotations of an object that has none.
+static NO_KEYS: BTreeMap<String, String> = BTreeMap::new();
+
+impl<'a> PodMeta<'a> {
+    /// What `meta` (a Pod's metadata) tells: absent labels and annotations read as empty.
+    pub fn of(meta: &'a ObjectMeta) -> Self {
+        PodMeta {
+            namespace: meta.namespace.as_deref().unwrap_or_default(),
+            labels: meta.labels.as_ref().unwrap_or(&NO_KEYS),
+            annotations: meta.annotations.as_ref().unwrap_or(&NO_KEYS),
+        }
+    }
 }
 
 /// One entry of a Pod's record.

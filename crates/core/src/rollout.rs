@@ -286,11 +286,7 @@ pub fn updated_in_place(template: &CompiledTemplate, pod: &Pod) -> bool {
     let Some(status) = pod.status.as_ref() else {
         return false;
     };
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ready = is_ready(pod);
     let statuses: BTreeMap<&str, _> = status
         .container_statuses
         .iter()
@@ -317,6 +313,14 @@ pub fn updated_in_place(template: &CompiledTemplate, pod: &Pod) -> bool {
                 && status.state.as_ref().is_some_and(|s| s.running.is_some())
         });
     ready && running_new
+}
+
+/// Whether `pod`'s `Ready` condition is `True`.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Whether the image a container status reports is `image` (the runtime may report it

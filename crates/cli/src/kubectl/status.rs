@@ -57,13 +57,8 @@ pub fn count<'p>(
         let tally = live.tallies.entry(template.name.clone()).or_default();
         let behind = live.behind.entry(template.name.clone()).or_default();
         for pod in pods.iter().filter(|p| p.deletion_timestamp.is_none()) {
-            let namespace = pod.namespace.as_deref().unwrap_or_default();
-            let meta = PodMeta {
-                namespace,
-                labels: pod.labels.as_ref().unwrap_or(&empty),
-                annotations: pod.annotations.as_ref().unwrap_or(&empty),
-            };
-            let Some(state) = standing(template, &meta, labels.get(namespace).copied()) else {
+            let meta = PodMeta::of(pod);
+            let Some(state) = standing(template, &meta, labels.get(meta.namespace).copied()) else {
                 continue;
             };
             tally.add(state);
