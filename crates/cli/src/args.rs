@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use injector_controller::certs::Lifetimes;
 
 use crate::kubectl::{KubectlArgs, is_plugin};
+use crate::policy::PolicyRequest;
 use crate::render::{OutputFormat, RenderRequest, parse_labels};
 use crate::run::RunOptions;
 use crate::serve::ServeOptions;
@@ -35,6 +36,9 @@ pub(crate) enum Command {
     Serve(ServeArgs),
     /// Run the controller and the webhook against a cluster (in-cluster, or from a kubeconfig).
     Run(Box<RunArgs>),
+    /// Print the MutatingAdmissionPolicy (Kubernetes 1.36+) and binding that template files
+    /// compile to; standard error says which templates stay on the webhook and why.
+    Policy(PolicyArgs),
     /// Print the SidecarTemplate CustomResourceDefinition as YAML.
     Crd,
     /// The kubectl plugin's commands (`kubectl sidecar …` when installed as kubectl-sidecar).
@@ -106,6 +110,31 @@ impl RenderArgs {
             namespace_labels: self.namespace_labels.unwrap_or_default(),
             output: self.output,
             explain: self.explain,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub(crate) struct PolicyArgs {
+    /// Template files or directories of them. Repeatable.
+    #[arg(long = "template", short = 't', required = true, value_name = "PATH")]
+    templates: Vec<PathBuf>,
+    /// The name of the policy and of its binding.
+    #[arg(long, default_value = "sidecar-injector")]
+    name: String,
+    /// The operator's namespace, never injected (like kube-system).
+    #[arg(long, default_value = "sidecar-injector")]
+    operator_namespace: String,
+}
+
+impl PolicyArgs {
+    pub(crate) fn into_request(self) -> PolicyRequest {
+        PolicyRequest {
+            template_files: self.templates,
+            options: injector_core::policy::PolicyOptions {
+                name: self.name,
+                operator_namespace: self.operator_namespace,
+            },
         }
     }
 }

@@ -47,6 +47,12 @@ impl Cli {
                 print!("{}", runtime.block_on(args.execute())?);
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Policy(args) => {
+                let output = crate::policy::policy(&args.into_request())?;
+                eprint!("{}", output.stderr);
+                print!("{}", output.stdout);
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Crd => {
                 print!(
                     "{}",

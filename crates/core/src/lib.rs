@@ -15,6 +15,7 @@ pub mod patch;
 pub mod placeholder;
 pub mod plan;
 pub mod pod_json;
+pub mod policy;
 pub mod published;
 pub mod registry;
 pub mod rollout;

@@ -36,6 +36,23 @@ pub struct TemplateString {
     segments: Vec<Segment>,
 }
 
+/// A piece of a [`TemplateString`]: literal text or one placeholder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// Text used as it is.
+    Literal(&'a str),
+    /// `{{ pod.name }}`.
+    Name,
+    /// `{{ pod.namespace }}`.
+    Namespace,
+    /// `{{ pod.serviceAccountName }}`.
+    ServiceAccountName,
+    /// `{{ pod.labels['KEY'] }}`.
+    Label(&'a str),
+    /// `{{ pod.annotations['KEY'] }}`.
+    Annotation(&'a str),
+}
+
 /// A label or an annotation, by key.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MetadataKey {
@@ -119,6 +136,18 @@ impl TemplateString {
             })
             .max()
             .unwrap_or(Reach::Fixed)
+    }
+
+    /// Its literal text and placeholders, in order (the policy compiler writes them as CEL).
+    pub fn parts(&self) -> impl Iterator<Item = Part<'_>> {
+        self.segments.iter().map(|segment| match segment {
+            Segment::Literal(text) => Part::Literal(text),
+            Segment::Field(Field::Name) => Part::Name,
+            Segment::Field(Field::Namespace) => Part::Namespace,
+            Segment::Field(Field::ServiceAccountName) => Part::ServiceAccountName,
+            Segment::Field(Field::Label(key)) => Part::Label(key),
+            Segment::Field(Field::Annotation(key)) => Part::Annotation(key),
+        })
     }
 
     /// The labels and annotations it reads (which templates may add to the Pod).

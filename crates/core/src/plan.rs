@@ -48,7 +48,8 @@ pub struct Applied {
 }
 
 impl Applied {
-    fn of(template: &CompiledTemplate) -> Self {
+    /// The record entry of `template` as it is now.
+    pub fn of(template: &CompiledTemplate) -> Self {
         Applied {
             name: template.name.clone(),
             generation: template.generation,
@@ -1372,10 +1373,20 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         let values = |items: Vec<(Placement, PatchValue<'t>)>| -> Vec<PatchValue<'t>> {
             items.into_iter().map(|(_, value)| value).collect()
         };
-        // Init containers go before the Pod's own, in order: insert at 0, 1, 2, ….
+        // Init containers go before the Pod's own, in order, and after those other templates
+        // placed first (another webhook entry, called before, or a MutatingAdmissionPolicy):
+        // templates apply in priority order, so theirs come first.
         if self.init_containers_existed {
+            let first = self
+                .template_init_containers
+                .iter()
+                .take_while(|theirs| **theirs)
+                .count();
             for (index, value) in values(init_containers).into_iter().enumerate() {
-                ops.push(add(&["spec", "initContainers", &index.to_string()], value));
+                ops.push(add(
+                    &["spec", "initContainers", &(first + index).to_string()],
+                    value,
+                ));
             }
         } else {
             append(

@@ -16,6 +16,9 @@ pub fn is_dns_subdomain(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(is_dns_label)
 }
 
+/// [`is_label_value`] as a regular expression (RE2 and Rust alike), for CEL's `matches`.
+pub const LABEL_VALUE_PATTERN: &str = "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+
 /// A label value: empty, or at most 63 alphanumerics, '-', '_' or '.', starting and ending
 /// alphanumeric.
 pub fn is_label_value(value: &str) -> bool {

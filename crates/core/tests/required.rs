@@ -274,7 +274,8 @@ fn plan_among_in(
 #[test]
 fn another_entrys_additions_between_two_calls_are_not_look_alikes() {
     // Two webhook entries: a required agent with a native sidecar, then a best-effort template
-    // adding env to every container and a plain init container (inserted first).
+    // adding env to every container and a plain init container (placed after the first
+    // entry's native sidecar, before the Pod's own: entries are called in priority order).
     let required = [template(AGENT), template(NATIVE)];
     let best_effort = [template(
         "metadata: {name: telemetry}\nspec:\n  failurePolicy: Ignore\n  appContainers:\n    env: [{name: OTEL, value: enabled}]\n  initContainers: [{name: fetch-config, image: fetch:1}]",
@@ -291,7 +292,7 @@ fn another_entrys_additions_between_two_calls_are_not_look_alikes() {
     );
     assert_eq!(
         names(&second["spec"]["initContainers"]),
-        ["fetch-config", "proxy"]
+        ["proxy", "fetch-config"]
     );
 
     // The API server calls the first entry again: it finds its items, and nothing else.

@@ -1,0 +1,55 @@
+//! `sidecar-injector policy` on the examples: the policy and binding as YAML, and which
+//! backend serves each template.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+
+use injector_cli::policy::{PolicyRequest, policy};
+use injector_core::policy::PolicyOptions;
+
+#[test]
+fn the_examples_compile_into_one_policy_and_its_binding() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let output = policy(&PolicyRequest {
+        template_files: vec![examples],
+        options: PolicyOptions {
+            name: "injector".into(),
+            operator_namespace: "injector-system".into(),
+        },
+    })
+    .unwrap();
+    let documents: Vec<&str> = output.stdout.split("\n---\n").collect();
+    assert_eq!(documents.len(), 2, "{}", output.stdout);
+    assert!(documents[0].starts_with(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingAdmissionPolicy\n"
+    ));
+    assert!(documents[0].contains("- injector-system\n"));
+    assert_eq!(documents[0].matches("patchType: JSONPatch").count(), 4);
+    assert!(documents[1].contains("kind: MutatingAdmissionPolicyBinding\n"));
+    assert!(documents[1].contains("policyName: injector\n"));
+    // In application order (priority, then name), then what stays on the webhook.
+    assert_eq!(
+        output.stderr,
+        "security-agent: served by the policy\n\
+         native-proxy: served by the policy\n\
+         nginx-sidecar: served by the policy\n\
+         log-shipper: served by the policy\n\
+         app-env: webhook only: appContainers.envFrom is compared by content, which a policy cannot do\n"
+    );
+}
+
+#[test]
+fn a_missing_file_is_an_error_naming_it() {
+    let error = policy(&PolicyRequest {
+        template_files: vec!["/nonexistent/templates.yaml".into()],
+        options: PolicyOptions {
+            name: "x".into(),
+            operator_namespace: "y".into(),
+        },
+    })
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("/nonexistent/templates.yaml"),
+        "{error}"
+    );
+}

@@ -1,0 +1,598 @@
+//! Compiling templates into one MutatingAdmissionPolicy (`admissionregistration.k8s.io/v1`,
+//! Kubernetes 1.36+), so the API server injects them itself with no webhook call.
+//!
+//! The policy holds one JSONPatch mutation per template, in application order (priority, then
+//! name): the API server runs the mutations of one policy in order, each seeing the result of
+//! the one before, but orders separate policies arbitrarily, so every template the policy
+//! serves lives in the one policy. Each mutation is a CEL expression that evaluates to `[]`
+//! unless the template selects the Pod (namespace and pod selectors, `OnRequest`, the opt-out)
+//! and none of its containers, init containers and volumes is in the Pod yet. So a mutation
+//! adds nothing twice (the API server evaluates a policy that changed the object again) and a
+//! Pod the template conflicts with, or already carries, is left to the webhook, which decides
+//! it with `plan` and a readable answer. Every other addition (env, mounts, pull secrets,
+//! labels, annotations) is made only where the Pod has none by that key, as `plan` does.
+//!
+//! Template values become CEL literals whose strings are either literals or, for placeholders,
+//! CEL string expressions over the Pod's metadata: substitution still produces a string, never
+//! structure. What a policy cannot express as `plan` does keeps the template on the webhook,
+//! with the reason ([`WebhookOnly`]).
+
+use std::collections::BTreeSet;
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+
+use injector_api::names::{
+    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
+    INJECTION_LABEL, NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
+};
+use injector_api::{FailurePolicy, Injection};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::{Value, json};
+
+use crate::placeholder::{Node, Part, TemplateString};
+use crate::plan::Applied;
+use crate::syntax::LABEL_VALUE_PATTERN;
+use crate::template::{CompiledTemplate, Item, Text};
+
+/// The policy's API version.
+pub const POLICY_API_VERSION: &str = "admissionregistration.k8s.io/v1";
+
+/// Where the compiled policy applies, and what it is called.
+#[derive(Clone, Debug)]
+pub struct PolicyOptions {
+    /// The name of the policy and of its binding.
+    pub name: String,
+    /// The operator's own namespace, never injected (beside `kube-system` and the others).
+    pub operator_namespace: String,
+}
+
+/// Why a template stays on the webhook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookOnly {
+    /// `appContainers.envFrom`: the webhook compares sources by content, which a policy cannot.
+    AppEnvFrom,
+    /// Its pod selector reads a label that a template applied after it adds: `plan` runs passes
+    /// until nothing changes, a policy's mutations run once, in order.
+    SelectsOnLaterLabel {
+        /// The label key.
+        label: String,
+        /// The template that adds it.
+        added_by: String,
+    },
+    /// A placeholder reads a label or annotation that a template applied after it adds.
+    ReadsLaterMetadata {
+        /// The key.
+        key: String,
+        /// The template that adds it.
+        added_by: String,
+    },
+}
+
+impl fmt::Display for WebhookOnly {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WebhookOnly::AppEnvFrom => write!(
+                f,
+                "appContainers.envFrom is compared by content, which a policy cannot do"
+            ),
+            WebhookOnly::SelectsOnLaterLabel { label, added_by } => write!(
+                f,
+                "its podSelector reads label {label:?}, which SidecarTemplate {added_by:?} adds after it"
+            ),
+            WebhookOnly::ReadsLaterMetadata { key, added_by } => write!(
+                f,
+                "a placeholder reads {key:?}, which SidecarTemplate {added_by:?} adds after it"
+            ),
+        }
+    }
+}
+
+/// The policy, its binding, and which templates it serves.
+#[derive(Clone, Debug)]
+pub struct CompiledPolicy {
+    /// The MutatingAdmissionPolicy; `None` when no template can be served by one.
+    pub policy: Option<Value>,
+    /// Its MutatingAdmissionPolicyBinding (`None` with the policy).
+    pub binding: Option<Value>,
+    /// The templates the policy serves, in application order.
+    pub served: Vec<Arc<CompiledTemplate>>,
+    /// The templates left to the webhook, and why.
+    pub webhook_only: Vec<(Arc<CompiledTemplate>, WebhookOnly)>,
+}
+
+/// Compiles `templates` (every template in force) into one policy for those a policy can serve.
+pub fn compile_policy(
+    templates: &[Arc<CompiledTemplate>],
+    options: &PolicyOptions,
+) -> CompiledPolicy {
+    let mut ordered: Vec<&Arc<CompiledTemplate>> = templates.iter().collect();
+    ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+    ordered.dedup_by(|a, b| a.name == b.name);
+
+    let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
+    let mut webhook_only = Vec::new();
+    for (index, template) in ordered.iter().enumerate() {
+        match webhook_only_reason(template, &ordered[index + 1..]) {
+            Some(reason) => webhook_only.push((Arc::clone(template), reason)),
+            None => served.push(Arc::clone(template)),
+        }
+    }
+    if served.is_empty() {
+        return CompiledPolicy {
+            policy: None,
+            binding: None,
+            served,
+            webhook_only,
+        };
+    }
+
+    // Every container a template adds, so that `appContainers` never changes one (a webhook
+    // template's too: the API server re-runs the policy after the webhook added it).
+    let injected: BTreeSet<&str> = ordered
+        .iter()
+        .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
+        .collect();
+    let mut earlier_init: Vec<&str> = Vec::new();
+    let mut mutations = Vec::new();
+    for template in &served {
+        mutations.push(json!({
+            "patchType": "JSONPatch",
+            "jsonPatch": {"expression": mutation(template, &injected, &earlier_init)},
+        }));
+        earlier_init.extend(template.init_containers.iter().map(|i| i.key.as_str()));
+    }
+    let required = served
+        .iter()
+        .any(|t| t.failure_policy == FailurePolicy::Fail);
+    let policy = json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": options.name},
+        "spec": {
+            // A policy that fails to evaluate for a required template must not admit the Pod
+            // without it; with only best-effort templates, it must not refuse one.
+            "failurePolicy": if required { "Fail" } else { "Ignore" },
+            // Re-run after the webhook changed the Pod: a template may select on a label a
+            // webhook template added. Every mutation adds only what is missing.
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": {
+                "resourceRules": [{
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["pods"],
+                }],
+                "namespaceSelector": {"matchExpressions": namespace_exclusions(&options.operator_namespace)},
+            },
+            "mutations": mutations,
+        },
+    });
+    let binding = json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": options.name},
+        "spec": {"policyName": options.name},
+    });
+    CompiledPolicy {
+        policy: Some(policy),
+        binding: Some(binding),
+        served,
+        webhook_only,
+    }
+}
+
+/// Why `template` cannot be served by the policy, given the templates applied after it.
+fn webhook_only_reason(
+    template: &CompiledTemplate,
+    later: &[&Arc<CompiledTemplate>],
+) -> Option<WebhookOnly> {
+    if template
+        .app
+        .as_ref()
+        .is_some_and(|a| !a.env_from.is_empty())
+    {
+        return Some(WebhookOnly::AppEnvFrom);
+    }
+    let selector = template.pod_selector.to_label_selector();
+    let selected_keys = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .map(|(k, _)| k.as_str())
+        .chain(
+            selector
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|r| r.key.as_str()),
+        );
+    for key in selected_keys {
+        if let Some(by) = later
+            .iter()
+            .find(|t| t.labels.iter().any(|(k, _)| k == key))
+        {
+            return Some(WebhookOnly::SelectsOnLaterLabel {
+                label: key.to_owned(),
+                added_by: by.name.clone(),
+            });
+        }
+    }
+    for read in &template.metadata_reads {
+        let (key, adds): (&str, fn(&CompiledTemplate, &str) -> bool) = match read {
+            crate::placeholder::MetadataKey::Label(key) => {
+                (key, |t, k| t.labels.iter().any(|(l, _)| l == k))
+            }
+            crate::placeholder::MetadataKey::Annotation(key) => {
+                (key, |t, k| t.annotations.iter().any(|(a, _)| a == k))
+            }
+        };
+        if let Some(by) = later.iter().find(|t| adds(t, key)) {
+            return Some(WebhookOnly::ReadsLaterMetadata {
+                key: key.to_owned(),
+                added_by: by.name.clone(),
+            });
+        }
+    }
+    None
+}
+
+/// The namespaces no template injects into, as the webhook entries exclude them.
+fn namespace_exclusions(operator_namespace: &str) -> Value {
+    let mut excluded: Vec<&str> = ALWAYS_EXCLUDED_NAMESPACES.to_vec();
+    excluded.push(operator_namespace);
+    json!([
+        {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": excluded},
+        {"key": INJECTION_LABEL, "operator": "NotIn", "values": [INJECTION_DISABLED]},
+    ])
+}
+
+// CEL over the Pod being admitted.
+const LABELS: &str = "object.metadata.?labels.orValue({})";
+const ANNOTATIONS: &str = "object.metadata.?annotations.orValue({})";
+const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
+
+/// The CEL expression of one template's mutation: its JSONPatch operations when it selects
+/// the Pod and none of its containers and volumes is there yet, else `[]`.
+fn mutation(
+    template: &CompiledTemplate,
+    injected: &BTreeSet<&str>,
+    earlier_init: &[&str],
+) -> String {
+    let mut conditions = vec![
+        selector_cel(
+            &template.namespace_selector.to_label_selector(),
+            NAMESPACE_LABELS,
+        ),
+        selector_cel(&template.pod_selector.to_label_selector(), LABELS),
+    ];
+    if template.injection == Injection::OnRequest {
+        conditions.push(format!(
+            "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").exists(n, n.trim() == {})",
+            cel_string(TEMPLATES_ANNOTATION),
+            cel_string(&template.name)
+        ));
+    }
+    if template.failure_policy == FailurePolicy::Ignore {
+        conditions.push(format!(
+            "{ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() != \"false\"",
+            cel_string(INJECT_ANNOTATION)
+        ));
+    }
+    let container_names: Vec<&str> = template
+        .containers
+        .iter()
+        .chain(&template.init_containers)
+        .map(|i| i.key.as_str())
+        .collect();
+    if !container_names.is_empty() {
+        let names = cel_list(container_names.iter().copied());
+        conditions.push(format!(
+            "!object.spec.containers.exists(c, c.name in {names}) && !object.spec.?initContainers.orValue([]).exists(c, c.name in {names})"
+        ));
+    }
+    if !template.volumes.is_empty() {
+        let names = cel_list(template.volumes.iter().map(|i| i.key.as_str()));
+        conditions.push(format!(
+            "!object.spec.?volumes.orValue([]).exists(v, v.name in {names})"
+        ));
+    }
+    conditions.retain(|c| c != "true");
+
+    let mut ops: Vec<String> = Vec::new();
+    if !template.init_containers.is_empty() {
+        ops.push(init_container_ops(&template.init_containers, earlier_init));
+    }
+    if !template.containers.is_empty() {
+        let adds: Vec<String> = template
+            .containers
+            .iter()
+            .map(|i| json_patch("\"/spec/containers/-\"", &cel_node(&i.body)))
+            .collect();
+        ops.push(format!("[{}]", adds.join(", ")));
+    }
+    if !template.volumes.is_empty() {
+        ops.push(list_ops("volumes", &template.volumes));
+    }
+    if !template.image_pull_secrets.is_empty() {
+        let secrets = template
+            .image_pull_secrets
+            .iter()
+            .map(|s| format!("{{\"name\": {}}}", cel_string(s)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        ops.push(format!(
+            "{} + [{secrets}].filter(s, !object.spec.?imagePullSecrets.orValue([]).exists(x, x.name == s[\"name\"])).map(s, {})",
+            create_list("imagePullSecrets"),
+            json_patch("\"/spec/imagePullSecrets/-\"", "s"),
+        ));
+    }
+    if let Some(app) = &template.app {
+        let targets = {
+            let mut filter = format!(
+                "!(object.spec.containers[i].name in {})",
+                cel_list(injected.iter().copied())
+            );
+            if !app.names.is_empty() {
+                write!(
+                    filter,
+                    " && object.spec.containers[i].name in {}",
+                    cel_list(app.names.iter().map(String::as_str))
+                )
+                .ok();
+            }
+            filter
+        };
+        for (field, key, items) in [
+            ("env", "name", &app.env),
+            ("volumeMounts", "mountPath", &app.volume_mounts),
+        ] {
+            if items.is_empty() {
+                continue;
+            }
+            let list = cel_array(items.iter().map(|i| cel_node(&i.body)));
+            let at = format!("\"/spec/containers/\" + string(i) + \"/{field}\"");
+            ops.push(format!(
+                "object.spec.containers.map(c, object.spec.containers.indexOf(c)).filter(i, {targets}).map(i, !has(object.spec.containers[i].{field}) ? [{}] : {list}.filter(e, !object.spec.containers[i].{field}.exists(x, x.{key} == e[\"{key}\"])).map(e, {})).flatten()",
+                json_patch(&at, &list),
+                json_patch(&format!("{at} + \"/-\""), "e"),
+            ));
+        }
+    }
+    if !template.labels.is_empty() {
+        ops.push(create_map("labels"));
+        ops.extend(map_ops("labels", &template.labels, LABELS, true));
+    }
+    // The record always goes into the annotations.
+    ops.push(create_map("annotations"));
+    ops.extend(map_ops(
+        "annotations",
+        &template.annotations,
+        ANNOTATIONS,
+        false,
+    ));
+    ops.push(format!("[{}]", record_op(template)));
+
+    // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
+    let body = ops.join("\n  + ");
+    if conditions.is_empty() {
+        body
+    } else {
+        format!("({})\n? {body}\n: []", conditions.join("\n  && "))
+    }
+}
+
+/// Places the template's init containers after those earlier templates placed and before the
+/// Pod's own, in order.
+fn init_container_ops(items: &[Item], earlier_init: &[&str]) -> String {
+    let first = if earlier_init.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "size(object.spec.?initContainers.orValue([]).filter(c, c.name in {}))",
+            cel_list(earlier_init.iter().copied())
+        )
+    };
+    let inserts: Vec<String> = items
+        .iter()
+        .enumerate()
+        .map(|(offset, item)| {
+            let index = match (first.as_str(), offset) {
+                ("", offset) => offset.to_string(),
+                (first, 0) => first.to_owned(),
+                (first, offset) => format!("{first} + {offset}"),
+            };
+            json_patch(
+                &format!("\"/spec/initContainers/\" + string({index})"),
+                &cel_node(&item.body),
+            )
+        })
+        .collect();
+    format!(
+        "{} + [{}]",
+        create_list("initContainers"),
+        inserts.join(", ")
+    )
+}
+
+/// Appends the items to `spec.<field>`.
+fn list_ops(field: &str, items: &[Item]) -> String {
+    let appends: Vec<String> = items
+        .iter()
+        .map(|i| json_patch(&format!("\"/spec/{field}/-\""), &cel_node(&i.body)))
+        .collect();
+    format!("{} + [{}]", create_list(field), appends.join(", "))
+}
+
+/// Creates the empty map `metadata.<field>` when the Pod has none, so that keys can be added.
+fn create_map(field: &str) -> String {
+    format!(
+        "(has(object.metadata.{field}) ? [] : [{}])",
+        json_patch(&format!("\"/metadata/{field}\""), "{}")
+    )
+}
+
+/// Creates the empty list `spec.<field>` when the Pod has none, so that items can be added.
+fn create_list(field: &str) -> String {
+    format!(
+        "(has(object.spec.{field}) ? [] : [{}])",
+        json_patch(&format!("\"/spec/{field}\""), "[]")
+    )
+}
+
+/// Adds each key the Pod's metadata map lacks; a templated label value that renders to an
+/// invalid label value is left out, as `plan` leaves it out.
+fn map_ops(field: &str, entries: &[(String, Text)], current: &str, labels: bool) -> Vec<String> {
+    let mut ops = Vec::new();
+    for (key, text) in entries {
+        let value = match text {
+            Text::Fixed(value) => cel_string(value),
+            Text::Templated(template) => cel_text(template),
+        };
+        let add = json_patch(
+            &cel_string(&format!("/metadata/{field}/{}", pointer_token(key))),
+            &value,
+        );
+        let mut condition = format!("!({} in {current})", cel_string(key));
+        if labels && matches!(text, Text::Templated(_)) {
+            write!(
+                condition,
+                " && size({value}) <= 63 && {value}.matches({})",
+                cel_string(LABEL_VALUE_PATTERN)
+            )
+            .ok();
+        }
+        ops.push(format!("({condition} ? [{add}] : [])"));
+    }
+    ops
+}
+
+/// Writes the template's entry into `sidecar.dev/injected`: in place of an entry naming it,
+/// else at the end, as `plan` keeps entries where they stand.
+fn record_op(template: &CompiledTemplate) -> String {
+    let entry = cel_string(&Applied::of(template).to_string());
+    let name = cel_string(&template.name);
+    let entries = format!(
+        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
+        cel_string(INJECTED_ANNOTATION)
+    );
+    let named = "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
+    let record = format!(
+        "({entries}.exists(e, {named} == {name}) ? {entries}.map(e, {named} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
+    );
+    json_patch(
+        &cel_string(&format!(
+            "/metadata/annotations/{}",
+            pointer_token(INJECTED_ANNOTATION)
+        )),
+        &record,
+    )
+}
+
+/// A label selector as a CEL condition over `labels` (a map expression); `true` when empty.
+fn selector_cel(selector: &LabelSelector, labels: &str) -> String {
+    let mut terms = Vec::new();
+    for (key, value) in selector.match_labels.iter().flatten() {
+        let key = cel_string(key);
+        terms.push(format!(
+            "({key} in {labels} && {labels}[{key}] == {})",
+            cel_string(value)
+        ));
+    }
+    for requirement in selector.match_expressions.iter().flatten() {
+        let key = cel_string(&requirement.key);
+        let values = cel_list(requirement.values.iter().flatten().map(String::as_str));
+        terms.push(match requirement.operator.as_str() {
+            "In" => format!("({key} in {labels} && {labels}[{key}] in {values})"),
+            "NotIn" => format!("!({key} in {labels} && {labels}[{key}] in {values})"),
+            "Exists" => format!("{key} in {labels}"),
+            _ => format!("!({key} in {labels})"),
+        });
+    }
+    if terms.is_empty() {
+        "true".to_owned()
+    } else {
+        terms.join(" && ")
+    }
+}
+
+fn json_patch(path: &str, value: &str) -> String {
+    format!("JSONPatch{{op: \"add\", path: {path}, value: {value}}}")
+}
+
+/// A template value as a CEL literal; placeholders become string expressions.
+fn cel_node(node: &Node) -> String {
+    match node {
+        Node::Fixed(fixed) => cel_json(fixed.value()),
+        Node::Text(template) => cel_text(template),
+        Node::Array(items) => cel_array(items.iter().map(cel_node)),
+        Node::Object(fields) => cel_object(fields.iter().map(|(k, v)| (k.as_str(), cel_node(v)))),
+    }
+}
+
+fn cel_json(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_f64() => {
+            let text = n.to_string();
+            // A CEL double literal needs a dot or an exponent.
+            if text.contains(['.', 'e', 'E']) {
+                text
+            } else {
+                format!("{text}.0")
+            }
+        }
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => cel_string(s),
+        Value::Array(items) => cel_array(items.iter().map(cel_json)),
+        Value::Object(fields) => cel_object(fields.iter().map(|(k, v)| (k.as_str(), cel_json(v)))),
+    }
+}
+
+/// A CEL list. CEL checks that a list's items share a type; `dyn` lets JSON mix them.
+fn cel_array(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.map(|item| format!("dyn({item})")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A CEL map, its values in `dyn` as list items are.
+fn cel_object<'k>(fields: impl Iterator<Item = (&'k str, String)>) -> String {
+    let fields: Vec<String> = fields
+        .map(|(key, value)| format!("{}: dyn({value})", cel_string(key)))
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+/// A string with placeholders as a CEL string expression over the Pod's metadata.
+fn cel_text(template: &TemplateString) -> String {
+    let parts: Vec<String> = template
+        .parts()
+        .map(|part| match part {
+            Part::Literal(text) => cel_string(text),
+            Part::Name => "(object.metadata.?name.orValue(\"\") != \"\" ? object.metadata.name : object.metadata.?generateName.orValue(\"\"))".to_owned(),
+            Part::Namespace => "(object.metadata.?namespace.orValue(\"\") != \"\" ? object.metadata.namespace : request.namespace)".to_owned(),
+            Part::ServiceAccountName => "(object.spec.?serviceAccountName.orValue(\"\") != \"\" ? object.spec.serviceAccountName : (object.spec.?serviceAccount.orValue(\"\") != \"\" ? object.spec.serviceAccount : \"default\"))".to_owned(),
+            Part::Label(key) => format!("{LABELS}[?{}].orValue(\"\")", cel_string(key)),
+            Part::Annotation(key) => format!("{ANNOTATIONS}[?{}].orValue(\"\")", cel_string(key)),
+        })
+        .collect();
+    format!("({})", parts.join(" + "))
+}
+
+/// A CEL string literal. JSON's escapes are CEL escapes too, so whatever the text holds it
+/// stays one string.
+fn cel_string(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_owned())
+}
+
+fn cel_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    format!("[{}]", items.map(cel_string).collect::<Vec<_>>().join(", "))
+}
+
+/// One RFC 6901 reference token.
+fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests;

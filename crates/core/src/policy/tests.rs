@@ -1,0 +1,237 @@
+use super::*;
+use crate::template::compile;
+use injector_api::SidecarTemplate;
+
+fn template(yaml: &str) -> Arc<CompiledTemplate> {
+    let template: SidecarTemplate = serde_saphyr::from_str(yaml).unwrap();
+    Arc::new(compile(&template).unwrap())
+}
+
+fn options() -> PolicyOptions {
+    PolicyOptions {
+        name: "sidecar-injector".into(),
+        operator_namespace: "operator-ns".into(),
+    }
+}
+
+fn expressions(policy: &Value) -> Vec<&str> {
+    policy["spec"]["mutations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["jsonPatch"]["expression"].as_str().unwrap())
+        .collect()
+}
+
+const PROXY: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: proxy, generation: 3}
+spec:
+  priority: 20
+  failurePolicy: Ignore
+  podSelector: {matchLabels: {app: web}}
+  initContainers:
+  - {name: proxy, image: "proxy:1", restartPolicy: Always, args: ["--node", "{{ pod.name }}"]}
+  volumes:
+  - {name: proxy-certs, emptyDir: {}}
+  metadata:
+    labels: {mesh: "on"}
+"#;
+
+const AGENT: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: agent, generation: 1}
+spec:
+  priority: 10
+  containers:
+  - {name: agent, image: "agent:2", env: [{name: NS, value: "{{ pod.namespace }}"}]}
+  appContainers:
+    env: [{name: AGENT_SOCKET, value: /run/agent.sock}]
+"#;
+
+#[test]
+fn one_policy_serves_templates_in_application_order() {
+    let compiled = compile_policy(&[template(PROXY), template(AGENT)], &options());
+    let names: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["agent", "proxy"]);
+    assert!(compiled.webhook_only.is_empty());
+    let policy = compiled.policy.unwrap();
+    assert_eq!(policy["kind"], "MutatingAdmissionPolicy");
+    assert_eq!(policy["apiVersion"], POLICY_API_VERSION);
+    // One required template makes the whole policy fail closed.
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    assert_eq!(policy["spec"]["reinvocationPolicy"], "IfNeeded");
+    let excluded = &policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"];
+    assert_eq!(
+        excluded[0]["values"],
+        json!([
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "operator-ns"
+        ])
+    );
+    assert_eq!(excluded[1]["key"], INJECTION_LABEL);
+    let binding = compiled.binding.unwrap();
+    assert_eq!(binding["spec"]["policyName"], "sidecar-injector");
+
+    let [agent, proxy] = expressions(&policy)[..] else {
+        panic!("two mutations expected")
+    };
+    // The record entry is the one plan writes.
+    let entry = Applied::of(&compiled.served[0]).to_string();
+    assert!(agent.contains(&format!("{entry:?}")), "{agent}");
+    // Required: no opt-out; the guard looks for its container in both lists.
+    assert!(!agent.contains("lowerAscii"), "{agent}");
+    assert!(agent.contains(r#"c.name in ["agent"]"#), "{agent}");
+    // The app containers exclude every injected container.
+    assert!(
+        agent.contains(r#"!(object.spec.containers[i].name in ["agent"])"#),
+        "{agent}"
+    );
+    // Best effort: the opt-out, the pod selector, the volume guard; the native sidecar goes
+    // first, before the Pod's own init containers.
+    assert!(proxy.contains("lowerAscii() != \"false\""), "{proxy}");
+    assert!(proxy.contains(r#"("app" in object.metadata.?labels.orValue({}) && object.metadata.?labels.orValue({})["app"] == "web")"#), "{proxy}");
+    assert!(proxy.contains(r#"v.name in ["proxy-certs"]"#), "{proxy}");
+    assert!(proxy.contains(r#"string(0)"#), "{proxy}");
+    // The placeholder is a CEL expression, never spliced into the literal.
+    assert!(proxy.contains("object.metadata.?generateName"), "{proxy}");
+    assert!(!proxy.contains("{{"), "{proxy}");
+}
+
+#[test]
+fn only_best_effort_templates_make_a_policy_that_fails_open() {
+    let compiled = compile_policy(&[template(PROXY)], &options());
+    assert_eq!(compiled.policy.unwrap()["spec"]["failurePolicy"], "Ignore");
+}
+
+#[test]
+fn init_containers_go_after_earlier_templates_ones() {
+    let early = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: early}
+spec:
+  priority: 1
+  initContainers: [{name: early-init, image: "x:1"}]
+"#,
+    );
+    let compiled = compile_policy(&[template(PROXY), early], &options());
+    let policy = compiled.policy.unwrap();
+    let proxy = expressions(&policy)[1];
+    assert!(
+        proxy.contains(
+            r#"size(object.spec.?initContainers.orValue([]).filter(c, c.name in ["early-init"])))"#
+        ),
+        "{proxy}"
+    );
+}
+
+#[test]
+fn what_a_policy_cannot_express_stays_on_the_webhook() {
+    let env_from = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: env-from}
+spec:
+  appContainers:
+    envFrom: [{configMapRef: {name: settings}}]
+"#,
+    );
+    // Selects on `mesh`, which `proxy` (priority 20) adds after it (priority 5).
+    let meshed = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: meshed}
+spec:
+  priority: 5
+  podSelector: {matchExpressions: [{key: mesh, operator: Exists}]}
+  containers: [{name: meshed, image: "m:1"}]
+"#,
+    );
+    let compiled = compile_policy(&[env_from, meshed, template(PROXY)], &options());
+    let served: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(served, ["proxy"]);
+    let reasons: Vec<(String, String)> = compiled
+        .webhook_only
+        .iter()
+        .map(|(t, why)| (t.name.clone(), why.to_string()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("meshed".to_owned(), "its podSelector reads label \"mesh\", which SidecarTemplate \"proxy\" adds after it".to_owned()),
+            ("env-from".to_owned(), "appContainers.envFrom is compared by content, which a policy cannot do".to_owned()),
+        ]
+    );
+}
+
+#[test]
+fn a_label_added_earlier_may_be_selected_on() {
+    let meshed = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: meshed}
+spec:
+  priority: 50
+  podSelector: {matchLabels: {mesh: "on"}}
+  containers: [{name: meshed, image: "m:1"}]
+"#,
+    );
+    let compiled = compile_policy(&[meshed, template(PROXY)], &options());
+    assert_eq!(compiled.served.len(), 2);
+}
+
+#[test]
+fn no_template_no_policy() {
+    let compiled = compile_policy(&[], &options());
+    assert!(compiled.policy.is_none() && compiled.binding.is_none());
+}
+
+#[test]
+fn strings_stay_single_cel_literals_whatever_they_hold() {
+    for text in [
+        "plain",
+        "quote\" and \\ backslash",
+        "line\nbreak",
+        "tab\t",
+        "ünïcode",
+        "\u{1}",
+    ] {
+        let literal = cel_string(text);
+        assert!(literal.starts_with('"') && literal.ends_with('"'));
+        // The only unescaped quotes are the two that delimit it.
+        let inner = &literal[1..literal.len() - 1];
+        let mut escaped = false;
+        for c in inner.chars() {
+            assert!(escaped || c != '"', "{literal}");
+            escaped = !escaped && c == '\\';
+        }
+        assert_eq!(serde_json::from_str::<String>(&literal).unwrap(), text);
+    }
+}
+
+#[test]
+fn json_values_become_dyn_literals() {
+    let value = json!({"a": [1, "x", {"b": true}], "c": null, "d": 1.5, "e": 2.0});
+    assert_eq!(
+        cel_json(&value),
+        r#"{"a": dyn([dyn(1), dyn("x"), dyn({"b": dyn(true)})]), "c": dyn(null), "d": dyn(1.5), "e": dyn(2.0)}"#
+    );
+}
+
+#[test]
+fn keys_are_escaped_as_json_pointer_tokens() {
+    assert_eq!(
+        pointer_token("sidecar.dev/injected"),
+        "sidecar.dev~1injected"
+    );
+    assert_eq!(pointer_token("a~b/c"), "a~0b~1c");
+}

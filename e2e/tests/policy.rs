@@ -1,0 +1,461 @@
+//! The policy backend against the webhook backend, on a real API server that serves
+//! MutatingAdmissionPolicies (Kubernetes 1.36+: `just e2e-next` runs it on v1.37.2).
+//!
+//! Templates that interact (priorities, a native sidecar before the Pod's own init containers,
+//! env into app containers, a label one template adds and another selects on, placeholders,
+//! `OnRequest`, the opt-out, a namespace selector) are compiled by `sidecar-injector policy`
+//! and the policy is applied. Then, for generated Pods in two namespaces, the Pod the API
+//! server stores through the policy (a server-side dry run) must equal the Pod `plan` produces
+//! (`sidecar-injector render -o patch` applied to it), stored the same way in a namespace the
+//! policy does not serve, so that both get the API server's defaults. A difference is a bug in
+//! one of them; the test lists every one.
+//!
+//! Off unless `SIDECAR_INJECTOR_E2E=1`; on an API server older than 1.36 it says so and does
+//! nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use injector_e2e::steps::{CONFIGURATION, wait_crd_established, wait_served};
+use injector_e2e::{
+    ControlPlane, Operator, OperatorOptions, operator_binary, poll, workspace_root,
+};
+use serde_json::{Map, Value, json};
+
+const TEMPLATES: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: agent}
+spec:
+  priority: 10
+  podSelector:
+    matchExpressions: [{key: tier, operator: NotIn, values: [system]}]
+  containers:
+  - name: agent
+    image: "agent.invalid/agent:2"
+    args: ["--pod", "{{ pod.namespace }}/{{ pod.name }}", "--sa", "{{ pod.serviceAccountName }}"]
+    env:
+    - {name: TEAM, value: "{{ pod.annotations['team'] }}"}
+    - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+    ports: [{containerPort: 9100, name: metrics}]
+    resources: {limits: {memory: 64Mi}, requests: {cpu: 10m}}
+  imagePullSecrets: [{name: agent-pull}]
+  metadata:
+    labels: {agent.example/injected: "true"}
+    annotations: {agent.example/team: "{{ pod.annotations['team'] }}"}
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: proxy}
+spec:
+  priority: 20
+  failurePolicy: Ignore
+  podSelector:
+    matchExpressions: [{key: app, operator: In, values: [web, api]}]
+  initContainers:
+  - name: proxy
+    image: "proxy.invalid/proxy:1"
+    restartPolicy: Always
+    args: ["--cluster", "{{ pod.labels['app'] }}"]
+    volumeMounts: [{name: proxy-certs, mountPath: /certs}]
+    readinessProbe: {httpGet: {path: /ready, port: 15000}}
+  volumes:
+  - {name: proxy-certs, emptyDir: {}}
+  appContainers:
+    names: [app]
+    env: [{name: HTTP_PROXY, value: "http://127.0.0.1:15001"}]
+    volumeMounts: [{name: proxy-certs, mountPath: /proxy-certs, readOnly: true}]
+  metadata:
+    labels:
+      mesh: "on"
+      note: "{{ pod.annotations['note'] }}"
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: meshed}
+spec:
+  priority: 30
+  failurePolicy: Ignore
+  podSelector: {matchLabels: {mesh: "on"}}
+  containers: [{name: meshed, image: "meshed.invalid/meshed:1", args: ["{{ pod.labels['mesh'] }}"]}]
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: setup}
+spec:
+  priority: 5
+  injection: OnRequest
+  initContainers: [{name: setup-certs, image: "setup.invalid/setup:1", command: [/bin/setup]}]
+  volumes:
+  - {name: setup-config, configMap: {name: setup-config}}
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: tracing}
+spec:
+  priority: 40
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {team: a}}
+  appContainers:
+    env:
+    - {name: OTEL_SERVICE_NAME, value: "{{ pod.labels['app'] }}"}
+    - {name: HTTP_PROXY, value: "http://tracing.invalid"}
+  metadata:
+    annotations: {tracing.example/enabled: "true"}
+"#;
+
+/// A small deterministic generator, so a failure names a Pod that can be made again.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % n
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.next(items.len() as u64) as usize]
+    }
+}
+
+/// A Pod with a random mix of what the templates look at.
+fn generated_pod(index: usize, random: &mut Lcg) -> Value {
+    let mut labels = Map::new();
+    if let Some(app) = random.pick(&[Some("web"), Some("api"), Some("batch"), None]) {
+        labels.insert("app".into(), json!(app));
+    }
+    if random.next(4) == 0 {
+        labels.insert("mesh".into(), json!("off"));
+    }
+    if random.next(5) == 0 {
+        labels.insert("tier".into(), json!(random.pick(&["system", "frontend"])));
+    }
+    let mut annotations = Map::new();
+    if random.next(4) == 0 {
+        annotations.insert(
+            "sidecar.dev/inject".into(),
+            json!(random.pick(&["false", " False "])),
+        );
+    }
+    if random.next(2) == 0 {
+        annotations.insert(
+            "sidecar.dev/templates".into(),
+            json!(random.pick(&["setup", "other, setup", "other"])),
+        );
+    }
+    if random.next(2) == 0 {
+        annotations.insert(
+            "team".into(),
+            json!(random.pick(&["payments", "a \"quoted\" {{ pod.name }} \\ team"])),
+        );
+    }
+    if random.next(2) == 0 {
+        annotations.insert(
+            "note".into(),
+            json!(random.pick(&["fine-value", "not a label value!"])),
+        );
+    }
+    if random.next(5) == 0 {
+        annotations.insert(
+            "sidecar.dev/injected".into(),
+            json!(random.pick(&["agent@0", "other@3#00, proxy@1"])),
+        );
+    }
+    let mut app = json!({"name": "app", "image": "app.invalid/app:1"});
+    if random.next(3) == 0 {
+        app["env"] = json!([{"name": "HTTP_PROXY", "value": "mine"}]);
+    }
+    let data = random.next(2) == 0;
+    if data && random.next(2) == 0 {
+        app["volumeMounts"] = json!([{"name": "data", "mountPath": "/data"}]);
+    }
+    let mut containers = vec![app];
+    if random.next(2) == 0 {
+        containers.push(json!({"name": "worker", "image": "app.invalid/worker:1"}));
+    }
+    let mut spec = json!({"containers": containers});
+    if random.next(2) == 0 {
+        spec["initContainers"] = json!([{"name": "migrate", "image": "app.invalid/migrate:1"}]);
+    }
+    if data {
+        spec["volumes"] = json!([{"name": "data", "emptyDir": {}}]);
+    }
+    if random.next(3) == 0 {
+        spec["imagePullSecrets"] = json!([{"name": random.pick(&["agent-pull", "own-pull"])}]);
+    }
+    if random.next(3) == 0 {
+        spec["serviceAccountName"] = json!("default");
+    }
+    let mut metadata = json!({"labels": labels});
+    if !annotations.is_empty() {
+        metadata["annotations"] = Value::Object(annotations);
+    }
+    if random.next(2) == 0 {
+        metadata["generateName"] = json!(format!("gen-{index}-"));
+    } else {
+        metadata["name"] = json!(format!("pod-{index}"));
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+}
+
+/// What both paths must agree on: labels, annotations and spec, with the random suffix of the
+/// ServiceAccount token volume and the namespace's name made fixed.
+fn stored_view(pod: &Value, namespace: &str) -> Value {
+    // `{{ pod.namespace }}` renders the namespace's name, which differs by design.
+    let text = pod.to_string().replace(namespace, "NAMESPACE");
+    let mut fixed = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find("kube-api-access-") {
+        let end = at + "kube-api-access-".len();
+        fixed.push_str(&rest[..end]);
+        fixed.push_str("xxxxx");
+        rest = &rest[(end + 5).min(rest.len())..];
+    }
+    fixed.push_str(rest);
+    let pod: Value = serde_json::from_str(&fixed).unwrap();
+    json!({
+        "labels": pod["metadata"]["labels"],
+        "annotations": pod["metadata"]["annotations"],
+        "spec": pod["spec"],
+    })
+}
+
+/// The JSON pointers at which `a` and `b` differ.
+fn differences(a: &Value, b: &Value, at: String, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for key in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                let next = format!("{at}/{key}");
+                differences(
+                    x.get(key).unwrap_or(&Value::Null),
+                    y.get(key).unwrap_or(&Value::Null),
+                    next,
+                    out,
+                );
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                differences(p, q, format!("{at}/{i}"), out);
+            }
+        }
+        _ if a == b => {}
+        _ => out.push(format!("{at}: {a}, the webhook's {b}")),
+    }
+}
+
+fn dry_run_create(cp: &ControlPlane, namespace: &str, pod: &Value) -> anyhow::Result<Value> {
+    let output = cp.kubectl_with_stdin(
+        &[
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+        ],
+        &pod.to_string(),
+    )?;
+    anyhow::ensure!(
+        output.status.success(),
+        "kubectl create -n {namespace}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(serde_json::from_slice(&output.stdout)?)
+}
+
+#[test]
+fn the_policy_backend_stores_what_the_webhook_stores() {
+    if !injector_e2e::enabled() {
+        eprintln!(
+            "[policy] skipped: set {}=1 (or run `just e2e`)",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let cp = ControlPlane::start().expect("the control plane starts");
+    let served = cp
+        .kubectl_ok(&[
+            "api-resources",
+            "--api-group=admissionregistration.k8s.io",
+            "-o",
+            "name",
+        ])
+        .unwrap();
+    if !served
+        .lines()
+        .any(|l| l == "mutatingadmissionpolicies.admissionregistration.k8s.io")
+    {
+        eprintln!(
+            "[policy] this API server serves no MutatingAdmissionPolicy (1.36+): nothing to compare"
+        );
+        return;
+    }
+    cp.apply_file(&workspace_root().join("crds")).unwrap();
+    wait_crd_established(&cp).unwrap();
+    let _operator = Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
+    let binary = operator_binary().expect("the binary builds");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy-differential");
+    std::fs::create_dir_all(&dir).unwrap();
+    let templates = dir.join("templates.yaml");
+    std::fs::write(&templates, TEMPLATES).unwrap();
+
+    // The webhook backend: the templates as the operator serves them.
+    cp.apply_file(&templates).unwrap();
+    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+        wait_served(&cp, name, CONFIGURATION).unwrap();
+    }
+
+    // The policy backend: the same file compiled by `sidecar-injector policy`, applied to the
+    // namespaces labelled `backend=policy` only, so that the others show the webhook alone.
+    let compiled = Command::new(&binary)
+        .args(["policy", "--name", "differential", "-t"])
+        .arg(&templates)
+        .output()
+        .unwrap();
+    assert!(
+        compiled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let report = String::from_utf8_lossy(&compiled.stderr);
+    eprintln!("[policy] {}", report.trim().replace('\n', "; "));
+    assert!(
+        !report.contains("webhook only"),
+        "every template compiles: {report}"
+    );
+    let policy_file = dir.join("policy.yaml");
+    std::fs::write(&policy_file, &compiled.stdout).unwrap();
+    let documents = cp
+        .kubectl_ok(&[
+            "create",
+            "--dry-run=client",
+            "-o",
+            "json",
+            "-f",
+            policy_file.to_str().unwrap(),
+        ])
+        .unwrap();
+    let mut documents: Vec<Value> = serde_json::Deserializer::from_str(&documents)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    documents[0]["spec"]["matchConstraints"]["namespaceSelector"] =
+        json!({"matchLabels": {"backend": "policy"}});
+    for document in &documents {
+        cp.apply_yaml(&document.to_string()).unwrap();
+    }
+
+    // Per team (`tracing` selects team a): the webhook alone, the policy alone (the webhook
+    // skips namespaces labelled sidecar.dev/injection=disabled), and both, as installed.
+    for team in ["a", "b"] {
+        for (backend, labels) in [
+            ("webhook", vec![format!("team={team}")]),
+            (
+                "policy",
+                vec![
+                    format!("team={team}"),
+                    "backend=policy".into(),
+                    "sidecar.dev/injection=disabled".into(),
+                ],
+            ),
+            (
+                "both",
+                vec![format!("team={team}"), "backend=policy".into()],
+            ),
+        ] {
+            let name = format!("{backend}-{team}");
+            cp.kubectl_ok(&["create", "namespace", &name]).unwrap();
+            let mut args = vec!["label".to_owned(), "namespace".into(), name.clone()];
+            args.extend(labels);
+            cp.kubectl_ok(&args).unwrap();
+            cp.wait_for_service_account(&name).unwrap();
+        }
+    }
+    // Both backends are in force once a Pod every template condition selects gets the agent.
+    let probe = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
+        "spec": {"containers": [{"name": "app", "image": "app.invalid/app:1"}]}});
+    for namespace in ["webhook-a", "policy-a"] {
+        poll(
+            Duration::from_secs(30),
+            &format!("injection in {namespace}"),
+            || {
+                let stored = dry_run_create(&cp, namespace, &probe)?;
+                Ok(stored["spec"]["containers"]
+                    .as_array()
+                    .is_some_and(|c| c.len() == 2)
+                    .then_some(()))
+            },
+        )
+        .unwrap();
+    }
+
+    let mut random = Lcg(0x5eed);
+    let mut failures = Vec::new();
+    let mut denied = 0;
+    let mut applied: std::collections::BTreeMap<String, usize> = Default::default();
+    let cases = 40;
+    for index in 0..cases {
+        let pod = generated_pod(index, &mut random);
+        let team = ["a", "b"][index % 2];
+        let Ok(through_webhook) = dry_run_create(&cp, &format!("webhook-{team}"), &pod) else {
+            // A required template the webhook denies (readably) is not the policy's to decide.
+            denied += 1;
+            continue;
+        };
+        let expected = stored_view(&through_webhook, &format!("webhook-{team}"));
+        let record = expected["annotations"]["sidecar.dev/injected"]
+            .as_str()
+            .unwrap_or_default();
+        for entry in record.split(',').filter(|e| !e.is_empty()) {
+            let name = entry.split('@').next().unwrap_or_default();
+            *applied.entry(name.to_owned()).or_default() += 1;
+        }
+        for backend in ["policy", "both"] {
+            let stored = dry_run_create(&cp, &format!("{backend}-{team}"), &pod).unwrap();
+            let mut diff = Vec::new();
+            differences(
+                &stored_view(&stored, &format!("{backend}-{team}")),
+                &expected,
+                String::new(),
+                &mut diff,
+            );
+            if !diff.is_empty() {
+                failures.push(format!(
+                    "Pod {index} in {backend}-{team}:\n    {pod}\n  differs at\n    {}",
+                    diff.join("\n    ")
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "[policy] {cases} Pods, 2 comparisons each: {} different, {denied} Pods denied by the webhook; Pods per template: {applied:?}",
+        failures.len()
+    );
+    // The generated Pods exercise every template, each on some Pods and not on others.
+    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+        let count = applied.get(name).copied().unwrap_or_default();
+        assert!(
+            count > 0 && count < cases - denied,
+            "{name} applied to {count} of {cases} Pods"
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differences:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        denied < cases / 4,
+        "too few Pods compared: {denied} of {cases} denied"
+    );
+}
