@@ -356,6 +356,20 @@ impl ControlPlane {
         checked(args, self.kubectl(args)?)
     }
 
+    /// Whether the API server serves MutatingAdmissionPolicies (`admissionregistration.k8s.io/v1`,
+    /// Kubernetes 1.36+).
+    pub fn serves_mutating_admission_policies(&self) -> anyhow::Result<bool> {
+        Ok(self
+            .kubectl_ok(&[
+                "api-resources",
+                "--api-group=admissionregistration.k8s.io",
+                "-o",
+                "name",
+            ])?
+            .lines()
+            .any(|l| l == "mutatingadmissionpolicies.admissionregistration.k8s.io"))
+    }
+
     /// `kubectl apply -f PATH` (a file or a directory).
     pub fn apply_file(&self, path: &Path) -> anyhow::Result<String> {
         self.kubectl_ok(&[OsStr::new("apply"), OsStr::new("-f"), path.as_os_str()])

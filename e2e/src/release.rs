@@ -138,6 +138,10 @@ impl Release<'_> {
         );
         let configuration = format!("mutatingwebhookconfigurations/{name}");
         let cluster_role = format!("clusterroles/{name}");
+        let policy = format!("mutatingadmissionpolicies.admissionregistration.k8s.io/{name}");
+        let proof = format!("{policy}-proof");
+        let binding =
+            format!("mutatingadmissionpolicybindings.admissionregistration.k8s.io/{name}");
         // (verb, resource, namespace, allowed)
         let matrix: &[(&str, &str, Option<&str>, bool)] = &[
             // What it needs.
@@ -164,6 +168,42 @@ impl Release<'_> {
             // it on).
             ("delete", &secret, Some(ns), true),
             ("delete", &lease, Some(ns), true),
+            // The policy backend: its policy, proof policy and bindings; a dry-run proof Pod.
+            (
+                "create",
+                "mutatingadmissionpolicies.admissionregistration.k8s.io",
+                None,
+                true,
+            ),
+            ("patch", &policy, None, true),
+            ("patch", &proof, None, true),
+            ("delete", &policy, None, true),
+            ("patch", &binding, None, true),
+            ("create", "pods", Some(ns), true),
+            (
+                "patch",
+                "mutatingadmissionpolicies.admissionregistration.k8s.io/other",
+                None,
+                false,
+            ),
+            (
+                "delete",
+                "mutatingadmissionpolicybindings.admissionregistration.k8s.io/other",
+                None,
+                false,
+            ),
+            (
+                "list",
+                "mutatingadmissionpolicies.admissionregistration.k8s.io",
+                None,
+                false,
+            ),
+            (
+                "create",
+                "validatingadmissionpolicies.admissionregistration.k8s.io",
+                None,
+                false,
+            ),
             // Other Secrets, here and elsewhere.
             ("get", "secrets/other", Some(ns), false),
             ("list", "secrets", Some(ns), false),
@@ -215,9 +255,15 @@ impl Release<'_> {
             ("impersonate", "serviceaccounts", Some(ns), false),
             ("*", "*", None, false),
         ];
+        // kubectl resolves a resource through discovery, and answers no for one the API server
+        // does not serve: MutatingAdmissionPolicies are served from Kubernetes 1.36 on.
+        let policies_served = cp.serves_mutating_admission_policies()?;
         let service_account = self.service_account();
         let mut wrong = Vec::new();
         for &(verb, resource, namespace, allowed) in matrix {
+            if resource.starts_with("mutatingadmissionpolic") && !policies_served {
+                continue;
+            }
             // kubectl reads `resource/name`; a subresource is a flag of its own.
             let mut args = vec!["auth", "can-i", verb, "--as", &service_account];
             let subresource = ["status", "log", "exec"].into_iter().find_map(|sub| {

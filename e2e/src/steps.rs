@@ -204,3 +204,23 @@ pub fn wait_condition(
         },
     )
 }
+
+/// Whether a MutatingAdmissionPolicy serves the template `name`: its `PolicyServed` condition
+/// for its current generation (the operator's `auto` backend writes one, `False` where the API
+/// server serves no policies), waited for up to 30 s.
+pub fn policy_served(cp: &ControlPlane, name: &str) -> anyhow::Result<bool> {
+    poll(
+        Duration::from_secs(30),
+        &format!("{name}'s PolicyServed condition"),
+        || {
+            let template = cp.get_json("sidecartemplate", None, name)?;
+            let generation = &template["metadata"]["generation"];
+            Ok(template["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PolicyServed" && &c["observedGeneration"] == generation)
+                .map(|c| c["status"] == "True"))
+        },
+    )
+}

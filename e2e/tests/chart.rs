@@ -449,6 +449,23 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
     let ns = cp.namespace("chart", &[("sidecar.dev/example", "nginx-sidecar")])?;
     wait_injected(cp, &ns, &["app=web"], "nginx-sidecar")?;
     eprintln!("[chart] nginx-sidecar Ready, served by {entry}, and injected");
+    // The policy backend (the chart's default, `auto`): where the API server serves
+    // MutatingAdmissionPolicies, the chart's RBAC lets the operator prove and apply one.
+    let policies_served = cp.serves_mutating_admission_policies()?;
+    let by_policy = injector_e2e::steps::policy_served(cp, "nginx-sidecar")?;
+    ensure!(
+        by_policy == policies_served,
+        "PolicyServed is {by_policy}, the API server serves policies: {policies_served}"
+    );
+    if by_policy {
+        let policy = cp.get_json("mutatingadmissionpolicy", None, RELEASE)?;
+        ensure!(
+            policy["metadata"]["ownerReferences"][0]["name"] == RELEASE,
+            "the policy is not owned by the chart's ClusterRole: {}",
+            policy["metadata"]
+        );
+    }
+    eprintln!("[chart] served by a MutatingAdmissionPolicy too: {by_policy}");
 
     // An invalid template: its status says why and an Event is published.
     cp.apply_yaml(

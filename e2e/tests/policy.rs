@@ -282,18 +282,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         return;
     }
     let cp = ControlPlane::start().expect("the control plane starts");
-    let served = cp
-        .kubectl_ok(&[
-            "api-resources",
-            "--api-group=admissionregistration.k8s.io",
-            "-o",
-            "name",
-        ])
-        .unwrap();
-    if !served
-        .lines()
-        .any(|l| l == "mutatingadmissionpolicies.admissionregistration.k8s.io")
-    {
+    if !cp.serves_mutating_admission_policies().unwrap() {
         eprintln!(
             "[policy] this API server serves no MutatingAdmissionPolicy (1.36+): nothing to compare"
         );
@@ -301,7 +290,16 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     }
     cp.apply_file(&workspace_root().join("crds")).unwrap();
     wait_crd_established(&cp).unwrap();
-    let _operator = Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
+    // The operator serves the webhook alone, so that the namespaces without the test's policy
+    // show the webhook backend.
+    let _operator = Operator::start(
+        &cp,
+        OperatorOptions {
+            extra_args: vec!["--injection-backend".into(), "webhook".into()],
+            ..OperatorOptions::default()
+        },
+    )
+    .expect("the operator starts");
     let binary = operator_binary().expect("the binary builds");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy-differential");
     std::fs::create_dir_all(&dir).unwrap();

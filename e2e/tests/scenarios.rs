@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::steps::{
-    CONFIGURATION, example, kubectl_run_args, ready_condition, wait_crd_established, wait_injected,
-    wait_invalid_event, webhook_names,
+    CONFIGURATION, example, kubectl_run_args, policy_served, ready_condition, wait_crd_established,
+    wait_injected, wait_invalid_event, webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, run_scenario, workspace_root};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -473,7 +473,8 @@ fn kube_system_never_touched(env: &mut Env<'_>) -> anyhow::Result<()> {
 
 /// The operator stopped (SIGTERM): a Pod a required template selects is rejected with the
 /// API server's webhook error, a Pod only a best-effort template selects is admitted without
-/// the sidecar; the operator restarted: injection resumes.
+/// the sidecar (on Kubernetes 1.36+, with it: the API server injects it from the policy); the
+/// operator restarted: injection resumes.
 fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
     apply_template(cp, "nginx-sidecar")?;
@@ -482,6 +483,8 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     let best_effort = cp.namespace("best-effort", &[NGINX_LABEL])?;
     wait_injected(cp, &enforced, &[], "security-agent")?;
     wait_injected(cp, &best_effort, &["app=web"], "nginx-sidecar")?;
+    // On Kubernetes 1.36+ the API server injects policy-served templates itself.
+    let by_policy = policy_served(cp, "nginx-sidecar")?;
 
     let status = env.operator.stop()?;
     eprintln!("[e2e] operator stopped: {status}");
@@ -508,7 +511,15 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     );
 
     let pod = run_pod(cp, &best_effort, "web-down", &["app=web"], &[])?;
-    assert_untouched(&pod, "web-down")?;
+    let while_down = containers(&pod);
+    if by_policy {
+        ensure!(
+            while_down == ["web-down", "nginx-sidecar"],
+            "the policy did not inject while the operator was down: {while_down:?}"
+        );
+    } else {
+        assert_untouched(&pod, "web-down")?;
+    }
 
     env.operator.restart()?;
     let probe = wait_injected(cp, &enforced, &[], "security-agent")?;
@@ -537,7 +548,12 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     );
     // The Pod admitted while the operator was down is not changed after the fact.
     let pod = cp.get_json("pod", Some(&best_effort), "web-down")?;
-    assert_untouched(&pod, "web-down")
+    ensure!(
+        containers(&pod) == while_down,
+        "containers {:?}, admitted with {while_down:?}",
+        containers(&pod)
+    );
+    Ok(())
 }
 
 /// `injection: OnRequest` (examples/native-proxy): a Pod annotated

@@ -46,3 +46,10 @@ pub const ALWAYS_EXCLUDED_NAMESPACES: [&str; 3] = ["kube-system", "kube-public",
 /// A DNS-1123 label (at most 63 characters), as a regular expression. Container, volume and
 /// template names must match it.
 pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
+
+/// On the operator's dry-run proof Pod: which compiled policy (its hash) the Pod is a proof of;
+/// only the proof policy of that hash applies to it.
+pub const POLICY_PROOF_ANNOTATION: &str = "sidecar.dev/policy-proof";
+
+/// Written on the proof Pod by the proof policy's last mutation: that policy ran to the end.
+pub const POLICY_PROVEN_ANNOTATION: &str = "sidecar.dev/policy-proven";

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use injector_controller::certs::Lifetimes;
+use injector_controller::policy_backend::Backend;
 
 use crate::kubectl::{KubectlArgs, is_plugin};
 use crate::policy::PolicyRequest;
@@ -112,6 +113,15 @@ impl RenderArgs {
             explain: self.explain,
         }
     }
+}
+
+/// `--injection-backend`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub(crate) enum InjectionBackend {
+    /// A MutatingAdmissionPolicy where one can serve a template, the webhook otherwise.
+    Auto,
+    /// The webhook only.
+    Webhook,
 }
 
 #[derive(clap::Args)]
@@ -253,6 +263,19 @@ pub(crate) struct RunArgs {
     /// Lease: deleting it (uninstalling the chart) garbage-collects all three.
     #[arg(long, env = "SIDECAR_INJECTOR_OWNER_CLUSTER_ROLE")]
     owner_cluster_role: Option<String>,
+    /// How templates are injected: `auto` also compiles the templates a policy can express
+    /// into one MutatingAdmissionPolicy where the API server serves them (Kubernetes 1.36+),
+    /// the webhook serving the rest and staying the safety net; `webhook` serves every
+    /// template through the webhook (and removes a policy applied before).
+    #[arg(long, value_enum, default_value_t = InjectionBackend::Auto, env = "SIDECAR_INJECTOR_INJECTION_BACKEND")]
+    injection_backend: InjectionBackend,
+    /// The MutatingAdmissionPolicy (and binding) the operator owns.
+    #[arg(
+        long,
+        default_value = "sidecar-injector",
+        env = "SIDECAR_INJECTOR_POLICY_NAME"
+    )]
+    policy_name: String,
     /// Development: apply the CRD at start.
     #[arg(long)]
     install_crd: bool,
@@ -293,6 +316,11 @@ impl RunArgs {
             timeout_seconds: self.timeout_seconds,
             template_watch_grace: self.template_watch_grace,
             owner_cluster_role: self.owner_cluster_role,
+            backend: match self.injection_backend {
+                InjectionBackend::Auto => Backend::Auto,
+                InjectionBackend::Webhook => Backend::Webhook,
+            },
+            policy_name: self.policy_name,
             install_crd: self.install_crd,
             drain_period: self.shutdown.drain_period,
         }

@@ -57,6 +57,10 @@ pub struct RunOptions {
     /// A ClusterRole to own the configuration, the Secret and the Lease, so deleting it
     /// (uninstalling the chart) deletes all three.
     pub owner_cluster_role: Option<String>,
+    /// `--injection-backend`.
+    pub backend: injector_controller::policy_backend::Backend,
+    /// `--policy-name`.
+    pub policy_name: String,
     /// Development: apply the CRD at start.
     pub install_crd: bool,
     /// How long, once stopped, the webhook reports not ready while still serving.
@@ -215,6 +219,8 @@ fn operator_options(
         ),
         lifetimes: options.lifetimes,
         webhook: webhook_options,
+        backend: options.backend,
+        policy_name: options.policy_name.clone(),
     })
 }
 

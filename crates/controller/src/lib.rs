@@ -16,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod ownership;
+pub mod policy_backend;
 pub mod rollout;
 pub mod status;
 pub mod sync;

@@ -33,9 +33,12 @@ use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
+use crate::policy_backend::{self, Backend, PolicyBackendError};
 use crate::rollout::{RolloutDriver, Rollouts};
+use crate::status::PolicyState;
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
+use injector_core::policy::{PolicyOptions, compile_policy};
 
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -74,6 +77,10 @@ pub struct OperatorOptions {
     pub lifetimes: Lifetimes,
     /// The webhook configuration to write.
     pub webhook: WebhookConfigOptions,
+    /// Whether templates are also served by a MutatingAdmissionPolicy.
+    pub backend: Backend,
+    /// The name of that policy and of its binding.
+    pub policy_name: String,
 }
 
 /// Loads the serving certificate from `secret` into the store; returns the bundle, or `None`
@@ -328,6 +335,42 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// How often the policy loop looks at the templates.
+const POLICY_PERIOD: Duration = Duration::from_secs(1);
+
+/// What the policy loop knows during one leadership term.
+#[derive(Default)]
+struct PolicyTerm {
+    /// Whether the API server serves MutatingAdmissionPolicies, and when that was asked.
+    available: Option<bool>,
+    discovered: Option<Instant>,
+    /// The snapshot the last round compiled.
+    snapshot: Option<Arc<injector_core::Snapshot>>,
+    /// The hash of the policy applied in this term.
+    applied: Option<String>,
+    /// The templates the policy in force serves.
+    served: BTreeSet<String>,
+    /// The templates left to the webhook, and why.
+    webhook_only: BTreeMap<String, String>,
+    /// Why the last round failed.
+    failure: Option<String>,
+    retry_at: Option<Instant>,
+    /// Whether the webhook backend's removal of the policy was done.
+    removed: bool,
+}
+
+impl PolicyTerm {
+    fn publish(&self, state: &watch::Sender<Option<Arc<PolicyState>>>, policy: &str) {
+        state.send_replace(Some(Arc::new(PolicyState {
+            policy: policy.to_owned(),
+            available: self.available.unwrap_or(false),
+            served: self.served.clone(),
+            webhook_only: self.webhook_only.clone(),
+            failure: self.failure.clone(),
+        })));
+    }
+}
+
 /// What the configuration loop works from.
 struct Desired {
     /// The configuration to apply.
@@ -371,6 +414,9 @@ pub struct Operator {
     /// The leader's latest rollout decisions; `None` on a replica that does not lead, or
     /// before the first round.
     rollouts: watch::Sender<Option<Arc<Rollouts>>>,
+    /// Where the policy backend stands, for the status loop; `None` when it is off, or on a
+    /// replica that does not lead.
+    policy_state: watch::Sender<Option<Arc<PolicyState>>>,
     leading: watch::Receiver<bool>,
 }
 
@@ -400,6 +446,7 @@ impl Operator {
             applied_ca: watch::channel(None).0,
             census: watch::channel(None).0,
             rollouts: watch::channel(None).0,
+            policy_state: watch::channel(None).0,
             leading,
         })
     }
@@ -414,6 +461,7 @@ impl Operator {
             tokio::spawn(Arc::clone(&self).status_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).census_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).rollout_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).policy_loop(stop.clone())),
         ];
         for task in loops {
             if let Err(error) = task.await {
@@ -868,6 +916,124 @@ impl Operator {
         }
     }
 
+    /// Leader: with the `auto` backend, the templates a policy can express are compiled into
+    /// one MutatingAdmissionPolicy (`injector_core::policy`), proven with a dry run and
+    /// applied with its binding whenever they change; with `webhook`, a policy applied before
+    /// is removed. The policy's only writer. A proof or an apply that fails keeps the policy
+    /// in force and is tried again after a growing delay.
+    async fn policy_loop(self: Arc<Self>, stop: CancellationToken) {
+        let options = PolicyOptions {
+            name: self.options.policy_name.clone(),
+            operator_namespace: self.options.namespace.clone(),
+        };
+        let mut leading = self.leading.clone();
+        let mut term = PolicyTerm::default();
+        let mut retry = retry_backoff();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(POLICY_PERIOD) => {}
+                changed = Self::leadership_changed(&mut leading, "policy") => {
+                    if !changed {
+                        return;
+                    }
+                    term = PolicyTerm::default();
+                }
+            }
+            if !self.is_leader() || !self.templates.is_synced() {
+                self.policy_state.send_replace(None);
+                continue;
+            }
+            if term.retry_at.is_some_and(|at| Instant::now() < at) {
+                continue;
+            }
+            match self.policy_round(&options, &mut term).await {
+                Ok(()) => {
+                    term.retry_at = None;
+                    retry.reset();
+                }
+                Err(error) => {
+                    self.metrics.record_reconcile("policy", false);
+                    let delay = next_delay(&mut retry);
+                    tracing::warn!(policy = %options.name, %error, retry_in = ?delay, "the policy backend failed; the policy in force stays; retrying");
+                    term.retry_at = Some(Instant::now() + delay);
+                    term.failure = Some(error.to_string());
+                    term.publish(&self.policy_state, &options.name);
+                }
+            }
+        }
+    }
+
+    /// One round of [`Operator::policy_loop`].
+    async fn policy_round(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+    ) -> Result<(), PolicyBackendError> {
+        if self.options.backend == Backend::Webhook {
+            if !term.removed {
+                if policy_backend::remove(&self.client, &options.name).await? {
+                    tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy is removed");
+                }
+                term.removed = true;
+            }
+            self.policy_state.send_replace(None);
+            return Ok(());
+        }
+        if term.available.is_none() || term.discovered.is_none_or(|at| at.elapsed() > RESYNC) {
+            let available = policy_backend::serves_policies(&self.client).await?;
+            if term.available != Some(available) {
+                tracing::info!(
+                    available,
+                    "whether the API server serves MutatingAdmissionPolicies (admissionregistration.k8s.io/v1)"
+                );
+            }
+            term.available = Some(available);
+            term.discovered = Some(Instant::now());
+        }
+        let snapshot = self.templates.snapshot();
+        let unchanged = term
+            .snapshot
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
+        if unchanged && term.failure.is_none() {
+            return Ok(());
+        }
+        term.snapshot = Some(Arc::clone(&snapshot));
+        if term.available != Some(true) {
+            term.publish(&self.policy_state, &options.name);
+            return Ok(());
+        }
+        let compiled = compile_policy(snapshot.templates(), options);
+        term.webhook_only = compiled
+            .webhook_only
+            .iter()
+            .map(|(t, why)| (t.name.clone(), why.to_string()))
+            .collect();
+        let served: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
+        if compiled.policy.is_none() {
+            if policy_backend::remove(&self.client, &options.name).await? {
+                tracing::info!(policy = %options.name, "no template can be served by a policy: the policy is removed");
+            }
+            term.applied = None;
+        } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
+            policy_backend::prove_and_apply(
+                &self.client,
+                &compiled,
+                &self.options.namespace,
+                self.options.webhook.owner.as_ref(),
+            )
+            .await?;
+            tracing::info!(policy = %options.name, hash = %compiled.hash, templates = %served.iter().cloned().collect::<Vec<_>>().join(","), "the policy was proven and applied");
+            self.metrics.record_reconcile("policy", true);
+            term.applied = Some(compiled.hash.clone());
+        }
+        term.served = served;
+        term.failure = None;
+        term.publish(&self.policy_state, &options.name);
+        Ok(())
+    }
+
     /// The recorder of the events the operator publishes on templates.
     fn recorder(&self) -> Recorder {
         Recorder::new(
@@ -914,6 +1080,7 @@ impl Operator {
                     .collect();
                 let census = self.census.borrow().clone();
                 let rollouts = self.rollouts.borrow().clone();
+                let policy_state = self.policy_state.borrow().clone();
                 for mut observed in work {
                     let name = observed.template.metadata.name.clone().unwrap_or_default();
                     if let Some(&served) = serving.get(name.as_str()) {
@@ -950,6 +1117,14 @@ impl Operator {
                             template,
                             desired,
                             rollouts.get(&name),
+                            now(),
+                        );
+                    }
+                    if outcome.is_ok() && !unserved {
+                        desired = crate::status::with_policy(
+                            template,
+                            desired,
+                            policy_state.as_deref(),
                             now(),
                         );
                     }

@@ -29,6 +29,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource};
 use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::sync::Kept;
 use crate::webhook_config::entry_name;
@@ -49,7 +50,7 @@ pub const REASON_INVALID_GENERATION_KEPT: &str = "InvalidGenerationKept";
 pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
 
 /// The condition types the controller owns: one it no longer wants is removed.
-const OWNED: [&str; 3] = [READY, DEGRADED, ROLLOUT_BLOCKED];
+const OWNED: [&str; 4] = [READY, DEGRADED, ROLLOUT_BLOCKED, POLICY_SERVED];
 
 /// The reason of a `Ready=True` condition.
 pub const REASON_VALID: &str = "Valid";
@@ -221,6 +222,90 @@ fn status_with(
             .as_ref()
             .and_then(|status| status.rollout.clone()),
     }
+}
+
+/// The condition saying whether a MutatingAdmissionPolicy serves the template (`auto`
+/// backend only).
+pub const POLICY_SERVED: &str = "PolicyServed";
+
+/// Where the policy backend stands, as the leader's policy loop last saw it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyState {
+    /// The policy's name.
+    pub policy: String,
+    /// Whether the API server serves MutatingAdmissionPolicies.
+    pub available: bool,
+    /// The templates the policy in force serves.
+    pub served: BTreeSet<String>,
+    /// The templates a policy cannot express, and why.
+    pub webhook_only: BTreeMap<String, String>,
+    /// Why the last proof or apply failed (the policy in force stays).
+    pub failure: Option<String>,
+}
+
+/// `desired` with its `PolicyServed` condition: `True`/`Served` when the policy in force
+/// serves the template, else `False` with why (`NotExpressible`, `NotAvailable`,
+/// `ProofFailed`); none while the backend is off or has not decided yet.
+pub fn with_policy(
+    template: &SidecarTemplate,
+    mut desired: SidecarTemplateStatus,
+    state: Option<&PolicyState>,
+    now: Time,
+) -> SidecarTemplateStatus {
+    desired.conditions.retain(|c| c.type_ != POLICY_SERVED);
+    let Some(state) = state else {
+        return desired;
+    };
+    let name = template.metadata.name.as_deref().unwrap_or_default();
+    let (status, reason, message) = if state.served.contains(name) {
+        let mut message = format!(
+            "injected by the API server from MutatingAdmissionPolicy {}; the webhook stays installed as the safety net",
+            state.policy
+        );
+        if let Some(failure) = &state.failure {
+            message.push_str(&format!(
+                " (a newer policy failed and was not applied: {failure})"
+            ));
+        }
+        ("True", "Served", message)
+    } else if let Some(why) = state.webhook_only.get(name) {
+        (
+            "False",
+            "NotExpressible",
+            format!("served by the webhook: {why}"),
+        )
+    } else if !state.available {
+        (
+            "False",
+            "NotAvailable",
+            "served by the webhook: the API server does not serve MutatingAdmissionPolicies (admissionregistration.k8s.io/v1, Kubernetes 1.36+)".to_owned(),
+        )
+    } else if let Some(failure) = &state.failure {
+        (
+            "False",
+            "ProofFailed",
+            format!(
+                "served by the webhook: the generated policy failed and was not applied: {failure}"
+            ),
+        )
+    } else {
+        return desired;
+    };
+    let since = template
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == POLICY_SERVED))
+        .filter(|c| c.status == status)
+        .map_or(now, |c| c.last_transition_time.clone());
+    desired.conditions.push(Condition {
+        type_: POLICY_SERVED.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: truncate(message, CONDITION_MESSAGE_MAX_BYTES),
+        last_transition_time: since,
+        observed_generation: template.metadata.generation,
+    });
+    desired
 }
 
 /// `desired` with the rollout the rollout loop decided for `template` (`None`: it has no

@@ -2,6 +2,7 @@
 //! kube-rs/controller-rs: a task plays the API server, asserting each request and answering it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use injector_controller::policy_backend::Backend;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -94,6 +95,8 @@ fn options() -> OperatorOptions {
             },
             "sidecar-injector",
         ),
+        backend: Backend::Webhook,
+        policy_name: "sidecar-injector".into(),
     }
 }
 

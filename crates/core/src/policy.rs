@@ -23,11 +23,13 @@ use std::sync::Arc;
 
 use injector_api::names::{
     ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
-    INJECTION_LABEL, NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
+    INJECTION_LABEL, NAMESPACE_NAME_LABEL, POLICY_PROOF_ANNOTATION, POLICY_PROVEN_ANNOTATION,
+    TEMPLATES_ANNOTATION,
 };
 use injector_api::{FailurePolicy, Injection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::Applied;
@@ -98,6 +100,11 @@ pub struct CompiledPolicy {
     pub served: Vec<Arc<CompiledTemplate>>,
     /// The templates left to the webhook, and why.
     pub webhook_only: Vec<(Arc<CompiledTemplate>, WebhookOnly)>,
+    /// 16 hex digits of a SHA-256 of the policy: equal policies, equal hashes.
+    pub hash: String,
+    /// The proof policy and binding: the same mutations without the selection, applied only to
+    /// a Pod of the operator's namespace annotated with the hash (see [`proof_pod`]).
+    pub proof: Option<(Value, Value)>,
 }
 
 /// Compiles `templates` (every template in force) into one policy for those a policy can serve.
@@ -123,6 +130,8 @@ pub fn compile_policy(
             binding: None,
             served,
             webhook_only,
+            hash: String::new(),
+            proof: None,
         };
     }
 
@@ -134,11 +143,14 @@ pub fn compile_policy(
         .collect();
     let mut earlier_init: Vec<&str> = Vec::new();
     let mut mutations = Vec::new();
+    let mut proof_mutations = Vec::new();
     for template in &served {
-        mutations.push(json!({
-            "patchType": "JSONPatch",
-            "jsonPatch": {"expression": mutation(template, &injected, &earlier_init)},
-        }));
+        for (selection, list) in [(true, &mut mutations), (false, &mut proof_mutations)] {
+            list.push(json!({
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": mutation(template, &injected, &earlier_init, selection)},
+            }));
+        }
         earlier_init.extend(template.init_containers.iter().map(|i| i.key.as_str()));
     }
     let required = served
@@ -156,29 +168,178 @@ pub fn compile_policy(
             // webhook template added. Every mutation adds only what is missing.
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {
-                "resourceRules": [{
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE"],
-                    "resources": ["pods"],
-                }],
+                "resourceRules": pod_create_rules(),
                 "namespaceSelector": {"matchExpressions": namespace_exclusions(&options.operator_namespace)},
             },
             "mutations": mutations,
         },
     });
-    let binding = json!({
-        "apiVersion": POLICY_API_VERSION,
-        "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": options.name},
-        "spec": {"policyName": options.name},
-    });
+    let hash = {
+        let mut hasher = Sha256::new();
+        hasher.update(policy.to_string().as_bytes());
+        let digest = hasher.finalize();
+        digest[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let proof = proof_policy(options, &hash, proof_mutations);
     CompiledPolicy {
         policy: Some(policy),
-        binding: Some(binding),
+        binding: Some(binding(&options.name)),
         served,
         webhook_only,
+        hash,
+        proof: Some(proof),
     }
+}
+
+/// Pod CREATE, the only request a policy mutates.
+fn pod_create_rules() -> Value {
+    json!([{
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE"],
+        "resources": ["pods"],
+    }])
+}
+
+fn binding(policy: &str) -> Value {
+    json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": policy},
+        "spec": {"policyName": policy},
+    })
+}
+
+/// The name of the proof policy (and binding) of the policy `name`.
+pub fn proof_name(name: &str) -> String {
+    format!("{name}-proof")
+}
+
+/// The API server accepts a policy whose expressions fail only when they run: a mistake would
+/// show as an error on every matching Pod. The proof policy runs every template's additions,
+/// without their selection, on a dry-run Pod of the operator's namespace that carries the
+/// policy's hash, and nothing else: it fails closed, so an expression that errs fails the dry
+/// run, and its last mutation marks the Pod, so the operator knows this version ran.
+fn proof_policy(options: &PolicyOptions, hash: &str, mut mutations: Vec<Value>) -> (Value, Value) {
+    mutations.push(json!({
+        "patchType": "JSONPatch",
+        "jsonPatch": {"expression": format!(
+            "[{}]",
+            json_patch(
+                &cel_string(&format!("/metadata/annotations/{}", pointer_token(POLICY_PROVEN_ANNOTATION))),
+                &cel_string(hash)
+            )
+        )},
+    }));
+    let name = proof_name(&options.name);
+    let policy = json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "matchConstraints": {
+                "resourceRules": pod_create_rules(),
+                "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: options.operator_namespace}},
+            },
+            "matchConditions": [{
+                "name": "proof-of-this-version",
+                "expression": format!(
+                    "{ANNOTATIONS}[?{}].orValue(\"\") == {}",
+                    cel_string(POLICY_PROOF_ANNOTATION),
+                    cel_string(hash)
+                ),
+            }],
+            "mutations": mutations,
+        },
+    });
+    (policy, binding(&name))
+}
+
+/// The dry-run Pod the proof policy of `compiled` applies to: annotated with its hash, with
+/// labels and annotations for placeholders to read and one container of its own, named so
+/// that no template's name clashes with it.
+pub fn proof_pod(compiled: &CompiledPolicy) -> Value {
+    let taken: BTreeSet<&str> = compiled
+        .served
+        .iter()
+        .flat_map(|t| t.containers.iter().chain(&t.init_containers))
+        .map(|i| i.key.as_str())
+        .collect();
+    let app = (0..)
+        .map(|n| format!("policy-proof-{n}"))
+        .find(|name| !taken.contains(name.as_str()))
+        .unwrap_or_default();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "sidecar-injector-policy-proof-",
+            "labels": {"app": "policy-proof"},
+            "annotations": {POLICY_PROOF_ANNOTATION: compiled.hash},
+        },
+        "spec": {"containers": [{"name": app, "image": "policy-proof.invalid/none:1"}]},
+    })
+}
+
+/// Why the dry-run Pod `stored` does not prove `compiled`: the proof policy did not run to its
+/// end, or a template's containers or volumes are not there. `None` when it proves it.
+pub fn proof_problem(compiled: &CompiledPolicy, stored: &Value) -> Option<String> {
+    let proven = stored
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(POLICY_PROVEN_ANNOTATION))
+        .and_then(Value::as_str);
+    if proven != Some(compiled.hash.as_str()) {
+        return Some(format!(
+            "the proof policy did not run on the dry-run Pod (its annotation {POLICY_PROVEN_ANNOTATION} is {proven:?}, want {:?})",
+            compiled.hash
+        ));
+    }
+    let names = |field: &str| -> BTreeSet<&str> {
+        stored
+            .pointer(&format!("/spec/{field}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item.get("name").and_then(Value::as_str))
+            .collect()
+    };
+    let (containers, init_containers, volumes) = (
+        names("containers"),
+        names("initContainers"),
+        names("volumes"),
+    );
+    for template in &compiled.served {
+        let missing = template
+            .containers
+            .iter()
+            .filter(|i| !containers.contains(i.key.as_str()))
+            .chain(
+                template
+                    .init_containers
+                    .iter()
+                    .filter(|i| !init_containers.contains(i.key.as_str())),
+            )
+            .chain(
+                template
+                    .volumes
+                    .iter()
+                    .filter(|i| !volumes.contains(i.key.as_str())),
+            )
+            .map(|i| i.key.as_str())
+            .next();
+        if let Some(name) = missing {
+            return Some(format!(
+                "SidecarTemplate {:?}: the proof policy did not add {name:?} to the dry-run Pod",
+                template.name
+            ));
+        }
+    }
+    None
 }
 
 /// Why `template` cannot be served by the policy, given the templates applied after it.
@@ -252,27 +413,33 @@ const ANNOTATIONS: &str = "object.metadata.?annotations.orValue({})";
 const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 
 /// The CEL expression of one template's mutation: its JSONPatch operations when it selects
-/// the Pod and none of its containers and volumes is there yet, else `[]`.
+/// the Pod (`selection`; the proof policy leaves it out) and none of its containers and
+/// volumes is there yet, else `[]`.
 fn mutation(
     template: &CompiledTemplate,
     injected: &BTreeSet<&str>,
     earlier_init: &[&str],
+    selection: bool,
 ) -> String {
-    let mut conditions = vec![
-        selector_cel(
+    let mut conditions = Vec::new();
+    if selection {
+        conditions.push(selector_cel(
             &template.namespace_selector.to_label_selector(),
             NAMESPACE_LABELS,
-        ),
-        selector_cel(&template.pod_selector.to_label_selector(), LABELS),
-    ];
-    if template.injection == Injection::OnRequest {
+        ));
+        conditions.push(selector_cel(
+            &template.pod_selector.to_label_selector(),
+            LABELS,
+        ));
+    }
+    if selection && template.injection == Injection::OnRequest {
         conditions.push(format!(
             "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").exists(n, n.trim() == {})",
             cel_string(TEMPLATES_ANNOTATION),
             cel_string(&template.name)
         ));
     }
-    if template.failure_policy == FailurePolicy::Ignore {
+    if selection && template.failure_policy == FailurePolicy::Ignore {
         conditions.push(format!(
             "{ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() != \"false\"",
             cel_string(INJECT_ANNOTATION)

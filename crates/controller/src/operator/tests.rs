@@ -2,6 +2,7 @@
 //! that keeps what the test needs of the cluster's state), on a paused clock.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use crate::policy_backend::Backend;
 use std::sync::Mutex;
 
 use base64::Engine as _;
@@ -130,6 +131,8 @@ fn options(lifetimes: Lifetimes) -> OperatorOptions {
             },
             "sidecar-injector",
         ),
+        backend: Backend::Webhook,
+        policy_name: "sidecar-injector".into(),
     }
 }
 

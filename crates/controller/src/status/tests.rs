@@ -644,3 +644,88 @@ async fn a_repeat_is_folded_but_an_edited_template_gets_a_new_event() {
         result.unwrap();
     }
 }
+
+fn policy_condition(status: &SidecarTemplateStatus) -> Option<&Condition> {
+    status.conditions.iter().find(|c| c.type_ == POLICY_SERVED)
+}
+
+#[test]
+fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
+    let template = valid();
+    let id = outcome(&template).unwrap();
+    let base = desired_status(&template, &Ok::<_, ValidationErrors>(id), at(100));
+    let mut state = PolicyState {
+        policy: "sidecar-injector".into(),
+        available: true,
+        served: ["log-shipper".to_owned()].into(),
+        ..PolicyState::default()
+    };
+
+    // The backend is off: no condition.
+    let status = with_policy(&template, base.clone(), None, at(100));
+    assert!(policy_condition(&status).is_none());
+
+    let status = with_policy(&template, base.clone(), Some(&state), at(100));
+    let served = policy_condition(&status).unwrap();
+    assert_eq!(
+        (served.status.as_str(), served.reason.as_str()),
+        ("True", "Served")
+    );
+    assert!(
+        served
+            .message
+            .contains("MutatingAdmissionPolicy sidecar-injector"),
+        "{}",
+        served.message
+    );
+
+    // A newer policy failing keeps the one in force, and says so.
+    state.failure = Some("the dry-run Pod was refused: boom".into());
+    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let kept = policy_condition(&status).unwrap();
+    assert_eq!(kept.status, "True");
+    assert!(kept.message.contains("boom"), "{}", kept.message);
+
+    // Not in the policy in force because the proof failed.
+    state.served.clear();
+    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let failed = policy_condition(&status).unwrap();
+    assert_eq!(
+        (failed.status.as_str(), failed.reason.as_str()),
+        ("False", "ProofFailed")
+    );
+
+    // Not expressible beats the failure: it is why the template is not in any policy.
+    state.webhook_only.insert(
+        "log-shipper".into(),
+        "appContainers.envFrom is compared by content".into(),
+    );
+    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let webhook = policy_condition(&status).unwrap();
+    assert_eq!(
+        (webhook.status.as_str(), webhook.reason.as_str()),
+        ("False", "NotExpressible")
+    );
+    assert!(webhook.message.contains("envFrom"), "{}", webhook.message);
+
+    // The API server serves no policies.
+    let state = PolicyState {
+        available: false,
+        ..PolicyState::default()
+    };
+    let status = with_policy(&template, base.clone(), Some(&state), at(300));
+    let unavailable = policy_condition(&status).unwrap();
+    assert_eq!(unavailable.reason, "NotAvailable");
+
+    // The transition time holds while the status does.
+    let later = with_policy(
+        &with_status(template.clone(), status.clone()),
+        base,
+        Some(&state),
+        at(900),
+    );
+    assert_eq!(
+        policy_condition(&later).unwrap().last_transition_time,
+        at(300)
+    );
+}
