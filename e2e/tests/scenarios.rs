@@ -473,8 +473,11 @@ fn kube_system_never_touched(env: &mut Env<'_>) -> anyhow::Result<()> {
 
 /// The operator stopped (SIGTERM): a Pod a required template selects is rejected with the
 /// API server's webhook error, a Pod only a best-effort template selects is admitted without
-/// the sidecar (on Kubernetes 1.36+, with it: the API server injects it from the policy); the
-/// operator restarted: injection resumes.
+/// the sidecar; the operator restarted: injection resumes. On Kubernetes 1.36+, where the
+/// templates are served by the operator's MutatingAdmissionPolicy, both Pods are admitted
+/// with their sidecars while the operator is down (the API server injects them and the
+/// webhook entries skip what it served), and a look-alike of the required sidecar is still
+/// rejected (it needs the webhook).
 fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
     apply_template(cp, "nginx-sidecar")?;
@@ -483,8 +486,34 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     let best_effort = cp.namespace("best-effort", &[NGINX_LABEL])?;
     wait_injected(cp, &enforced, &[], "security-agent")?;
     wait_injected(cp, &best_effort, &["app=web"], "nginx-sidecar")?;
-    // On Kubernetes 1.36+ the API server injects policy-served templates itself.
+    // On Kubernetes 1.36+ the API server injects policy-served templates itself, and the
+    // webhook entries skip the Pods it served.
     let by_policy = policy_served(cp, "nginx-sidecar")?;
+    let required_by_policy = policy_served(cp, "security-agent")?;
+    if required_by_policy {
+        let entry = injector_e2e::steps::wait_served(cp, "security-agent", CONFIGURATION)?;
+        poll(
+            Duration::from_secs(30),
+            "the entry to skip Pods the policy served",
+            || {
+                let configuration =
+                    cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
+                Ok(configuration["webhooks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|w| w["name"] == entry.as_str())
+                    .filter(|w| {
+                        w["matchConditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|c| c["name"] == "not-injected-by-policy")
+                    })
+                    .map(|_| ()))
+            },
+        )?;
+    }
 
     let status = env.operator.stop()?;
     eprintln!("[e2e] operator stopped: {status}");
@@ -493,22 +522,50 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
         "the operator exited with {status} after SIGTERM"
     );
 
-    let out = cp.kubectl(&kubectl_run_args("agent-down", &enforced, &[], &[]))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("[e2e] required, operator down: {}", stderr.trim());
-    ensure!(
-        !out.status.success(),
-        "a Pod was admitted without its required template"
-    );
-    ensure!(
-        stderr.contains("webhook"),
-        "the error does not mention the webhook: {stderr}"
-    );
-    ensure!(
-        cp.try_get_json("pod", Some(&enforced), "agent-down")?
-            .is_none(),
-        "the rejected Pod exists"
-    );
+    if required_by_policy {
+        // The API server injects the required template and skips the webhook: admitted.
+        let pod = run_pod(cp, &enforced, "agent-down", &[], &[])?;
+        eprintln!(
+            "[e2e] required, operator down, served by the policy: init containers {:?}",
+            init_containers(&pod)
+        );
+        carries_security_agent(&pod, "agent-down")?;
+        // A look-alike is not the template: it still needs the webhook, which is down.
+        let look_alike = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "look-alike-down"},
+            "spec": {
+                "initContainers": [{"name": "security-agent", "image": "busybox:1.36", "restartPolicy": "Always"}],
+                "containers": [{"name": "app", "image": "busybox:1.36"}],
+            },
+        });
+        let out = cp.kubectl_with_stdin(
+            &["create", "-n", &enforced, "-f", "-"],
+            &look_alike.to_string(),
+        )?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("[e2e] a look-alike, operator down: {}", stderr.trim());
+        ensure!(
+            !out.status.success() && stderr.contains("webhook"),
+            "a look-alike of a required sidecar was admitted while the operator was down: {stderr}"
+        );
+    } else {
+        let out = cp.kubectl(&kubectl_run_args("agent-down", &enforced, &[], &[]))?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        eprintln!("[e2e] required, operator down: {}", stderr.trim());
+        ensure!(
+            !out.status.success(),
+            "a Pod was admitted without its required template"
+        );
+        ensure!(
+            stderr.contains("webhook"),
+            "the error does not mention the webhook: {stderr}"
+        );
+        ensure!(
+            cp.try_get_json("pod", Some(&enforced), "agent-down")?
+                .is_none(),
+            "the rejected Pod exists"
+        );
+    }
 
     let pod = run_pod(cp, &best_effort, "web-down", &["app=web"], &[])?;
     let while_down = containers(&pod);
@@ -528,17 +585,7 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
         init_containers(&probe)
     );
     let pod = run_pod(cp, &enforced, "agent-up", &[], &[])?;
-    ensure!(
-        init_containers(&pod) == ["security-agent"] && containers(&pod) == ["agent-up"],
-        "init containers {:?}, containers {:?}",
-        init_containers(&pod),
-        containers(&pod)
-    );
-    ensure!(
-        annotation(&pod, INJECTED).is_some_and(|a| a.starts_with("security-agent@")),
-        "{INJECTED}: {:?}",
-        annotation(&pod, INJECTED)
-    );
+    carries_security_agent(&pod, "agent-up")?;
     wait_injected(cp, &best_effort, &["app=web"], "nginx-sidecar")?;
     let pod = run_pod(cp, &best_effort, "web-up", &["app=web"], &[])?;
     ensure!(
@@ -552,6 +599,22 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
         containers(&pod) == while_down,
         "containers {:?}, admitted with {while_down:?}",
         containers(&pod)
+    );
+    Ok(())
+}
+
+/// `pod` (its own container `own`) carries examples/security-agent and records it.
+fn carries_security_agent(pod: &Value, own: &str) -> anyhow::Result<()> {
+    ensure!(
+        init_containers(pod) == ["security-agent"] && containers(pod) == [own],
+        "init containers {:?}, containers {:?}",
+        init_containers(pod),
+        containers(pod)
+    );
+    ensure!(
+        annotation(pod, INJECTED).is_some_and(|a| a.starts_with("security-agent@")),
+        "{INJECTED}: {:?}",
+        annotation(pod, INJECTED)
     );
     Ok(())
 }

@@ -23,8 +23,13 @@ fn the_examples_compile_into_one_policy_and_its_binding() {
     assert!(documents[0].starts_with(
         "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingAdmissionPolicy\n"
     ));
-    assert!(documents[0].contains("- injector-system\n"));
-    assert_eq!(documents[0].matches("patchType: JSONPatch").count(), 4);
+    assert!(
+        documents[0].contains("request.namespace != \"injector-system\""),
+        "{}",
+        documents[0]
+    );
+    // Four templates, then the mark of a dry run asking whether this version runs.
+    assert_eq!(documents[0].matches("patchType: JSONPatch").count(), 5);
     assert!(documents[1].contains("kind: MutatingAdmissionPolicyBinding\n"));
     assert!(documents[1].contains("policyName: injector\n"));
     // In application order (priority, then name), then what stays on the webhook.

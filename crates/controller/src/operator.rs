@@ -38,7 +38,7 @@ use crate::rollout::{RolloutDriver, Rollouts};
 use crate::status::PolicyState;
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
-use injector_core::policy::{PolicyOptions, compile_policy};
+use injector_core::policy::{PolicyOptions, compile_policy, presence_conditions};
 
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -354,20 +354,32 @@ struct PolicyTerm {
     webhook_only: BTreeMap<String, String>,
     /// Why the last round failed.
     failure: Option<String>,
+    /// The presence conditions learned from the last proof of the policy in force.
+    present: BTreeMap<String, String>,
     retry_at: Option<Instant>,
     /// Whether the webhook backend's removal of the policy was done.
     removed: bool,
 }
 
 impl PolicyTerm {
+    /// Publishes where the backend stands; the status and configuration loops wake only when
+    /// that changed.
     fn publish(&self, state: &watch::Sender<Option<Arc<PolicyState>>>, policy: &str) {
-        state.send_replace(Some(Arc::new(PolicyState {
+        let next = PolicyState {
             policy: policy.to_owned(),
             available: self.available.unwrap_or(false),
             served: self.served.clone(),
             webhook_only: self.webhook_only.clone(),
             failure: self.failure.clone(),
-        })));
+            present: self.present.clone(),
+        };
+        state.send_if_modified(|current| {
+            if current.as_deref() == Some(&next) {
+                return false;
+            }
+            *current = Some(Arc::new(next));
+            true
+        });
     }
 }
 
@@ -638,14 +650,29 @@ impl Operator {
     /// The configuration the templates and the caBundle call for; `None` before there is a
     /// caBundle, or while the registry is not synced (an entry list built from a partial
     /// registry would drop entries).
-    fn desired_configuration(&self) -> Option<Desired> {
+    ///
+    /// With `skip_served`, entries skip the Pods the policy in force provably served.
+    fn desired_configuration(&self, skip_served: bool) -> Option<Desired> {
         let ca = self.ca_bundle.borrow().clone()?;
         if !self.templates.is_synced() {
             return None;
         }
         let snapshot = self.templates.snapshot();
-        let configuration =
-            webhook_config::desired_configuration(&snapshot, &self.options.webhook, ca.as_bytes());
+        let present = if skip_served {
+            self.policy_state
+                .borrow()
+                .as_ref()
+                .map(|state| state.present.clone())
+                .unwrap_or_default()
+        } else {
+            BTreeMap::new()
+        };
+        let configuration = webhook_config::desired_configuration_with_policy(
+            &snapshot,
+            &self.options.webhook,
+            ca.as_bytes(),
+            &present,
+        );
         let left_out = webhook_config::left_out(&snapshot, &configuration)
             .into_iter()
             .flat_map(|group| group.templates.iter().map(|t| t.name.clone()))
@@ -695,8 +722,13 @@ impl Operator {
             .default_backoff()
             .boxed();
         let mut ca = self.ca_bundle.subscribe();
+        let mut policy = self.policy_state.subscribe();
         let mut leading = self.leading.clone();
         let mut last_applied: Option<MutatingWebhookConfiguration> = None;
+        // Whether the API server refused the skip conditions of the policy in force (an
+        // expression past its cost budget, say): entries then call the webhook for every Pod,
+        // as without a policy, rather than fail every apply.
+        let mut skip_refused: Option<BTreeMap<String, String>> = None;
         // The latest watch event not acted on yet (`Some(None)`: deleted).
         let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
         let mut retry = retry_backoff();
@@ -707,6 +739,7 @@ impl Operator {
                 _ = stop.cancelled() => return,
                 _ = self.templates_changed.notified() => {}
                 _ = ca.changed() => {}
+                _ = policy.changed() => {}
                 changed = Self::leadership_changed(&mut leading, "webhook configuration") => {
                     if !changed {
                         return;
@@ -732,11 +765,18 @@ impl Operator {
             if retry_at.is_some() || !self.is_leader() {
                 continue;
             }
+            let present = self
+                .policy_state
+                .borrow()
+                .as_ref()
+                .map(|state| state.present.clone())
+                .unwrap_or_default();
+            let skip_served = skip_refused.as_ref() != Some(&present);
             let Some(Desired {
                 configuration: desired,
                 ca: desired_ca,
                 left_out,
-            }) = self.desired_configuration()
+            }) = self.desired_configuration(skip_served)
             else {
                 continue;
             };
@@ -772,6 +812,16 @@ impl Operator {
                     if !fight {
                         retry.reset();
                     }
+                }
+                Err(OperatorError::Kube(kube::Error::Api(response)))
+                    if response.code == 422 && skip_served && !present.is_empty() =>
+                {
+                    self.metrics
+                        .record_reconcile("webhook_configuration", false);
+                    tracing::error!(message = %response.message, "the API server refused the conditions that skip Pods the policy served; the webhook entries call the webhook for every Pod they select instead");
+                    skip_refused = Some(present);
+                    last_applied = None;
+                    retry_at = Some(Instant::now());
                 }
                 Err(error) => {
                     self.metrics
@@ -941,7 +991,8 @@ impl Operator {
                 }
             }
             if !self.is_leader() || !self.templates.is_synced() {
-                self.policy_state.send_replace(None);
+                self.policy_state
+                    .send_if_modified(|state| state.take().is_some());
                 continue;
             }
             if term.retry_at.is_some_and(|at| Instant::now() < at) {
@@ -977,7 +1028,8 @@ impl Operator {
                 }
                 term.removed = true;
             }
-            self.policy_state.send_replace(None);
+            self.policy_state
+                .send_if_modified(|state| state.take().is_some());
             return Ok(());
         }
         if term.available.is_none() || term.discovered.is_none_or(|at| at.elapsed() > RESYNC) {
@@ -1016,15 +1068,18 @@ impl Operator {
                 tracing::info!(policy = %options.name, "no template can be served by a policy: the policy is removed");
             }
             term.applied = None;
+            term.present.clear();
         } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
-            policy_backend::prove_and_apply(
+            let started = Instant::now();
+            let proven = policy_backend::prove_and_apply(
                 &self.client,
                 &compiled,
                 &self.options.namespace,
                 self.options.webhook.owner.as_ref(),
             )
             .await?;
-            tracing::info!(policy = %options.name, hash = %compiled.hash, templates = %served.iter().cloned().collect::<Vec<_>>().join(","), "the policy was proven and applied");
+            term.present = presence_conditions(&compiled, &proven);
+            tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %served.iter().cloned().collect::<Vec<_>>().join(","), "the policy was proven and applied");
             self.metrics.record_reconcile("policy", true);
             term.applied = Some(compiled.hash.clone());
         }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use injector_core::policy::{CompiledPolicy, POLICY_API_VERSION, proof_pod, proof_problem};
+use injector_core::policy::{
+    CompiledPolicy, POLICY_API_VERSION, proof_pod, proof_problem, runs_live,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, DynamicObject, PatchParams, PostParams};
@@ -115,41 +117,75 @@ async fn apply(
 }
 
 /// Proves `compiled` with its proof policy and a dry-run Pod in `namespace`, then applies the
-/// policy and its binding. The policy in force is not touched unless the proof passes.
+/// policy and its binding and waits until the API server runs it; returns the proof Pod as the
+/// API server stored it. The policy in force is not touched unless the proof passes.
+///
+/// Waiting for the policy to run matters to the webhook entries: their conditions that skip
+/// what the policy served must describe the policy the API server runs, or a Pod the previous
+/// version injected would reach the webhook, which would take the previous version's
+/// container for a look-alike.
 pub async fn prove_and_apply(
     client: &Client,
     compiled: &CompiledPolicy,
     namespace: &str,
     owner: Option<&OwnerReference>,
-) -> Result<(), PolicyBackendError> {
+) -> Result<Value, PolicyBackendError> {
     let (Some(policy), Some(binding), Some((proof, proof_binding))) =
         (&compiled.policy, &compiled.binding, &compiled.proof)
     else {
-        return Ok(());
+        return Ok(Value::Null);
     };
     apply(&policies(client), proof.clone(), owner).await?;
     apply(&bindings(client), proof_binding.clone(), owner).await?;
-    prove(client, compiled, namespace).await?;
+    let proven = dry_run_until(client, namespace, &proof_pod(compiled, false), |stored| {
+        let marked = stored
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
+            .is_some();
+        match proof_problem(compiled, stored) {
+            None => Check::Done,
+            // Marked by this version, and still wrong: final.
+            Some(problem) if marked => Check::Failed(problem),
+            // Not marked: the API server has not loaded this version yet.
+            Some(problem) => Check::NotYet(problem),
+        }
+    })
+    .await?;
     apply(&policies(client), policy.clone(), owner).await?;
     apply(&bindings(client), binding.clone(), owner).await?;
-    Ok(())
+    dry_run_until(client, namespace, &proof_pod(compiled, true), |stored| {
+        if runs_live(compiled, stored) {
+            Check::Done
+        } else {
+            Check::NotYet("the API server does not run the applied policy yet".to_owned())
+        }
+    })
+    .await?;
+    Ok(proven)
 }
 
-/// Dry-runs the proof Pod until the API server has loaded this version of the proof policy
-/// (it marks the Pod) or the policy fails. An error from the proof policy is a failed proof
-/// once the API server has had time to load it; before, it may be a version still loading.
-async fn prove(
+/// What a dry run showed.
+enum Check {
+    Done,
+    NotYet(String),
+    Failed(String),
+}
+
+/// Dry-runs `pod` in `namespace` until `check` is done with what the API server stored, for
+/// up to [`PROOF_TIMEOUT`]; returns that Pod. A refusal is retried too: it may come from a
+/// version the API server is replacing.
+async fn dry_run_until(
     client: &Client,
-    compiled: &CompiledPolicy,
     namespace: &str,
-) -> Result<(), PolicyBackendError> {
+    pod: &Value,
+    check: impl Fn(&Value) -> Check,
+) -> Result<Value, PolicyBackendError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod: Pod = serde_json::from_value(proof_pod(compiled)).map_err(|source| {
-        PolicyBackendError::Shape {
+    let pod: Pod =
+        serde_json::from_value(pod.clone()).map_err(|source| PolicyBackendError::Shape {
             what: "the proof Pod".into(),
             source,
-        }
-    })?;
+        })?;
     let params = PostParams {
         dry_run: true,
         field_manager: Some(FIELD_MANAGER.to_owned()),
@@ -164,21 +200,13 @@ async fn prove(
                         what: "the dry-run Pod".into(),
                         source,
                     })?;
-                match proof_problem(compiled, &stored) {
-                    None => return Ok(()),
-                    Some(problem) => last_problem = problem,
-                }
-                // The marker is missing while the API server has not loaded this version yet;
-                // anything else it got wrong is final.
-                if stored
-                    .pointer("/metadata/annotations")
-                    .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
-                    .is_some()
-                {
-                    return Err(PolicyBackendError::Proof(last_problem));
+                match check(&stored) {
+                    Check::Done => return Ok(stored),
+                    Check::Failed(problem) => return Err(PolicyBackendError::Proof(problem)),
+                    Check::NotYet(problem) => last_problem = problem,
                 }
             }
-            Err(kube::Error::Api(response)) if response.code >= 400 && response.code < 600 => {
+            Err(kube::Error::Api(response)) if (400..600).contains(&response.code) => {
                 last_problem = format!("the dry-run Pod was refused: {}", response.message);
                 if response.code == 403 && response.message.contains("cannot create resource") {
                     // No permission to create the proof Pod: nothing to wait for.
@@ -192,7 +220,7 @@ async fn prove(
                 });
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(PolicyBackendError::Proof(last_problem))
 }

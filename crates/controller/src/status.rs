@@ -241,6 +241,9 @@ pub struct PolicyState {
     pub webhook_only: BTreeMap<String, String>,
     /// Why the last proof or apply failed (the policy in force stays).
     pub failure: Option<String>,
+    /// Per template the policy in force serves, the CEL condition that a Pod carries it as
+    /// the policy adds it (the webhook entries skip such Pods).
+    pub present: BTreeMap<String, String>,
 }
 
 /// `desired` with its `PolicyServed` condition: `True`/`Served` when the policy in force

@@ -293,6 +293,21 @@ pub fn desired_configuration(
     options: &WebhookConfigOptions,
     ca_bundle_pem: &[u8],
 ) -> MutatingWebhookConfiguration {
+    desired_configuration_with_policy(snapshot, options, ca_bundle_pem, &BTreeMap::new())
+}
+
+/// [`desired_configuration`] where a MutatingAdmissionPolicy serves some templates: `present`
+/// holds, per template it serves, the CEL condition that a Pod carries the template as the
+/// policy adds it (`injector_core::policy::presence_conditions`). An entry whose templates all
+/// have one skips the Pods that carry every template it would apply: the API server already
+/// injected them, so they cost no call, and need no replica while the operator is down. A Pod
+/// with a look-alike, or missing a template, still reaches the webhook.
+pub fn desired_configuration_with_policy(
+    snapshot: &Snapshot,
+    options: &WebhookConfigOptions,
+    ca_bundle_pem: &[u8],
+    present: &BTreeMap<String, String>,
+) -> MutatingWebhookConfiguration {
     let ca_bundle = (!ca_bundle_pem.is_empty()).then(|| ByteString(ca_bundle_pem.to_vec()));
     let namespace_exclusions = namespace_exclusions(&options.operator_namespace);
     let mut labels = options.labels.clone();
@@ -310,7 +325,15 @@ pub fn desired_configuration(
     let webhooks = entry_order(snapshot)
         .groups
         .into_iter()
-        .map(|group| entry(group, options, &namespace_exclusions, ca_bundle.clone()))
+        .map(|group| {
+            entry(
+                group,
+                options,
+                &namespace_exclusions,
+                ca_bundle.clone(),
+                present,
+            )
+        })
         .take_while(|entry| {
             // One more for the comma between entries.
             bytes = bytes.saturating_add(json_size(entry)).saturating_add(1);
@@ -400,6 +423,7 @@ fn entry(
     options: &WebhookConfigOptions,
     namespace_exclusions: &[LabelSelectorRequirement],
     ca_bundle: Option<ByteString>,
+    present: &BTreeMap<String, String>,
 ) -> MutatingWebhook {
     let mut namespace_selector = group.key.namespace_selector.to_label_selector();
     namespace_selector
@@ -424,8 +448,38 @@ fn entry(
                 .timeout_seconds
                 .clamp(*TIMEOUT_SECONDS_RANGE.start(), *TIMEOUT_SECONDS_RANGE.end()),
         ),
-        match_conditions: Some(match_conditions(group)).filter(|c| !c.is_empty()),
+        match_conditions: Some(match_conditions(group, present)).filter(|c| !c.is_empty()),
     }
+}
+
+/// The condition that skips Pods the policy served: every template of `group` that selects the
+/// Pod is present by content (`present`). `None` unless every template has a presence
+/// condition, and for a merged entry (its templates' pod selectors differ from the entry's, so
+/// which of them select the Pod is not the entry's to say).
+fn not_injected_by_policy(
+    group: &Group,
+    present: &BTreeMap<String, String>,
+) -> Option<MatchCondition> {
+    let mut terms = Vec::new();
+    for template in &group.templates {
+        if template.pod_selector != group.key.pod_selector {
+            return None;
+        }
+        let condition = present.get(&template.name)?;
+        terms.push(if template.injection == injector_api::Injection::OnRequest {
+            // Template names are DNS subdomains: no quote can break out of the CEL string.
+            format!(
+                "(!object.metadata.?annotations[?'{TEMPLATES_ANNOTATION}'].orValue('').split(',').exists(n, n.trim() == '{}') || ({condition}))",
+                template.name
+            )
+        } else {
+            format!("({condition})")
+        });
+    }
+    (!terms.is_empty()).then(|| MatchCondition {
+        name: "not-injected-by-policy".to_owned(),
+        expression: format!("!({})", terms.join(" && ")),
+    })
 }
 
 /// CEL conditions the API server checks before calling the webhook. They matter most while
@@ -436,7 +490,7 @@ fn entry(
 /// The opt-out condition is on best-effort (`Ignore`) entries only: a Pod's opt-out does not
 /// apply to required templates (issue 11, rule 3), so a required entry is called for an
 /// opted-out Pod too, and fails closed while the operator is down.
-fn match_conditions(group: &Group) -> Vec<MatchCondition> {
+fn match_conditions(group: &Group, present: &BTreeMap<String, String>) -> Vec<MatchCondition> {
     let annotations = "object.metadata.annotations";
     let mut conditions = Vec::new();
     if group.key.failure_policy == FailurePolicy::Ignore {
@@ -465,6 +519,9 @@ fn match_conditions(group: &Group) -> Vec<MatchCondition> {
                 names.join(", ")
             ),
         });
+    }
+    if let Some(condition) = not_injected_by_policy(group, present) {
+        conditions.push(condition);
     }
     conditions
 }

@@ -17,7 +17,7 @@
 //! structure. What a policy cannot express as `plan` does keeps the template on the webhook,
 //! with the reason ([`WebhookOnly`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
@@ -142,7 +142,7 @@ pub fn compile_policy(
         .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
         .collect();
     let mut earlier_init: Vec<&str> = Vec::new();
-    let mut mutations = Vec::new();
+    let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
     for template in &served {
         for (selection, list) in [(true, &mut mutations), (false, &mut proof_mutations)] {
@@ -156,6 +156,21 @@ pub fn compile_policy(
     let required = served
         .iter()
         .any(|t| t.failure_policy == FailurePolicy::Fail);
+    // The hash names this version: of everything the policy does, before the parts that
+    // carry it.
+    let hash = {
+        let mut hasher = Sha256::new();
+        hasher.update(options.name.as_bytes());
+        hasher.update(options.operator_namespace.as_bytes());
+        hasher.update(Value::Array(mutations.clone()).to_string().as_bytes());
+        let digest = hasher.finalize();
+        digest[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let live = live_token(&hash);
+    mutations.push(marker_mutation(&live, true));
     let policy = json!({
         "apiVersion": POLICY_API_VERSION,
         "kind": "MutatingAdmissionPolicy",
@@ -169,20 +184,22 @@ pub fn compile_policy(
             "reinvocationPolicy": "IfNeeded",
             "matchConstraints": {
                 "resourceRules": pod_create_rules(),
-                "namespaceSelector": {"matchExpressions": namespace_exclusions(&options.operator_namespace)},
+                "namespaceSelector": {"matchExpressions": namespace_exclusions()},
             },
+            // The operator's namespace is never injected, except its dry-run Pod that asks
+            // whether the API server runs this version yet (its last mutation marks it).
+            "matchConditions": [{
+                "name": "not-the-operators-namespace",
+                "expression": format!(
+                    "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
+                    cel_string(&options.operator_namespace),
+                    cel_string(POLICY_PROOF_ANNOTATION),
+                    cel_string(&live)
+                ),
+            }],
             "mutations": mutations,
         },
     });
-    let hash = {
-        let mut hasher = Sha256::new();
-        hasher.update(policy.to_string().as_bytes());
-        let digest = hasher.finalize();
-        digest[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
     let proof = proof_policy(options, &hash, proof_mutations);
     CompiledPolicy {
         policy: Some(policy),
@@ -192,6 +209,34 @@ pub fn compile_policy(
         hash,
         proof: Some(proof),
     }
+}
+
+/// What the dry-run Pod carries to ask whether the API server runs the policy itself (not its
+/// proof) at version `hash`.
+fn live_token(hash: &str) -> String {
+    format!("{hash}-live")
+}
+
+/// The last mutation: marks the dry-run Pod asking for `token`, so the operator knows the
+/// API server loaded this version. `only_asking`: the policy also sees other Pods.
+fn marker_mutation(token: &str, only_asking: bool) -> Value {
+    let mark = json_patch(
+        &cel_string(&format!(
+            "/metadata/annotations/{}",
+            pointer_token(POLICY_PROVEN_ANNOTATION)
+        )),
+        &cel_string(token),
+    );
+    let expression = if only_asking {
+        format!(
+            "{ANNOTATIONS}[?{}].orValue(\"\") == {} ? [{mark}] : []",
+            cel_string(POLICY_PROOF_ANNOTATION),
+            cel_string(token)
+        )
+    } else {
+        format!("[{mark}]")
+    };
+    json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}})
 }
 
 /// Pod CREATE, the only request a policy mutates.
@@ -224,16 +269,7 @@ pub fn proof_name(name: &str) -> String {
 /// policy's hash, and nothing else: it fails closed, so an expression that errs fails the dry
 /// run, and its last mutation marks the Pod, so the operator knows this version ran.
 fn proof_policy(options: &PolicyOptions, hash: &str, mut mutations: Vec<Value>) -> (Value, Value) {
-    mutations.push(json!({
-        "patchType": "JSONPatch",
-        "jsonPatch": {"expression": format!(
-            "[{}]",
-            json_patch(
-                &cel_string(&format!("/metadata/annotations/{}", pointer_token(POLICY_PROVEN_ANNOTATION))),
-                &cel_string(hash)
-            )
-        )},
-    }));
+    mutations.push(marker_mutation(hash, false));
     let name = proof_name(&options.name);
     let policy = json!({
         "apiVersion": POLICY_API_VERSION,
@@ -260,10 +296,16 @@ fn proof_policy(options: &PolicyOptions, hash: &str, mut mutations: Vec<Value>) 
     (policy, binding(&name))
 }
 
-/// The dry-run Pod the proof policy of `compiled` applies to: annotated with its hash, with
-/// labels and annotations for placeholders to read and one container of its own, named so
-/// that no template's name clashes with it.
-pub fn proof_pod(compiled: &CompiledPolicy) -> Value {
+/// The dry-run Pod the proof policy of `compiled` applies to (`live`: the policy itself, to
+/// learn whether the API server loaded it): annotated with its hash, with labels and
+/// annotations for placeholders to read and one container of its own, named so that no
+/// template's name clashes with it.
+pub fn proof_pod(compiled: &CompiledPolicy, live: bool) -> Value {
+    let token = if live {
+        live_token(&compiled.hash)
+    } else {
+        compiled.hash.clone()
+    };
     let taken: BTreeSet<&str> = compiled
         .served
         .iter()
@@ -280,10 +322,20 @@ pub fn proof_pod(compiled: &CompiledPolicy) -> Value {
         "metadata": {
             "generateName": "sidecar-injector-policy-proof-",
             "labels": {"app": "policy-proof"},
-            "annotations": {POLICY_PROOF_ANNOTATION: compiled.hash},
+            "annotations": {POLICY_PROOF_ANNOTATION: token},
         },
         "spec": {"containers": [{"name": app, "image": "policy-proof.invalid/none:1"}]},
     })
+}
+
+/// Whether the live dry-run Pod `stored` shows the API server running the policy of
+/// `compiled`.
+pub fn runs_live(compiled: &CompiledPolicy, stored: &Value) -> bool {
+    stored
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(POLICY_PROVEN_ANNOTATION))
+        .and_then(Value::as_str)
+        == Some(live_token(&compiled.hash).as_str())
 }
 
 /// Why the dry-run Pod `stored` does not prove `compiled`: the proof policy did not run to its
@@ -397,10 +449,176 @@ fn webhook_only_reason(
     None
 }
 
+/// The prefix of the volume the ServiceAccount admission plugin adds for the Pod's token: its
+/// mount in every container is the API server's, not the template's.
+const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// CEL conditions, per template the policy serves, that hold when the Pod carries the
+/// template's containers, init containers and volumes exactly as the API server stores what the
+/// policy adds: `proven` is the proof's dry-run Pod, so the API server's defaults are learned
+/// from the API server itself rather than guessed. A placeholder's string stays a CEL
+/// expression, evaluated on the Pod at hand. Only the ServiceAccount token's mounts are
+/// allowed beside the template's; any other difference (an extra field, another image, one
+/// more env var) makes the condition false.
+///
+/// The webhook entries use them to skip Pods the policy served (see
+/// `webhook_config`): a content check, never a claim, so a look-alike still reaches the
+/// webhook. Templates that add no container and no volume get none (nothing to recognise them
+/// by), and neither does a template whose stored items cannot be matched to its own.
+pub fn presence_conditions(compiled: &CompiledPolicy, proven: &Value) -> BTreeMap<String, String> {
+    let mut conditions = BTreeMap::new();
+    'templates: for template in &compiled.served {
+        let mut terms = Vec::new();
+        for (list, items, container) in [
+            ("containers", &template.containers, true),
+            ("initContainers", &template.init_containers, true),
+            ("volumes", &template.volumes, false),
+        ] {
+            for item in items {
+                let stored = proven
+                    .pointer(&format!("/spec/{list}"))
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v.get("name").and_then(Value::as_str) == Some(item.key.as_str()));
+                let Some(stored) = stored else {
+                    continue 'templates;
+                };
+                let term = if container {
+                    container_presence(list, &item.body, stored)
+                } else {
+                    // Volumes hold no placeholder: the stored volume is the whole expectation.
+                    Some(format!(
+                        "object.spec.?{list}.orValue([]).exists(v, v == {})",
+                        cel_json(stored)
+                    ))
+                };
+                let Some(term) = term else {
+                    continue 'templates;
+                };
+                terms.push(term);
+            }
+        }
+        if !terms.is_empty() {
+            conditions.insert(template.name.clone(), terms.join(" && "));
+        }
+    }
+    conditions
+}
+
+/// Whether the Pod's `list` holds a container equal to `stored` (the template's `body` as the
+/// API server stored it), the token's mounts aside.
+fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String> {
+    let mut stored = stored.as_object()?.clone();
+    if let Some(Value::Array(mounts)) = stored.get_mut("volumeMounts") {
+        mounts.retain(|m| {
+            !m.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
+        });
+        if mounts.is_empty() {
+            stored.remove("volumeMounts");
+        }
+    }
+    let expected = expected_fields(body, &stored)?;
+    let keys = cel_list(expected.iter().map(|(k, _)| k.as_str()));
+    let token_mounts = format!(
+        "c.volumeMounts.all(m, m.name.startsWith({}))",
+        cel_string(TOKEN_VOLUME_PREFIX)
+    );
+    let mut terms = vec![format!(
+        "c.all(k, k in {keys} || (k == \"volumeMounts\" && {token_mounts}))"
+    )];
+    if !stored.contains_key("volumeMounts") {
+        terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
+    }
+    for (key, value) in &expected {
+        if key == "volumeMounts" {
+            terms.push(format!(
+                "c.?volumeMounts.orValue([]).filter(m, !m.name.startsWith({})) == {value}",
+                cel_string(TOKEN_VOLUME_PREFIX)
+            ));
+        } else {
+            // `in` first: an absent key must make the condition false, never an error (an
+            // error fails a required entry's call).
+            let key = cel_string(key);
+            terms.push(format!("({key} in c && c[{key}] == {value})"));
+        }
+    }
+    Some(format!(
+        "object.spec.?{list}.orValue([]).exists(c, {})",
+        terms.join(" && ")
+    ))
+}
+
+/// Each top-level field of a stored container, as a CEL literal: the stored value, except
+/// where the template's string holds placeholders (a CEL expression over the Pod).
+fn expected_fields(
+    body: &Node,
+    stored: &serde_json::Map<String, Value>,
+) -> Option<Vec<(String, String)>> {
+    let fields: Vec<(&str, Option<&Node>)> = match body {
+        Node::Fixed(_) => stored.keys().map(|k| (k.as_str(), None)).collect(),
+        Node::Object(fields) => stored
+            .keys()
+            .map(|k| {
+                (
+                    k.as_str(),
+                    fields.iter().find(|(f, _)| f == k).map(|(_, n)| n),
+                )
+            })
+            .collect(),
+        _ => return None,
+    };
+    fields
+        .into_iter()
+        .map(|(key, node)| {
+            let value = stored.get(key)?;
+            let literal = match node {
+                Some(node) => merged(node, value)?,
+                None => cel_json(value),
+            };
+            Some((key.to_owned(), literal))
+        })
+        .collect()
+}
+
+/// `stored` as a CEL literal with the template's placeholder expressions where `node` has
+/// them; `None` when their shapes differ (the comparison could not be exact).
+fn merged(node: &Node, stored: &Value) -> Option<String> {
+    match (node, stored) {
+        (Node::Fixed(_), _) => Some(cel_json(stored)),
+        (Node::Text(template), Value::String(_)) => Some(cel_text(template)),
+        (Node::Array(items), Value::Array(values)) if items.len() == values.len() => {
+            let merged: Option<Vec<String>> = items
+                .iter()
+                .zip(values)
+                .map(|(n, v)| merged(n, v))
+                .collect();
+            Some(cel_array(merged?.into_iter()))
+        }
+        (Node::Object(fields), Value::Object(values)) => {
+            let merged: Option<Vec<(&str, String)>> = values
+                .iter()
+                .map(|(key, value)| {
+                    let literal = match fields.iter().find(|(f, _)| f == key) {
+                        Some((_, node)) => merged(node, value)?,
+                        None => cel_json(value),
+                    };
+                    Some((key.as_str(), literal))
+                })
+                .collect();
+            Some(cel_object(merged?.into_iter()))
+        }
+        _ => None,
+    }
+}
+
 /// The namespaces no template injects into, as the webhook entries exclude them.
-fn namespace_exclusions(operator_namespace: &str) -> Value {
-    let mut excluded: Vec<&str> = ALWAYS_EXCLUDED_NAMESPACES.to_vec();
-    excluded.push(operator_namespace);
+/// (The operator's own namespace is excluded by a match condition, which lets its dry-run Pod
+/// through.)
+fn namespace_exclusions() -> Value {
+    let excluded: Vec<&str> = ALWAYS_EXCLUDED_NAMESPACES.to_vec();
     json!([
         {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": excluded},
         {"key": INJECTION_LABEL, "operator": "NotIn", "values": [INJECTION_DISABLED]},

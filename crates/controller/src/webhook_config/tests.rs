@@ -1052,3 +1052,48 @@ fn a_configuration_that_would_not_fit_leaves_entries_out_and_says_which() {
     assert!(left_out(&small, &config).is_empty());
     assert_eq!(webhooks(&config).len(), 10);
 }
+
+#[test]
+fn an_entry_skips_pods_that_carry_every_template_the_policy_served() {
+    let snapshot = snapshot_of(&[
+        parse_template("metadata: {name: agent}\nspec:\n  containers: [{name: a, image: a}]"),
+        parse_template(
+            "metadata: {name: proxy}\nspec:\n  injection: OnRequest\n  containers: [{name: p, image: p}]",
+        ),
+        parse_template(
+            "metadata: {name: logs}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: l, image: l}]",
+        ),
+    ]);
+    let present: BTreeMap<String, String> = [
+        ("agent".to_owned(), "AGENT_PRESENT".to_owned()),
+        ("proxy".to_owned(), "PROXY_PRESENT".to_owned()),
+    ]
+    .into();
+    let config = desired_configuration_with_policy(&snapshot, &service_options(), CA, &present);
+    let skip = |policy: &str| {
+        webhooks(&config)
+            .iter()
+            .find(|w| w.failure_policy.as_deref() == Some(policy))
+            .unwrap()
+            .match_conditions
+            .iter()
+            .flatten()
+            .find(|c| c.name == "not-injected-by-policy")
+            .map(|c| c.expression.clone())
+    };
+    // Called unless the agent is present and the proxy, when asked for, is too.
+    assert_eq!(
+        skip("Fail").unwrap(),
+        "!((AGENT_PRESENT) && (!object.metadata.?annotations[?'sidecar.dev/templates'].orValue('').split(',').exists(n, n.trim() == 'proxy') || (PROXY_PRESENT)))"
+    );
+    // `logs` has no presence condition (the policy does not serve it): always called.
+    assert_eq!(skip("Ignore"), None);
+    // Without a policy, no entry skips anything.
+    let plain = desired_configuration(&snapshot, &service_options(), CA);
+    assert!(
+        webhooks(&plain)
+            .iter()
+            .flat_map(|w| w.match_conditions.iter().flatten())
+            .all(|c| c.name != "not-injected-by-policy")
+    );
+}

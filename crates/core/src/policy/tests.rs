@@ -66,20 +66,30 @@ fn one_policy_serves_templates_in_application_order() {
     let excluded = &policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"];
     assert_eq!(
         excluded[0]["values"],
-        json!([
-            "kube-system",
-            "kube-public",
-            "kube-node-lease",
-            "operator-ns"
-        ])
+        json!(["kube-system", "kube-public", "kube-node-lease"])
     );
     assert_eq!(excluded[1]["key"], INJECTION_LABEL);
+    // The operator's namespace is excluded too, but for the Pod asking for this version.
+    let condition = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        condition,
+        format!(
+            r#"request.namespace != "operator-ns" || object.metadata.?annotations.orValue({{}})[?"sidecar.dev/policy-proof"].orValue("") == "{}-live""#,
+            compiled.hash
+        )
+    );
     let binding = compiled.binding.unwrap();
     assert_eq!(binding["spec"]["policyName"], "sidecar-injector");
 
-    let [agent, proxy] = expressions(&policy)[..] else {
-        panic!("two mutations expected")
+    let [agent, proxy, marker] = expressions(&policy)[..] else {
+        panic!("two mutations and the marker expected")
     };
+    assert!(
+        marker.contains(&format!("{}-live", compiled.hash)),
+        "{marker}"
+    );
     // The record entry is the one plan writes.
     let entry = Applied::of(&compiled.served[0]).to_string();
     assert!(agent.contains(&format!("{entry:?}")), "{agent}");
@@ -234,4 +244,68 @@ fn keys_are_escaped_as_json_pointer_tokens() {
         "sidecar.dev~1injected"
     );
     assert_eq!(pointer_token("a~b/c"), "a~0b~1c");
+}
+
+#[test]
+fn presence_is_learned_from_the_stored_proof_pod() {
+    let compiled = compile_policy(&[template(AGENT), template(PROXY)], &options());
+    // What the API server stored for the proof Pod: defaults filled in, the token mounted.
+    let proven = json!({"spec": {
+        "containers": [
+            {"name": "policy-proof-0", "image": "none:1"},
+            {"name": "agent", "image": "agent:2",
+             "env": [{"name": "NS", "value": "sidecar-injector"}],
+             "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+             "volumeMounts": [{"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]},
+        ],
+        "initContainers": [
+            {"name": "proxy", "image": "proxy:1", "restartPolicy": "Always", "args": ["--node", "sidecar-injector-policy-proof-"],
+             "terminationMessagePath": "/dev/termination-log"},
+        ],
+        "volumes": [{"name": "proxy-certs", "emptyDir": {}}, {"name": "kube-api-access-abcde", "projected": {}}],
+    }});
+    let present = presence_conditions(&compiled, &proven);
+    let agent = &present["agent"];
+    // Every stored field is expected, the default included; nothing else is allowed but the
+    // token's mounts.
+    assert!(agent.contains(r#"c.all(k, k in ["env", "image", "imagePullPolicy", "name", "terminationMessagePath"] || (k == "volumeMounts""#), "{agent}");
+    assert!(
+        agent.contains(r#"("imagePullPolicy" in c && c["imagePullPolicy"] == "IfNotPresent")"#),
+        "{agent}"
+    );
+    // The placeholder stays an expression over the Pod at hand, not the proof Pod's value.
+    assert!(agent.contains("request.namespace"), "{agent}");
+    assert!(!agent.contains(r#""sidecar-injector""#), "{agent}");
+    let proxy = &present["proxy"];
+    assert!(
+        proxy.starts_with("object.spec.?initContainers.orValue([]).exists(c, "),
+        "{proxy}"
+    );
+    assert!(proxy.contains(r#"object.spec.?volumes.orValue([]).exists(v, v == {"emptyDir": dyn({}), "name": dyn("proxy-certs")})"#), "{proxy}");
+    assert!(
+        !proxy.contains("--node\", \"sidecar-injector-policy-proof-"),
+        "{proxy}"
+    );
+
+    // A template whose items the stored Pod lacks gets no condition.
+    let mut lacking = proven.clone();
+    lacking["spec"]["volumes"] = json!([]);
+    let present = presence_conditions(&compiled, &lacking);
+    assert!(present.contains_key("agent") && !present.contains_key("proxy"));
+}
+
+#[test]
+fn a_template_with_nothing_to_recognise_it_by_gets_no_presence() {
+    let env_only = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: env-only}
+spec:
+  appContainers:
+    env: [{name: A, value: b}]
+"#,
+    );
+    let compiled = compile_policy(&[env_only], &options());
+    assert!(presence_conditions(&compiled, &json!({"spec": {"containers": []}})).is_empty());
 }
