@@ -224,3 +224,33 @@ pub fn policy_served(cp: &ControlPlane, name: &str) -> anyhow::Result<bool> {
         },
     )
 }
+
+/// Where the API server serves MutatingAdmissionPolicies: waits until the operator's policy
+/// holds generation `generation` of the template `name` (`None`: no generation of it), as
+/// its record entry `name@generation#…` says; up to 30 s. The policy follows template changes
+/// a second or two after the webhook (it is proven first): a scenario that changes a template
+/// and then expects new Pods to reflect it waits for this too.
+pub fn wait_policy_holds(
+    cp: &ControlPlane,
+    name: &str,
+    generation: Option<i64>,
+) -> anyhow::Result<()> {
+    if !cp.serves_mutating_admission_policies()? {
+        return Ok(());
+    }
+    let needle = match generation {
+        Some(generation) => format!("{name}@{generation}#"),
+        None => format!("{name}@"),
+    };
+    poll(
+        Duration::from_secs(30),
+        &format!("the operator's policy to hold {needle}"),
+        || {
+            let text = cp
+                .try_get_json("mutatingadmissionpolicy", None, "sidecar-injector")?
+                .map(|policy| policy.to_string())
+                .unwrap_or_default();
+            Ok((text.contains(&needle) == generation.is_some()).then_some(()))
+        },
+    )
+}

@@ -23,7 +23,7 @@ use anyhow::{Context, bail, ensure};
 use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, policy_served, ready_condition, wait_crd_established,
-    wait_injected, wait_invalid_event, webhook_names,
+    wait_injected, wait_invalid_event, wait_policy_holds, webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, run_scenario, workspace_root};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -920,6 +920,7 @@ spec:
     wait_served(cp, name)?;
     let second = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
     ensure!(second != first, "generation still {first}");
+    wait_policy_holds(cp, name, second.as_i64())?;
     let expected = format!("{name}@{second}");
     poll(
         Duration::from_secs(30),
@@ -949,6 +950,7 @@ spec:
     );
 
     cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    wait_policy_holds(cp, name, None)?;
     poll(
         Duration::from_secs(30),
         &format!("entry {entry} to leave the webhook configuration"),
@@ -2150,6 +2152,7 @@ fn kubectl_sidecar_status_and_explain(env: &mut Env<'_>) -> anyhow::Result<()> {
 
     // An image edit: the Deployment's Pods are stale; a Pod created now is current.
     cp.apply_yaml(&template("busybox:1.37"))?;
+    wait_policy_holds(cp, name, Some(2))?;
     wait_dry_run_image(cp, &ns, &plugged, "plugged-agent", "busybox:1.37")?;
     create_pod(cp, &ns, "late", &plugged, &[], false)?;
     // (injected, current, stale, missing), as the operator writes them.

@@ -348,6 +348,9 @@ struct PolicyTerm {
     snapshot: Option<Arc<injector_core::Snapshot>>,
     /// The hash of the policy applied in this term.
     applied: Option<String>,
+    /// When the last round brought the cluster in line: each [`RESYNC`] a round applies the
+    /// policy again (a no-op unless someone changed or deleted it).
+    settled_at: Option<Instant>,
     /// The templates the policy in force serves.
     served: BTreeSet<String>,
     /// The templates left to the webhook, and why.
@@ -1048,11 +1051,16 @@ impl Operator {
             .snapshot
             .as_ref()
             .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
-        if unchanged && term.failure.is_none() {
+        let resync = term.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
+        if resync {
+            term.applied = None;
+        }
+        if unchanged && term.failure.is_none() && !resync {
             return Ok(());
         }
         term.snapshot = Some(Arc::clone(&snapshot));
         if term.available != Some(true) {
+            term.settled_at = Some(Instant::now());
             term.publish(&self.policy_state, &options.name);
             return Ok(());
         }
@@ -1071,13 +1079,22 @@ impl Operator {
             term.present.clear();
         } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
             let started = Instant::now();
-            let proven = policy_backend::prove_and_apply(
-                &self.client,
-                &compiled,
-                &self.options.namespace,
-                self.options.webhook.owner.as_ref(),
-            )
-            .await?;
+            let owner = self.options.webhook.owner.as_ref();
+            let namespace = &self.options.namespace;
+            let proven = policy_backend::prove(&self.client, &compiled, namespace, owner).await?;
+            // The proof takes a second or two: a policy compiled from templates that changed
+            // meanwhile would put back what the webhook already stopped injecting. The next
+            // round compiles the new ones.
+            if !Arc::ptr_eq(&self.templates.snapshot(), &snapshot) {
+                tracing::debug!(policy = %options.name, "the templates changed during the proof; compiling again");
+                term.snapshot = None;
+                return Ok(());
+            }
+            policy_backend::apply_and_confirm(&self.client, &compiled, namespace, owner).await?;
+            if !Arc::ptr_eq(&self.templates.snapshot(), &snapshot) {
+                // Changed while it was applied: the next round compiles again.
+                term.snapshot = None;
+            }
             term.present = presence_conditions(&compiled, &proven);
             tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %served.iter().cloned().collect::<Vec<_>>().join(","), "the policy was proven and applied");
             self.metrics.record_reconcile("policy", true);
@@ -1085,6 +1102,7 @@ impl Operator {
         }
         term.served = served;
         term.failure = None;
+        term.settled_at = Some(Instant::now());
         term.publish(&self.policy_state, &options.name);
         Ok(())
     }

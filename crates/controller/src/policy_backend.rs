@@ -116,28 +116,20 @@ async fn apply(
     Ok(())
 }
 
-/// Proves `compiled` with its proof policy and a dry-run Pod in `namespace`, then applies the
-/// policy and its binding and waits until the API server runs it; returns the proof Pod as the
-/// API server stored it. The policy in force is not touched unless the proof passes.
-///
-/// Waiting for the policy to run matters to the webhook entries: their conditions that skip
-/// what the policy served must describe the policy the API server runs, or a Pod the previous
-/// version injected would reach the webhook, which would take the previous version's
-/// container for a look-alike.
-pub async fn prove_and_apply(
+/// Proves `compiled` with its proof policy and a dry-run Pod in `namespace`; returns the proof
+/// Pod as the API server stored it. The policy in force is not touched.
+pub async fn prove(
     client: &Client,
     compiled: &CompiledPolicy,
     namespace: &str,
     owner: Option<&OwnerReference>,
 ) -> Result<Value, PolicyBackendError> {
-    let (Some(policy), Some(binding), Some((proof, proof_binding))) =
-        (&compiled.policy, &compiled.binding, &compiled.proof)
-    else {
+    let Some((proof, proof_binding)) = &compiled.proof else {
         return Ok(Value::Null);
     };
     apply(&policies(client), proof.clone(), owner).await?;
     apply(&bindings(client), proof_binding.clone(), owner).await?;
-    let proven = dry_run_until(client, namespace, &proof_pod(compiled, false), |stored| {
+    dry_run_until(client, namespace, &proof_pod(compiled, false), |stored| {
         let marked = stored
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
@@ -150,7 +142,24 @@ pub async fn prove_and_apply(
             Some(problem) => Check::NotYet(problem),
         }
     })
-    .await?;
+    .await
+}
+
+/// Applies the proven policy of `compiled` and its binding, and waits until the API server
+/// runs it (a dry-run Pod in `namespace` asking for this version comes back marked).
+///
+/// Waiting matters to the webhook entries: their conditions that skip what the policy served
+/// must describe the policy the API server runs, or a Pod the previous version injected would
+/// reach the webhook, which would take the previous version's container for a look-alike.
+pub async fn apply_and_confirm(
+    client: &Client,
+    compiled: &CompiledPolicy,
+    namespace: &str,
+    owner: Option<&OwnerReference>,
+) -> Result<(), PolicyBackendError> {
+    let (Some(policy), Some(binding)) = (&compiled.policy, &compiled.binding) else {
+        return Ok(());
+    };
     apply(&policies(client), policy.clone(), owner).await?;
     apply(&bindings(client), binding.clone(), owner).await?;
     dry_run_until(client, namespace, &proof_pod(compiled, true), |stored| {
@@ -161,7 +170,7 @@ pub async fn prove_and_apply(
         }
     })
     .await?;
-    Ok(proven)
+    Ok(())
 }
 
 /// What a dry run showed.

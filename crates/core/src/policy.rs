@@ -169,6 +169,9 @@ pub fn compile_policy(
             .map(|b| format!("{b:02x}"))
             .collect::<String>()
     };
+    let reinvoke = webhook_only
+        .iter()
+        .any(|(t, _)| !t.labels.is_empty() || !t.annotations.is_empty());
     let live = live_token(&hash);
     mutations.push(marker_mutation(&live, true));
     let policy = json!({
@@ -179,9 +182,11 @@ pub fn compile_policy(
             // A policy that fails to evaluate for a required template must not admit the Pod
             // without it; with only best-effort templates, it must not refuse one.
             "failurePolicy": if required { "Fail" } else { "Ignore" },
-            // Re-run after the webhook changed the Pod: a template may select on a label a
-            // webhook template added. Every mutation adds only what is missing.
-            "reinvocationPolicy": "IfNeeded",
+            // Run again after the webhook changed the Pod only when a template the webhook
+            // serves adds labels or annotations, which a policy template may select on or read
+            // (every mutation adds only what is missing, so a second run adds nothing twice);
+            // otherwise the second evaluation is pure cost on every Pod CREATE.
+            "reinvocationPolicy": if reinvoke { "IfNeeded" } else { "Never" },
             "matchConstraints": {
                 "resourceRules": pod_create_rules(),
                 "namespaceSelector": {"matchExpressions": namespace_exclusions()},

@@ -5,9 +5,9 @@
 //!    it deleted first (so the start generates the CA and the serving certificate);
 //! 2. from `kubectl apply` of a new template to the first Pod it injects (probing with
 //!    server-side dry-run creates every 10 ms);
-//! 3. Pod CREATE latency at a steady stream of creations, into a namespace a template selects
-//!    (the API server calls the webhook) and into one no template selects (it does not): the
-//!    client's view, the API server's `apiserver_request_duration_seconds` and
+//! 3. Pod CREATE latency at a steady stream of creations, into a namespace no template
+//!    selects, into one a template selects with the webhook backend, and (Kubernetes 1.36+)
+//!    with the policy backend: the client's view, the API server's `apiserver_request_duration_seconds` and
 //!    `apiserver_admission_webhook_admission_duration_seconds`, and the webhook's own
 //!    `sidecar_injector_admission_duration_seconds`.
 //!
@@ -60,10 +60,12 @@ fn main() -> anyhow::Result<()> {
          url mode, leader election on.\n"
     )?;
 
-    let mut operator = Operator::start(&cp, OperatorOptions::default())?;
+    // Figures 1 to 3 with the webhook backend, so that they compare across Kubernetes
+    // versions; figure 3 then switches to the policy backend where the API server has one.
+    let mut operator = Operator::start(&cp, webhook_backend())?;
     operator_start_to_ready(&cp, &mut operator, &mut report)?;
     apply_to_first_injection(&cp, &runtime, &client, &mut report)?;
-    pod_create_latency(&cp, &runtime, &client, &operator, &mut report)?;
+    let operator = pod_create_latency(&cp, &runtime, &client, operator, &mut report)?;
     census(&cp, &runtime, &client, &operator, &mut report)?;
 
     println!("{report}");
@@ -193,13 +195,25 @@ fn apply_to_first_injection(
 }
 
 /// Figure 3: the same stream of creations with and without the webhook in the path.
+/// The operator with `--injection-backend webhook`.
+fn webhook_backend() -> OperatorOptions {
+    OperatorOptions {
+        extra_args: vec!["--injection-backend".into(), "webhook".into()],
+        ..OperatorOptions::default()
+    }
+}
+
+/// Figure 3: a stream of creations into a namespace no template selects, into one
+/// examples/nginx-sidecar selects with the webhook backend, and, where the API server serves
+/// MutatingAdmissionPolicies, into that namespace again with the policy backend (the operator
+/// restarted with `--injection-backend auto`). Returns the operator running at the end.
 fn pod_create_latency(
     cp: &ControlPlane,
     runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
-    operator: &Operator,
+    mut operator: Operator,
     report: &mut String,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Operator> {
     cp.apply_file(&example("nginx-sidecar/sidecartemplate.yaml"))?;
     wait_served(cp, "nginx-sidecar", "sidecar-injector")?;
     let selected = cp.namespace(
@@ -212,54 +226,116 @@ fn pod_create_latency(
 
     writeln!(
         report,
-        "### Pod CREATE latency, with and without the webhook\n\n\
-         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s into each namespace (real creates, stored; \
-         they stay Pending, nothing schedules them). *With*: the namespace is selected by \
-         examples/nginx-sidecar, so the API server calls the webhook (over TLS, reusing its \
-         connections) and applies the patch; *without*: no template selects it, so no webhook \
-         entry matches and the webhook is not called. The API server's histograms have coarse \
+        "### Pod CREATE latency: no injection, the webhook backend, the policy backend\n\n\
+         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per row (real creates, stored; they stay \
+         Pending, nothing schedules them), one template (examples/nginx-sidecar), same run. \
+         *No injection*: no template selects the namespace, no webhook entry matches. *Webhook \
+         backend* (`--injection-backend webhook`): the API server calls the webhook (over TLS, \
+         reusing its connections) and applies the patch. *Policy backend* (`auto`, Kubernetes \
+         1.36+ only): the API server injects from the operator's MutatingAdmissionPolicy and \
+         the webhook entry skips the Pods it served. The API server's histograms have coarse \
          buckets (the first ends at 5 ms), so they are given as a mean (sum / count) and the \
          share of observations in that first bucket.\n\n\
          | path | Pods | client p50 | client p99 | API server, POST pods: mean (≤ 5 ms) | \
          API server, webhook calls: count, mean (≤ 5 ms) | the webhook's own handling: count, mean |\n\
          |---|---|---|---|---|---|---|"
     )?;
-    for (label, namespace, labels) in [
-        ("with the webhook", &selected, "app=web"),
-        ("without", &unselected, "app=web"),
-    ] {
-        let before = Scrape::take(cp, operator)?;
-        let latencies = runtime.block_on(stream(client, namespace, labels))?;
-        let after = Scrape::take(cp, operator)?;
-        let requests = after.requests.minus(&before.requests);
-        let admission = after.admission.minus(&before.admission);
-        let webhook = after.webhook.minus(&before.webhook);
-        let call = if admission.count == 0.0 {
-            "not called".to_owned()
-        } else {
-            format!(
-                "{}, {} ({:.1} %)",
-                admission.count,
-                ms_f(admission.mean()),
-                admission.share_within(0.005) * 100.0
-            )
-        };
-        let own = if webhook.count == 0.0 {
-            "—".to_owned()
-        } else {
-            format!("{}, {:.2} ms", webhook.count, webhook.mean() * 1e3)
-        };
+    latency_row(
+        cp,
+        runtime,
+        client,
+        &operator,
+        "no injection",
+        &unselected,
+        report,
+    )?;
+    latency_row(
+        cp,
+        runtime,
+        client,
+        &operator,
+        "webhook backend",
+        &selected,
+        report,
+    )?;
+    if cp.serves_mutating_admission_policies()? {
+        operator.stop()?;
+        drop(operator);
+        operator = Operator::start(cp, OperatorOptions::default())?;
+        // In force once the template says so and its entry skips what the policy served.
+        injector_e2e::steps::policy_served(cp, "nginx-sidecar").and_then(|served| {
+            if served {
+                Ok(())
+            } else {
+                bail!("nginx-sidecar is not served by the policy")
+            }
+        })?;
+        poll_until(Duration::from_secs(30), || {
+            let configuration =
+                cp.get_json("mutatingwebhookconfiguration", None, "sidecar-injector")?;
+            Ok(configuration.to_string().contains("not-injected-by-policy"))
+        })?;
+        injector_e2e::steps::wait_injected(cp, &selected, &["app=web"], "nginx-sidecar")?;
+        latency_row(
+            cp,
+            runtime,
+            client,
+            &operator,
+            "policy backend",
+            &selected,
+            report,
+        )?;
+    } else {
         writeln!(
             report,
-            "| {label} | {} | {} | {} | {} ({:.1} %) | {call} | {own} |",
-            latencies.len(),
-            ms(percentile(&latencies, 50.0)),
-            ms(percentile(&latencies, 99.0)),
-            ms_f(requests.mean()),
-            requests.share_within(0.005) * 100.0,
+            "| policy backend | — | — | — | — | not served by this API server (Kubernetes 1.36+) | — |"
         )?;
     }
     writeln!(report)?;
+    Ok(operator)
+}
+
+/// One row of figure 3: a stream into `namespace`, and what the API server and the webhook
+/// measured meanwhile.
+fn latency_row(
+    cp: &ControlPlane,
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    operator: &Operator,
+    label: &str,
+    namespace: &str,
+    report: &mut String,
+) -> anyhow::Result<()> {
+    let before = Scrape::take(cp, operator)?;
+    let latencies = runtime.block_on(stream(client, namespace, "app=web"))?;
+    let after = Scrape::take(cp, operator)?;
+    let requests = after.requests.minus(&before.requests);
+    let admission = after.admission.minus(&before.admission);
+    let webhook = after.webhook.minus(&before.webhook);
+    let call = if admission.count == 0.0 {
+        "not called".to_owned()
+    } else {
+        format!(
+            "{}, {} ({:.1} %)",
+            admission.count,
+            ms_f(admission.mean()),
+            admission.share_within(0.005) * 100.0
+        )
+    };
+    let own = if webhook.count == 0.0 {
+        "—".to_owned()
+    } else {
+        format!("{}, {:.2} ms", webhook.count, webhook.mean() * 1e3)
+    };
+    writeln!(
+        report,
+        "| {label} | {} | {} | {} | {} ({:.1} %) | {call} | {own} |",
+        latencies.len(),
+        ms(percentile(&latencies, 50.0)),
+        ms(percentile(&latencies, 99.0)),
+        ms_f(requests.mean()),
+        requests.share_within(0.005) * 100.0,
+    )?;
     Ok(())
 }
 

@@ -62,7 +62,8 @@ fn one_policy_serves_templates_in_application_order() {
     assert_eq!(policy["apiVersion"], POLICY_API_VERSION);
     // One required template makes the whole policy fail closed.
     assert_eq!(policy["spec"]["failurePolicy"], "Fail");
-    assert_eq!(policy["spec"]["reinvocationPolicy"], "IfNeeded");
+    // No template left to the webhook adds metadata a policy template could read.
+    assert_eq!(policy["spec"]["reinvocationPolicy"], "Never");
     let excluded = &policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"];
     assert_eq!(
         excluded[0]["values"],
@@ -151,6 +152,8 @@ metadata: {name: env-from}
 spec:
   appContainers:
     envFrom: [{configMapRef: {name: settings}}]
+  metadata:
+    labels: {settings: loaded}
 "#,
     );
     // Selects on `mesh`, which `proxy` (priority 20) adds after it (priority 5).
@@ -166,6 +169,12 @@ spec:
 "#,
     );
     let compiled = compile_policy(&[env_from, meshed, template(PROXY)], &options());
+    // `env-from` stays on the webhook and adds a label, which a policy template could select
+    // on: the policy runs again after the webhook.
+    assert_eq!(
+        compiled.policy.as_ref().unwrap()["spec"]["reinvocationPolicy"],
+        "IfNeeded"
+    );
     let served: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(served, ["proxy"]);
     let reasons: Vec<(String, String)> = compiled
