@@ -142,6 +142,10 @@ impl Release<'_> {
         let proof = format!("{policy}-proof");
         let binding =
             format!("mutatingadmissionpolicybindings.admissionregistration.k8s.io/{name}");
+        let guard =
+            format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-guard");
+        let guard_binding =
+            format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-guard");
         // (verb, resource, namespace, allowed)
         let matrix: &[(&str, &str, Option<&str>, bool)] = &[
             // What it needs.
@@ -198,8 +202,23 @@ impl Release<'_> {
                 None,
                 false,
             ),
+            // The guard of the policy backend.
             (
                 "create",
+                "validatingadmissionpolicies.admissionregistration.k8s.io",
+                None,
+                true,
+            ),
+            ("patch", &guard, None, true),
+            ("delete", &guard_binding, None, true),
+            (
+                "patch",
+                "validatingadmissionpolicies.admissionregistration.k8s.io/other",
+                None,
+                false,
+            ),
+            (
+                "list",
                 "validatingadmissionpolicies.admissionregistration.k8s.io",
                 None,
                 false,

@@ -122,6 +122,9 @@ pub(crate) enum InjectionBackend {
     Auto,
     /// The webhook only.
     Webhook,
+    /// The MutatingAdmissionPolicy only: no webhook call; a ValidatingAdmissionPolicy refuses
+    /// Pods a required template selects and the policy did not inject.
+    Policy,
 }
 
 #[derive(clap::Args)]
@@ -319,6 +322,7 @@ impl RunArgs {
             backend: match self.injection_backend {
                 InjectionBackend::Auto => Backend::Auto,
                 InjectionBackend::Webhook => Backend::Webhook,
+                InjectionBackend::Policy => Backend::Policy,
             },
             policy_name: self.policy_name,
             install_crd: self.install_crd,

@@ -33,12 +33,11 @@ use crate::certs::{self, CertificateBundle, Lifetimes, ServingNames};
 use crate::entry_order::entry_order;
 use crate::metrics::ControllerMetrics;
 use crate::ownership;
-use crate::policy_backend::{self, Backend, PolicyBackendError};
+use crate::policy_backend::Backend;
 use crate::rollout::{RolloutDriver, Rollouts};
 use crate::status::PolicyState;
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
-use injector_core::policy::{PolicyOptions, compile_policy, presence_conditions};
 
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -335,57 +334,6 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
-/// How often the policy loop looks at the templates.
-const POLICY_PERIOD: Duration = Duration::from_secs(1);
-
-/// What the policy loop knows during one leadership term.
-#[derive(Default)]
-struct PolicyTerm {
-    /// Whether the API server serves MutatingAdmissionPolicies, and when that was asked.
-    available: Option<bool>,
-    discovered: Option<Instant>,
-    /// The snapshot the last round compiled.
-    snapshot: Option<Arc<injector_core::Snapshot>>,
-    /// The hash of the policy applied in this term.
-    applied: Option<String>,
-    /// When the last round brought the cluster in line: each [`RESYNC`] a round applies the
-    /// policy again (a no-op unless someone changed or deleted it).
-    settled_at: Option<Instant>,
-    /// The templates the policy in force serves.
-    served: BTreeSet<String>,
-    /// The templates left to the webhook, and why.
-    webhook_only: BTreeMap<String, String>,
-    /// Why the last round failed.
-    failure: Option<String>,
-    /// The presence conditions learned from the last proof of the policy in force.
-    present: BTreeMap<String, String>,
-    retry_at: Option<Instant>,
-    /// Whether the webhook backend's removal of the policy was done.
-    removed: bool,
-}
-
-impl PolicyTerm {
-    /// Publishes where the backend stands; the status and configuration loops wake only when
-    /// that changed.
-    fn publish(&self, state: &watch::Sender<Option<Arc<PolicyState>>>, policy: &str) {
-        let next = PolicyState {
-            policy: policy.to_owned(),
-            available: self.available.unwrap_or(false),
-            served: self.served.clone(),
-            webhook_only: self.webhook_only.clone(),
-            failure: self.failure.clone(),
-            present: self.present.clone(),
-        };
-        state.send_if_modified(|current| {
-            if current.as_deref() == Some(&next) {
-                return false;
-            }
-            *current = Some(Arc::new(next));
-            true
-        });
-    }
-}
-
 /// What the configuration loop works from.
 struct Desired {
     /// The configuration to apply.
@@ -654,13 +602,18 @@ impl Operator {
     /// caBundle, or while the registry is not synced (an entry list built from a partial
     /// registry would drop entries).
     ///
-    /// With `skip_served`, entries skip the Pods the policy in force provably served.
+    /// With `skip_served`, entries skip the Pods the policy in force provably served. With the
+    /// `policy` backend the configuration has no entry: the webhook is not called.
     fn desired_configuration(&self, skip_served: bool) -> Option<Desired> {
         let ca = self.ca_bundle.borrow().clone()?;
         if !self.templates.is_synced() {
             return None;
         }
-        let snapshot = self.templates.snapshot();
+        let snapshot = if self.options.backend == Backend::Policy {
+            Arc::new(injector_core::Snapshot::default())
+        } else {
+            self.templates.snapshot()
+        };
         let present = if skip_served {
             self.policy_state
                 .borrow()
@@ -969,144 +922,6 @@ impl Operator {
         }
     }
 
-    /// Leader: with the `auto` backend, the templates a policy can express are compiled into
-    /// one MutatingAdmissionPolicy (`injector_core::policy`), proven with a dry run and
-    /// applied with its binding whenever they change; with `webhook`, a policy applied before
-    /// is removed. The policy's only writer. A proof or an apply that fails keeps the policy
-    /// in force and is tried again after a growing delay.
-    async fn policy_loop(self: Arc<Self>, stop: CancellationToken) {
-        let options = PolicyOptions {
-            name: self.options.policy_name.clone(),
-            operator_namespace: self.options.namespace.clone(),
-        };
-        let mut leading = self.leading.clone();
-        let mut term = PolicyTerm::default();
-        let mut retry = retry_backoff();
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(POLICY_PERIOD) => {}
-                changed = Self::leadership_changed(&mut leading, "policy") => {
-                    if !changed {
-                        return;
-                    }
-                    term = PolicyTerm::default();
-                }
-            }
-            if !self.is_leader() || !self.templates.is_synced() {
-                self.policy_state
-                    .send_if_modified(|state| state.take().is_some());
-                continue;
-            }
-            if term.retry_at.is_some_and(|at| Instant::now() < at) {
-                continue;
-            }
-            match self.policy_round(&options, &mut term).await {
-                Ok(()) => {
-                    term.retry_at = None;
-                    retry.reset();
-                }
-                Err(error) => {
-                    self.metrics.record_reconcile("policy", false);
-                    let delay = next_delay(&mut retry);
-                    tracing::warn!(policy = %options.name, %error, retry_in = ?delay, "the policy backend failed; the policy in force stays; retrying");
-                    term.retry_at = Some(Instant::now() + delay);
-                    term.failure = Some(error.to_string());
-                    term.publish(&self.policy_state, &options.name);
-                }
-            }
-        }
-    }
-
-    /// One round of [`Operator::policy_loop`].
-    async fn policy_round(
-        &self,
-        options: &PolicyOptions,
-        term: &mut PolicyTerm,
-    ) -> Result<(), PolicyBackendError> {
-        if self.options.backend == Backend::Webhook {
-            if !term.removed {
-                if policy_backend::remove(&self.client, &options.name).await? {
-                    tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy is removed");
-                }
-                term.removed = true;
-            }
-            self.policy_state
-                .send_if_modified(|state| state.take().is_some());
-            return Ok(());
-        }
-        if term.available.is_none() || term.discovered.is_none_or(|at| at.elapsed() > RESYNC) {
-            let available = policy_backend::serves_policies(&self.client).await?;
-            if term.available != Some(available) {
-                tracing::info!(
-                    available,
-                    "whether the API server serves MutatingAdmissionPolicies (admissionregistration.k8s.io/v1)"
-                );
-            }
-            term.available = Some(available);
-            term.discovered = Some(Instant::now());
-        }
-        let snapshot = self.templates.snapshot();
-        let unchanged = term
-            .snapshot
-            .as_ref()
-            .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
-        let resync = term.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
-        if resync {
-            term.applied = None;
-        }
-        if unchanged && term.failure.is_none() && !resync {
-            return Ok(());
-        }
-        term.snapshot = Some(Arc::clone(&snapshot));
-        if term.available != Some(true) {
-            term.settled_at = Some(Instant::now());
-            term.publish(&self.policy_state, &options.name);
-            return Ok(());
-        }
-        let compiled = compile_policy(snapshot.templates(), options);
-        term.webhook_only = compiled
-            .webhook_only
-            .iter()
-            .map(|(t, why)| (t.name.clone(), why.to_string()))
-            .collect();
-        let served: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
-        if compiled.policy.is_none() {
-            if policy_backend::remove(&self.client, &options.name).await? {
-                tracing::info!(policy = %options.name, "no template can be served by a policy: the policy is removed");
-            }
-            term.applied = None;
-            term.present.clear();
-        } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
-            let started = Instant::now();
-            let owner = self.options.webhook.owner.as_ref();
-            let namespace = &self.options.namespace;
-            let proven = policy_backend::prove(&self.client, &compiled, namespace, owner).await?;
-            // The proof takes a second or two: a policy compiled from templates that changed
-            // meanwhile would put back what the webhook already stopped injecting. The next
-            // round compiles the new ones.
-            if !Arc::ptr_eq(&self.templates.snapshot(), &snapshot) {
-                tracing::debug!(policy = %options.name, "the templates changed during the proof; compiling again");
-                term.snapshot = None;
-                return Ok(());
-            }
-            policy_backend::apply_and_confirm(&self.client, &compiled, namespace, owner).await?;
-            if !Arc::ptr_eq(&self.templates.snapshot(), &snapshot) {
-                // Changed while it was applied: the next round compiles again.
-                term.snapshot = None;
-            }
-            term.present = presence_conditions(&compiled, &proven);
-            tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %served.iter().cloned().collect::<Vec<_>>().join(","), "the policy was proven and applied");
-            self.metrics.record_reconcile("policy", true);
-            term.applied = Some(compiled.hash.clone());
-        }
-        term.served = served;
-        term.failure = None;
-        term.settled_at = Some(Instant::now());
-        term.publish(&self.policy_state, &options.name);
-        Ok(())
-    }
-
     /// The recorder of the events the operator publishes on templates.
     fn recorder(&self) -> Recorder {
         Recorder::new(
@@ -1166,8 +981,20 @@ impl Operator {
                     }
                     let template = &observed.template;
                     let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
+                    let policy_only = self.options.backend == Backend::Policy;
+                    let not_injected = (policy_only && outcome.is_ok())
+                        .then(|| {
+                            crate::status::not_injected_by_policy(
+                                policy_state.as_deref(),
+                                &name,
+                                template.spec.failure_policy == injector_api::FailurePolicy::Fail,
+                            )
+                        })
+                        .flatten();
                     let unserved = outcome.is_ok() && not_served.contains(&name);
-                    let mut desired = if unserved {
+                    let mut desired = if let Some(why) = &not_injected {
+                        crate::status::desired_status_not_served(template, why, now())
+                    } else if unserved {
                         crate::status::desired_status_not_served(template, &not_served_why(), now())
                     } else {
                         crate::status::desired_status_kept(
@@ -1198,8 +1025,14 @@ impl Operator {
                             template,
                             desired,
                             policy_state.as_deref(),
+                            !policy_only,
                             now(),
                         );
+                        if let Some(state) = policy_state.as_deref().filter(|_| policy_only)
+                            && not_injected.is_none()
+                        {
+                            desired = crate::status::in_use_by_policy(desired, &state.policy);
+                        }
                     }
                     if crate::status::needs_update(template.status.as_ref(), &desired) {
                         match crate::status::write_status(&api, &name, &desired).await {
@@ -1275,6 +1108,8 @@ impl Operator {
 fn now() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now())
 }
+
+mod policy_loop;
 
 #[cfg(test)]
 mod tests;

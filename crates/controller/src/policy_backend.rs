@@ -1,11 +1,13 @@
 //! The policy backend's calls to the API server (leader only): whether it serves
-//! MutatingAdmissionPolicies, proving a compiled policy with a dry run, applying it and its
-//! binding, and removing them. What to apply is decided in `injector_core::policy`.
+//! MutatingAdmissionPolicies and ValidatingAdmissionPolicies, proving a compiled policy with a
+//! dry run, applying it and its binding, putting the guard in force, and removing them. What to
+//! apply is decided in `injector_core::policy`.
 
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledPolicy, POLICY_API_VERSION, proof_pod, proof_problem, runs_live,
+    CompiledGuard, CompiledPolicy, POLICY_API_VERSION, guard_in_force, guard_name, guard_probe_pod,
+    proof_pod, proof_problem, runs_live,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -25,6 +27,18 @@ pub enum Backend {
     /// serves them, the rest (and every template elsewhere) through the webhook.
     #[default]
     Auto,
+    /// Only the policy: no webhook entry. A ValidatingAdmissionPolicy (the guard) refuses the
+    /// Pods a required template selects and the policy did not inject.
+    Policy,
+}
+
+/// Which admission policies the API server serves (`admissionregistration.k8s.io/v1`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Served {
+    /// MutatingAdmissionPolicies (Kubernetes 1.36+).
+    pub mutating: bool,
+    /// ValidatingAdmissionPolicies (Kubernetes 1.30+).
+    pub validating: bool,
 }
 
 /// A failed call of the policy backend.
@@ -49,6 +63,9 @@ pub enum PolicyBackendError {
     /// The proof policy did not prove the policy: it is not applied.
     #[error("the generated policy failed its proof: {0}")]
     Proof(String),
+    /// The API server did not enforce the applied guard in time.
+    #[error("the guard (ValidatingAdmissionPolicy) is not in force: {0}")]
+    Guard(String),
 }
 
 /// How long the proof waits for the API server to load a new proof policy.
@@ -72,15 +89,30 @@ fn bindings(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &resource)
 }
 
-/// Whether the API server serves MutatingAdmissionPolicies (`admissionregistration.k8s.io/v1`,
-/// Kubernetes 1.36+).
-pub async fn serves_policies(client: &Client) -> Result<bool, PolicyBackendError> {
+fn guards(client: &Client) -> Api<DynamicObject> {
+    let resource = resource("ValidatingAdmissionPolicy", "validatingadmissionpolicies");
+    Api::all_with(client.clone(), &resource)
+}
+
+fn guard_bindings(client: &Client) -> Api<DynamicObject> {
+    let resource = resource(
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    );
+    Api::all_with(client.clone(), &resource)
+}
+
+/// Which admission policies the API server serves.
+pub async fn served_policies(client: &Client) -> Result<Served, PolicyBackendError> {
     match client.list_api_group_resources(POLICY_API_VERSION).await {
-        Ok(list) => Ok(list
-            .resources
-            .iter()
-            .any(|r| r.name == "mutatingadmissionpolicies")),
-        Err(kube::Error::Api(response)) if response.code == 404 => Ok(false),
+        Ok(list) => {
+            let serves = |name: &str| list.resources.iter().any(|r| r.name == name);
+            Ok(Served {
+                mutating: serves("mutatingadmissionpolicies"),
+                validating: serves("validatingadmissionpolicies"),
+            })
+        }
+        Err(kube::Error::Api(response)) if response.code == 404 => Ok(Served::default()),
         Err(source) => Err(PolicyBackendError::Api {
             what: format!("discovering {POLICY_API_VERSION}"),
             source,
@@ -129,7 +161,10 @@ pub async fn prove(
     };
     apply(&policies(client), proof.clone(), owner).await?;
     apply(&bindings(client), proof_binding.clone(), owner).await?;
-    dry_run_until(client, namespace, &proof_pod(compiled, false), |stored| {
+    dry_run_until(client, namespace, &proof_pod(compiled, false), |answer| {
+        let Answer::Stored(stored) = answer else {
+            return Check::NotYet(answer.refusal());
+        };
         let marked = stored
             .pointer("/metadata/annotations")
             .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
@@ -162,15 +197,67 @@ pub async fn apply_and_confirm(
     };
     apply(&policies(client), policy.clone(), owner).await?;
     apply(&bindings(client), binding.clone(), owner).await?;
-    dry_run_until(client, namespace, &proof_pod(compiled, true), |stored| {
-        if runs_live(compiled, stored) {
-            Check::Done
-        } else {
-            Check::NotYet("the API server does not run the applied policy yet".to_owned())
-        }
-    })
+    dry_run_until(
+        client,
+        namespace,
+        &proof_pod(compiled, true),
+        |answer| match answer {
+            Answer::Stored(stored) if runs_live(compiled, stored) => Check::Done,
+            Answer::Stored(_) => {
+                Check::NotYet("the API server does not run the applied policy yet".to_owned())
+            }
+            Answer::Refused(_) => Check::NotYet(answer.refusal()),
+        },
+    )
     .await?;
     Ok(())
+}
+
+/// Applies `guard` and its binding, and waits until the API server enforces this version (it
+/// refuses a dry-run Pod in `namespace` asking for it, saying so).
+pub async fn apply_guard_and_confirm(
+    client: &Client,
+    guard: &CompiledGuard,
+    namespace: &str,
+    owner: Option<&OwnerReference>,
+) -> Result<(), PolicyBackendError> {
+    apply(&guards(client), guard.policy.clone(), owner).await?;
+    apply(&guard_bindings(client), guard.binding.clone(), owner).await?;
+    dry_run_until(
+        client,
+        namespace,
+        &guard_probe_pod(guard),
+        |answer| match answer {
+            Answer::Refused(message) if guard_in_force(guard, message) => Check::Done,
+            Answer::Refused(_) => Check::NotYet(answer.refusal()),
+            Answer::Stored(_) => Check::NotYet(
+                "the probe Pod was admitted: the guard is not in force yet".to_owned(),
+            ),
+        },
+    )
+    .await
+    .map(drop)
+    .map_err(|error| match error {
+        PolicyBackendError::Proof(last) => PolicyBackendError::Guard(last),
+        other => other,
+    })
+}
+
+/// What the API server answered a dry-run Pod.
+enum Answer<'a> {
+    /// It would store this Pod.
+    Stored(&'a Value),
+    /// It refused the Pod, saying this.
+    Refused(&'a str),
+}
+
+impl Answer<'_> {
+    fn refusal(&self) -> String {
+        match self {
+            Answer::Refused(message) => format!("the dry-run Pod was refused: {message}"),
+            Answer::Stored(_) => "the dry-run Pod was admitted".to_owned(),
+        }
+    }
 }
 
 /// What a dry run showed.
@@ -180,19 +267,19 @@ enum Check {
     Failed(String),
 }
 
-/// Dry-runs `pod` in `namespace` until `check` is done with what the API server stored, for
-/// up to [`PROOF_TIMEOUT`]; returns that Pod. A refusal is retried too: it may come from a
-/// version the API server is replacing.
+/// Dry-runs `pod` in `namespace` until `check` is done with the API server's answer, for up
+/// to [`PROOF_TIMEOUT`]; returns the last Pod stored (`Null` when it was refused). A refusal
+/// is retried too: it may come from a version the API server is replacing.
 async fn dry_run_until(
     client: &Client,
     namespace: &str,
     pod: &Value,
-    check: impl Fn(&Value) -> Check,
+    check: impl Fn(Answer<'_>) -> Check,
 ) -> Result<Value, PolicyBackendError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod: Pod =
         serde_json::from_value(pod.clone()).map_err(|source| PolicyBackendError::Shape {
-            what: "the proof Pod".into(),
+            what: "the dry-run Pod".into(),
             source,
         })?;
     let params = PostParams {
@@ -202,32 +289,36 @@ async fn dry_run_until(
     let started = tokio::time::Instant::now();
     let mut last_problem = String::from("no answer yet");
     while started.elapsed() < PROOF_TIMEOUT {
-        match pods.create(&params, &pod).await {
+        let (stored, checked) = match pods.create(&params, &pod).await {
             Ok(stored) => {
                 let stored =
                     serde_json::to_value(&stored).map_err(|source| PolicyBackendError::Shape {
                         what: "the dry-run Pod".into(),
                         source,
                     })?;
-                match check(&stored) {
-                    Check::Done => return Ok(stored),
-                    Check::Failed(problem) => return Err(PolicyBackendError::Proof(problem)),
-                    Check::NotYet(problem) => last_problem = problem,
-                }
+                let checked = check(Answer::Stored(&stored));
+                (stored, checked)
             }
             Err(kube::Error::Api(response)) if (400..600).contains(&response.code) => {
-                last_problem = format!("the dry-run Pod was refused: {}", response.message);
                 if response.code == 403 && response.message.contains("cannot create resource") {
-                    // No permission to create the proof Pod: nothing to wait for.
-                    return Err(PolicyBackendError::Proof(last_problem));
+                    // No permission to create the dry-run Pod: nothing to wait for.
+                    return Err(PolicyBackendError::Proof(
+                        Answer::Refused(&response.message).refusal(),
+                    ));
                 }
+                (Value::Null, check(Answer::Refused(&response.message)))
             }
             Err(source) => {
                 return Err(PolicyBackendError::Api {
-                    what: "dry-running the proof Pod".into(),
+                    what: "dry-running a Pod".into(),
                     source,
                 });
             }
+        };
+        match checked {
+            Check::Done => return Ok(stored),
+            Check::Failed(problem) => return Err(PolicyBackendError::Proof(problem)),
+            Check::NotYet(problem) => last_problem = problem,
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -236,14 +327,32 @@ async fn dry_run_until(
 
 /// Deletes the policy `name`, its binding, and their proof objects; absent ones are fine.
 pub async fn remove(client: &Client, name: &str) -> Result<bool, PolicyBackendError> {
-    let mut removed = false;
     let proof = injector_core::policy::proof_name(name);
-    for (api, object) in [
+    delete_all([
         (bindings(client), name),
         (policies(client), name),
         (bindings(client), proof.as_str()),
         (policies(client), proof.as_str()),
-    ] {
+    ])
+    .await
+}
+
+/// Deletes the guard beside the policy `name` and its binding; absent ones are fine.
+pub async fn remove_guard(client: &Client, name: &str) -> Result<bool, PolicyBackendError> {
+    let guard = guard_name(name);
+    delete_all([
+        (guard_bindings(client), guard.as_str()),
+        (guards(client), guard.as_str()),
+    ])
+    .await
+}
+
+/// Deletes each named object in order; whether any was there.
+async fn delete_all<const N: usize>(
+    objects: [(Api<DynamicObject>, &str); N],
+) -> Result<bool, PolicyBackendError> {
+    let mut removed = false;
+    for (api, object) in objects {
         match api.delete(object, &DeleteParams::default()).await {
             Ok(_) => removed = true,
             Err(kube::Error::Api(response)) if response.code == 404 => {}

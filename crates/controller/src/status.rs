@@ -249,10 +249,14 @@ pub struct PolicyState {
 /// `desired` with its `PolicyServed` condition: `True`/`Served` when the policy in force
 /// serves the template, else `False` with why (`NotExpressible`, `NotAvailable`,
 /// `ProofFailed`); none while the backend is off or has not decided yet.
+///
+/// `webhook_behind`: the webhook serves what the policy does not (`auto`); without it (the
+/// `policy` backend) such a template is not injected.
 pub fn with_policy(
     template: &SidecarTemplate,
     mut desired: SidecarTemplateStatus,
     state: Option<&PolicyState>,
+    webhook_behind: bool,
     now: Time,
 ) -> SidecarTemplateStatus {
     desired.conditions.retain(|c| c.type_ != POLICY_SERVED);
@@ -260,11 +264,21 @@ pub fn with_policy(
         return desired;
     };
     let name = template.metadata.name.as_deref().unwrap_or_default();
+    let otherwise = if webhook_behind {
+        "served by the webhook"
+    } else {
+        "not injected"
+    };
     let (status, reason, message) = if state.served.contains(name) {
         let mut message = format!(
-            "injected by the API server from MutatingAdmissionPolicy {}; the webhook stays installed as the safety net",
+            "injected by the API server from MutatingAdmissionPolicy {}",
             state.policy
         );
+        message.push_str(if webhook_behind {
+            "; the webhook stays installed as the safety net"
+        } else {
+            "; no webhook is called"
+        });
         if let Some(failure) = &state.failure {
             message.push_str(&format!(
                 " (a newer policy failed and was not applied: {failure})"
@@ -272,24 +286,20 @@ pub fn with_policy(
         }
         ("True", "Served", message)
     } else if let Some(why) = state.webhook_only.get(name) {
-        (
-            "False",
-            "NotExpressible",
-            format!("served by the webhook: {why}"),
-        )
+        ("False", "NotExpressible", format!("{otherwise}: {why}"))
     } else if !state.available {
         (
             "False",
             "NotAvailable",
-            "served by the webhook: the API server does not serve MutatingAdmissionPolicies (admissionregistration.k8s.io/v1, Kubernetes 1.36+)".to_owned(),
+            format!(
+                "{otherwise}: the API server does not serve MutatingAdmissionPolicies (admissionregistration.k8s.io/v1, Kubernetes 1.36+)"
+            ),
         )
     } else if let Some(failure) = &state.failure {
         (
             "False",
             "ProofFailed",
-            format!(
-                "served by the webhook: the generated policy failed and was not applied: {failure}"
-            ),
+            format!("{otherwise}: the generated policy failed and was not applied: {failure}"),
         )
     } else {
         return desired;
@@ -308,6 +318,45 @@ pub fn with_policy(
         last_transition_time: since,
         observed_generation: template.metadata.generation,
     });
+    desired
+}
+
+/// With the `policy` backend, why `name` is not injected: `None` when the policy in force
+/// serves it (or the backend has not decided yet). A required template adds that the guard
+/// refuses the Pods it selects.
+pub fn not_injected_by_policy(
+    state: Option<&PolicyState>,
+    name: &str,
+    required: bool,
+) -> Option<String> {
+    let state = state?;
+    if state.served.contains(name) {
+        return None;
+    }
+    let mut why = if let Some(why) = state.webhook_only.get(name) {
+        format!("the injection backend is policy, and a policy cannot serve it: {why}")
+    } else if !state.available {
+        "the injection backend is policy, and the API server does not serve MutatingAdmissionPolicies (Kubernetes 1.36+)".to_owned()
+    } else if let Some(failure) = &state.failure {
+        format!("the injection backend is policy, and the generated policy failed: {failure}")
+    } else {
+        return None;
+    };
+    if required {
+        why.push_str("; it is required, so the Pods it selects are refused");
+    }
+    Some(why)
+}
+
+/// `desired`, whose template the policy serves, saying so in its `Ready` condition (rather than
+/// naming a webhook entry: with the `policy` backend there is none).
+pub fn in_use_by_policy(mut desired: SidecarTemplateStatus, policy: &str) -> SidecarTemplateStatus {
+    for condition in &mut desired.conditions {
+        if condition.type_ == READY && condition.status == "True" {
+            condition.message =
+                format!("in use; injected by the API server from MutatingAdmissionPolicy {policy}");
+        }
+    }
     desired
 }
 

@@ -36,6 +36,13 @@ use crate::plan::Applied;
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{CompiledTemplate, Item, Text};
 
+mod guard;
+
+pub use guard::{
+    CompiledGuard, GuardRule, compile_guard, guard_in_force, guard_name, guard_probe_pod,
+    guard_rules,
+};
+
 /// The policy's API version.
 pub const POLICY_API_VERSION: &str = "admissionregistration.k8s.io/v1";
 
@@ -158,17 +165,7 @@ pub fn compile_policy(
         .any(|t| t.failure_policy == FailurePolicy::Fail);
     // The hash names this version: of everything the policy does, before the parts that
     // carry it.
-    let hash = {
-        let mut hasher = Sha256::new();
-        hasher.update(options.name.as_bytes());
-        hasher.update(options.operator_namespace.as_bytes());
-        hasher.update(Value::Array(mutations.clone()).to_string().as_bytes());
-        let digest = hasher.finalize();
-        digest[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>()
-    };
+    let hash = version_hash(options, &mutations);
     let reinvoke = webhook_only
         .iter()
         .any(|(t, _)| !t.labels.is_empty() || !t.annotations.is_empty());
@@ -214,6 +211,21 @@ pub fn compile_policy(
         hash,
         proof: Some(proof),
     }
+}
+
+/// 16 hex digits of a SHA-256 naming a version of what the operator applies: its `rules`
+/// (mutations or validations) under `options`.
+fn version_hash(options: &PolicyOptions, rules: &[Value]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(options.name.as_bytes());
+    hasher.update(options.operator_namespace.as_bytes());
+    hasher.update(Value::Array(rules.to_vec()).to_string().as_bytes());
+    hasher
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// What the dry-run Pod carries to ask whether the API server runs the policy itself (not its
@@ -644,30 +656,11 @@ fn mutation(
     earlier_init: &[&str],
     selection: bool,
 ) -> String {
-    let mut conditions = Vec::new();
-    if selection {
-        conditions.push(selector_cel(
-            &template.namespace_selector.to_label_selector(),
-            NAMESPACE_LABELS,
-        ));
-        conditions.push(selector_cel(
-            &template.pod_selector.to_label_selector(),
-            LABELS,
-        ));
-    }
-    if selection && template.injection == Injection::OnRequest {
-        conditions.push(format!(
-            "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").exists(n, n.trim() == {})",
-            cel_string(TEMPLATES_ANNOTATION),
-            cel_string(&template.name)
-        ));
-    }
-    if selection && template.failure_policy == FailurePolicy::Ignore {
-        conditions.push(format!(
-            "{ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() != \"false\"",
-            cel_string(INJECT_ANNOTATION)
-        ));
-    }
+    let mut conditions = if selection {
+        selection_conditions(template)
+    } else {
+        Vec::new()
+    };
     let container_names: Vec<&str> = template
         .containers
         .iter()
@@ -769,6 +762,33 @@ fn mutation(
     } else {
         format!("({})\n? {body}\n: []", conditions.join("\n  && "))
     }
+}
+
+/// The CEL conditions under which `template` selects the Pod: its namespace and pod selectors,
+/// `OnRequest`, and the opt-out (best-effort templates only); empty ones left out.
+fn selection_conditions(template: &CompiledTemplate) -> Vec<String> {
+    let mut conditions = vec![
+        selector_cel(
+            &template.namespace_selector.to_label_selector(),
+            NAMESPACE_LABELS,
+        ),
+        selector_cel(&template.pod_selector.to_label_selector(), LABELS),
+    ];
+    if template.injection == Injection::OnRequest {
+        conditions.push(format!(
+            "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").exists(n, n.trim() == {})",
+            cel_string(TEMPLATES_ANNOTATION),
+            cel_string(&template.name)
+        ));
+    }
+    if template.failure_policy == FailurePolicy::Ignore {
+        conditions.push(format!(
+            "{ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() != \"false\"",
+            cel_string(INJECT_ANNOTATION)
+        ));
+    }
+    conditions.retain(|c| c != "true");
+    conditions
 }
 
 /// Places the template's init containers after those earlier templates placed and before the

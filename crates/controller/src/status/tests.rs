@@ -649,23 +649,29 @@ fn policy_condition(status: &SidecarTemplateStatus) -> Option<&Condition> {
     status.conditions.iter().find(|c| c.type_ == POLICY_SERVED)
 }
 
-#[test]
-fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
+/// A valid template, its status, and a policy backend state serving it.
+fn served_by_policy() -> (SidecarTemplate, SidecarTemplateStatus, PolicyState) {
     let template = valid();
     let id = outcome(&template).unwrap();
     let base = desired_status(&template, &Ok::<_, ValidationErrors>(id), at(100));
-    let mut state = PolicyState {
+    let state = PolicyState {
         policy: "sidecar-injector".into(),
         available: true,
         served: ["log-shipper".to_owned()].into(),
         ..PolicyState::default()
     };
+    (template, base, state)
+}
+
+#[test]
+fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
+    let (template, base, mut state) = served_by_policy();
 
     // The backend is off: no condition.
-    let status = with_policy(&template, base.clone(), None, at(100));
+    let status = with_policy(&template, base.clone(), None, true, at(100));
     assert!(policy_condition(&status).is_none());
 
-    let status = with_policy(&template, base.clone(), Some(&state), at(100));
+    let status = with_policy(&template, base.clone(), Some(&state), true, at(100));
     let served = policy_condition(&status).unwrap();
     assert_eq!(
         (served.status.as_str(), served.reason.as_str()),
@@ -681,14 +687,14 @@ fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
 
     // A newer policy failing keeps the one in force, and says so.
     state.failure = Some("the dry-run Pod was refused: boom".into());
-    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let status = with_policy(&template, base.clone(), Some(&state), true, at(200));
     let kept = policy_condition(&status).unwrap();
     assert_eq!(kept.status, "True");
     assert!(kept.message.contains("boom"), "{}", kept.message);
 
     // Not in the policy in force because the proof failed.
     state.served.clear();
-    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let status = with_policy(&template, base.clone(), Some(&state), true, at(200));
     let failed = policy_condition(&status).unwrap();
     assert_eq!(
         (failed.status.as_str(), failed.reason.as_str()),
@@ -700,7 +706,7 @@ fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
         "log-shipper".into(),
         "appContainers.envFrom is compared by content".into(),
     );
-    let status = with_policy(&template, base.clone(), Some(&state), at(200));
+    let status = with_policy(&template, base.clone(), Some(&state), true, at(200));
     let webhook = policy_condition(&status).unwrap();
     assert_eq!(
         (webhook.status.as_str(), webhook.reason.as_str()),
@@ -713,7 +719,7 @@ fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
         available: false,
         ..PolicyState::default()
     };
-    let status = with_policy(&template, base.clone(), Some(&state), at(300));
+    let status = with_policy(&template, base.clone(), Some(&state), true, at(300));
     let unavailable = policy_condition(&status).unwrap();
     assert_eq!(unavailable.reason, "NotAvailable");
 
@@ -722,10 +728,68 @@ fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
         &with_status(template.clone(), status.clone()),
         base,
         Some(&state),
+        true,
         at(900),
     );
     assert_eq!(
         policy_condition(&later).unwrap().last_transition_time,
         at(300)
+    );
+}
+
+#[test]
+fn with_the_policy_backend_a_template_the_policy_does_not_serve_is_not_in_use() {
+    let (template, base, mut state) = served_by_policy();
+    // Served: `Ready` names the policy, not a webhook entry.
+    assert_eq!(
+        not_injected_by_policy(Some(&state), "log-shipper", true),
+        None
+    );
+    let served = in_use_by_policy(
+        with_policy(&template, base.clone(), Some(&state), false, at(100)),
+        "sidecar-injector",
+    );
+    let ready = ready_condition(&served).unwrap();
+    assert_eq!(ready.status, "True");
+    assert!(
+        ready
+            .message
+            .contains("MutatingAdmissionPolicy sidecar-injector")
+    );
+    assert!(
+        policy_condition(&served)
+            .unwrap()
+            .message
+            .contains("no webhook is called")
+    );
+    // Undecided: nothing to say yet.
+    assert_eq!(not_injected_by_policy(None, "log-shipper", true), None);
+
+    state.served.clear();
+    state.webhook_only.insert(
+        "log-shipper".into(),
+        "appContainers.envFrom is compared by content".into(),
+    );
+    let why = not_injected_by_policy(Some(&state), "log-shipper", true).unwrap();
+    assert!(
+        why.contains("envFrom") && why.contains("Pods it selects are refused"),
+        "{why}"
+    );
+    let best_effort = not_injected_by_policy(Some(&state), "log-shipper", false).unwrap();
+    assert!(!best_effort.contains("refused"));
+    let status = with_policy(&template, base.clone(), Some(&state), false, at(100));
+    assert!(
+        policy_condition(&status)
+            .unwrap()
+            .message
+            .starts_with("not injected: ")
+    );
+
+    state.webhook_only.clear();
+    state.available = false;
+    let why = not_injected_by_policy(Some(&state), "log-shipper", false).unwrap();
+    assert!(
+        why.contains("does not serve MutatingAdmissionPolicies"),
+        "{why}"
     );
 }

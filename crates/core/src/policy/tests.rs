@@ -318,3 +318,112 @@ spec:
     let compiled = compile_policy(&[env_only], &options());
     assert!(presence_conditions(&compiled, &json!({"spec": {"containers": []}})).is_empty());
 }
+
+const REQUIRED_ENV_FROM: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: settings}
+spec:
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {team: pay}}
+  containers: [{name: settings, image: "s:1"}]
+  appContainers:
+    envFrom: [{configMapRef: {name: settings}}]
+"#;
+
+#[test]
+fn the_guard_has_a_rule_per_required_template() {
+    let templates = [
+        template(PROXY),
+        template(AGENT),
+        template(REQUIRED_ENV_FROM),
+    ];
+    let compiled = compile_policy(&templates, &options());
+    let present = BTreeMap::from([("agent".to_owned(), "AGENT-PRESENT".to_owned())]);
+    let rules = guard_rules(&templates, Some(&compiled), &present);
+    // `proxy` is best-effort: no rule. `agent` is served: the Pod must carry it as stored.
+    // `settings` cannot be served: every Pod it selects is refused.
+    let names: Vec<&str> = rules.iter().map(|(t, _)| t.name.as_str()).collect();
+    assert_eq!(names, ["agent", "settings"]);
+    assert_eq!(rules[0].1, GuardRule::Carries("AGENT-PRESENT".to_owned()));
+    assert!(matches!(&rules[1].1, GuardRule::CannotInject(why) if why.contains("envFrom")));
+
+    let guard = compile_guard(&options(), &rules, None).unwrap();
+    let spec = &guard.policy["spec"];
+    assert_eq!(guard.policy["kind"], "ValidatingAdmissionPolicy");
+    assert_eq!(spec["failurePolicy"], "Fail");
+    assert_eq!(guard.binding["spec"]["validationActions"], json!(["Deny"]));
+    let validations = spec["validations"].as_array().unwrap();
+    // The first answers the probe; then one per rule, in order.
+    assert_eq!(validations.len(), 3);
+    let settings = validations[2]["expression"].as_str().unwrap();
+    assert!(settings.starts_with("request.namespace == \"operator-ns\""));
+    assert!(settings.contains("namespaceObject.metadata.?labels.orValue({})"));
+    assert!(!settings.contains("PRESENT"));
+    let agent = validations[1]["expression"].as_str().unwrap();
+    assert!(agent.ends_with("(false || (AGENT-PRESENT))"), "{agent}");
+    assert!(
+        validations[1]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"agent\" is required")
+    );
+
+    // The probe Pod is refused by this version only.
+    let probe = guard_probe_pod(&guard);
+    let token = probe["metadata"]["annotations"][POLICY_PROOF_ANNOTATION]
+        .as_str()
+        .unwrap();
+    assert!(
+        validations[0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(token)
+    );
+    let refusal = format!(
+        "admission webhook denied: {}",
+        validations[0]["message"].as_str().unwrap()
+    );
+    assert!(guard_in_force(&guard, &refusal));
+    let other = compile_guard(&options(), &rules[1..], None).unwrap();
+    assert_ne!(other.hash, guard.hash);
+    assert!(!guard_in_force(&other, &refusal));
+}
+
+#[test]
+fn without_policies_every_required_template_refuses_what_it_selects() {
+    let templates = [template(PROXY), template(AGENT)];
+    let rules = guard_rules(&templates, None, &BTreeMap::new());
+    assert_eq!(rules.len(), 1);
+    assert!(
+        matches!(&rules[0].1, GuardRule::CannotInject(why) if why.contains("does not serve MutatingAdmissionPolicies"))
+    );
+    // `agent` selects every Pod: the rule passes only the operator's namespace.
+    let guard = compile_guard(&options(), &rules, None).unwrap();
+    assert_eq!(
+        guard.policy["spec"]["validations"][1]["expression"],
+        "request.namespace == \"operator-ns\"\n|| (false)"
+    );
+    assert!(compile_guard(&options(), &[], None).is_none());
+}
+
+#[test]
+fn the_guard_between_two_policies_accepts_either_version() {
+    let agent = template(AGENT);
+    let agent_v2 = template(&AGENT.replace("agent:2", "agent:3"));
+    let settings = template(REQUIRED_ENV_FROM);
+    let before = [(Arc::clone(&agent), GuardRule::Carries("V1".to_owned()))];
+    let after = [
+        (Arc::clone(&agent_v2), GuardRule::Carries("V2".to_owned())),
+        (settings, GuardRule::CannotInject("no".to_owned())),
+    ];
+    let between = compile_guard(&options(), &after, Some(&before)).unwrap();
+    let validations = between.policy["spec"]["validations"].as_array().unwrap();
+    // `settings` had no rule before: it is guarded once the new policy runs, not yet.
+    assert_eq!(validations.len(), 2);
+    let agent_rule = validations[1]["expression"].as_str().unwrap();
+    assert!(agent_rule.contains("(V2)") && agent_rule.contains("(V1)"));
+    let settled = compile_guard(&options(), &after, None).unwrap();
+    assert_ne!(settled.hash, between.hash);
+    assert!(compile_guard(&options(), &after, Some(&[])).is_none());
+}

@@ -1,0 +1,310 @@
+//! The leader's policy loop: the templates a MutatingAdmissionPolicy can express are compiled
+//! into one (`injector_core::policy`), proven with a dry run and applied whenever they change;
+//! with the `policy` backend, the guard (a ValidatingAdmissionPolicy) keeps required templates'
+//! promise, changed around the policy so that no Pod either version injected is refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use injector_core::policy::{
+    CompiledPolicy, GuardRule, PolicyOptions, compile_guard, compile_policy, guard_rules,
+    presence_conditions,
+};
+use injector_core::template::CompiledTemplate;
+use kube::runtime::utils::Backoff as _;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Operator, RESYNC, next_delay, retry_backoff};
+use crate::policy_backend::{self, Backend, PolicyBackendError, Served};
+use crate::status::PolicyState;
+
+/// How often the policy loop looks at the templates.
+const POLICY_PERIOD: Duration = Duration::from_secs(1);
+
+/// What the policy loop knows during one leadership term.
+#[derive(Default)]
+struct PolicyTerm {
+    /// Which admission policies the API server serves, and when that was asked.
+    served: Option<Served>,
+    discovered: Option<Instant>,
+    /// The snapshot the last round compiled.
+    snapshot: Option<Arc<injector_core::Snapshot>>,
+    /// The hash of the policy applied in this term.
+    applied: Option<String>,
+    /// When the last round brought the cluster in line: each [`RESYNC`] a round applies the
+    /// policy again (a no-op unless someone changed or deleted it).
+    settled_at: Option<Instant>,
+    /// The templates the policy in force serves.
+    serving: BTreeSet<String>,
+    /// The templates left to the webhook, and why.
+    webhook_only: BTreeMap<String, String>,
+    /// Why the last round failed.
+    failure: Option<String>,
+    /// The presence conditions learned from the last proof of the policy in force.
+    present: BTreeMap<String, String>,
+    /// The guard's rules in force (`policy` backend), and its hash.
+    guard: Vec<(Arc<CompiledTemplate>, GuardRule)>,
+    guard_applied: Option<String>,
+    retry_at: Option<Instant>,
+    /// Whether what this backend does not use (the policy, the guard) was removed.
+    removed: bool,
+}
+
+impl PolicyTerm {
+    /// Publishes where the backend stands; the status and configuration loops wake only when
+    /// that changed.
+    fn publish(&self, state: &watch::Sender<Option<Arc<PolicyState>>>, policy: &str) {
+        let next = PolicyState {
+            policy: policy.to_owned(),
+            available: self.served.is_some_and(|s| s.mutating),
+            served: self.serving.clone(),
+            webhook_only: self.webhook_only.clone(),
+            failure: self.failure.clone(),
+            present: self.present.clone(),
+        };
+        state.send_if_modified(|current| {
+            if current.as_deref() == Some(&next) {
+                return false;
+            }
+            *current = Some(Arc::new(next));
+            true
+        });
+    }
+}
+
+impl Operator {
+    /// Leader: with the `auto` and `policy` backends, the templates a policy can express are
+    /// compiled into one MutatingAdmissionPolicy (`injector_core::policy`), proven with a dry
+    /// run and applied with its binding whenever they change; with `webhook`, a policy applied
+    /// before is removed. The policy's (and the guard's) only writer. A proof or an apply that
+    /// fails keeps the policy in force and is tried again after a growing delay.
+    pub(super) async fn policy_loop(self: Arc<Self>, stop: CancellationToken) {
+        let options = PolicyOptions {
+            name: self.options.policy_name.clone(),
+            operator_namespace: self.options.namespace.clone(),
+        };
+        let mut leading = self.leading.clone();
+        let mut term = PolicyTerm::default();
+        let mut retry = retry_backoff();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(POLICY_PERIOD) => {}
+                changed = Self::leadership_changed(&mut leading, "policy") => {
+                    if !changed {
+                        return;
+                    }
+                    term = PolicyTerm::default();
+                }
+            }
+            if !self.is_leader() || !self.templates.is_synced() {
+                self.policy_state
+                    .send_if_modified(|state| state.take().is_some());
+                continue;
+            }
+            if term.retry_at.is_some_and(|at| Instant::now() < at) {
+                continue;
+            }
+            match self.policy_round(&options, &mut term).await {
+                Ok(()) => {
+                    term.retry_at = None;
+                    retry.reset();
+                }
+                Err(error) => {
+                    self.metrics.record_reconcile("policy", false);
+                    let delay = next_delay(&mut retry);
+                    tracing::warn!(policy = %options.name, %error, retry_in = ?delay, "the policy backend failed; the policy in force stays; retrying");
+                    term.retry_at = Some(Instant::now() + delay);
+                    term.failure = Some(error.to_string());
+                    term.publish(&self.policy_state, &options.name);
+                }
+            }
+        }
+    }
+
+    /// One round of [`Operator::policy_loop`].
+    async fn policy_round(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+    ) -> Result<(), PolicyBackendError> {
+        let backend = self.options.backend;
+        if backend == Backend::Webhook {
+            if !term.removed {
+                if policy_backend::remove(&self.client, &options.name).await?
+                    | policy_backend::remove_guard(&self.client, &options.name).await?
+                {
+                    tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy and its guard are removed");
+                }
+                term.removed = true;
+            }
+            self.policy_state
+                .send_if_modified(|state| state.take().is_some());
+            return Ok(());
+        }
+        if backend == Backend::Auto && !term.removed {
+            // Behind the webhook a guard is not needed: the webhook refuses what it would.
+            if policy_backend::remove_guard(&self.client, &options.name).await? {
+                tracing::info!(policy = %options.name, "the auto backend is chosen: the guard is removed");
+            }
+            term.removed = true;
+        }
+        if term.served.is_none() || term.discovered.is_none_or(|at| at.elapsed() > RESYNC) {
+            let served = policy_backend::served_policies(&self.client).await?;
+            if term.served != Some(served) {
+                tracing::info!(
+                    mutating = served.mutating,
+                    validating = served.validating,
+                    "which admission policies the API server serves (admissionregistration.k8s.io/v1)"
+                );
+            }
+            term.served = Some(served);
+            term.discovered = Some(Instant::now());
+        }
+        let served = term.served.unwrap_or_default();
+        let snapshot = self.templates.snapshot();
+        let unchanged = term
+            .snapshot
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
+        let resync = term.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
+        if resync {
+            term.applied = None;
+            term.guard_applied = None;
+        }
+        if unchanged && term.failure.is_none() && !resync {
+            return Ok(());
+        }
+        term.snapshot = Some(Arc::clone(&snapshot));
+        let guarding = backend == Backend::Policy && served.validating;
+        if !served.mutating {
+            if guarding {
+                let rules = guard_rules(snapshot.templates(), None, &BTreeMap::new());
+                self.put_guard(options, term, rules).await?;
+            }
+            term.settled_at = Some(Instant::now());
+            term.failure = None;
+            term.publish(&self.policy_state, &options.name);
+            return Ok(());
+        }
+        let compiled = compile_policy(snapshot.templates(), options);
+        term.webhook_only = compiled
+            .webhook_only
+            .iter()
+            .map(|(t, why)| (t.name.clone(), why.to_string()))
+            .collect();
+        let serving: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
+        if compiled.policy.is_none() {
+            if policy_backend::remove(&self.client, &options.name).await? {
+                tracing::info!(policy = %options.name, "no template can be served by a policy: the policy is removed");
+            }
+            term.applied = None;
+            term.present.clear();
+            if guarding {
+                let rules = guard_rules(snapshot.templates(), Some(&compiled), &term.present);
+                self.put_guard(options, term, rules).await?;
+            }
+        } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
+            if !self
+                .change_policy(options, term, &snapshot, &compiled, guarding)
+                .await?
+            {
+                return Ok(());
+            }
+        } else if guarding && term.guard_applied.is_none() {
+            let rules = guard_rules(snapshot.templates(), Some(&compiled), &term.present);
+            self.put_guard(options, term, rules).await?;
+        }
+        term.serving = serving;
+        term.failure = None;
+        term.settled_at = Some(Instant::now());
+        term.publish(&self.policy_state, &options.name);
+        Ok(())
+    }
+
+    /// Proves `compiled` and puts it in force; with `guarding`, the guard for the change goes in
+    /// force first and the guard for the new policy after it. `false` when the templates
+    /// changed during the proof: nothing was applied, and the next round compiles again.
+    async fn change_policy(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        snapshot: &Arc<injector_core::Snapshot>,
+        compiled: &CompiledPolicy,
+        guarding: bool,
+    ) -> Result<bool, PolicyBackendError> {
+        let started = Instant::now();
+        let owner = self.options.webhook.owner.as_ref();
+        let namespace = &self.options.namespace;
+        let proven = policy_backend::prove(&self.client, compiled, namespace, owner).await?;
+        // The proof takes a second or two: a policy compiled from templates that changed
+        // meanwhile would put back what the webhook already stopped injecting. The next
+        // round compiles the new ones.
+        if !Arc::ptr_eq(&self.templates.snapshot(), snapshot) {
+            tracing::debug!(policy = %options.name, "the templates changed during the proof; compiling again");
+            term.snapshot = None;
+            return Ok(false);
+        }
+        let present = presence_conditions(compiled, &proven);
+        let rules = guard_rules(snapshot.templates(), Some(compiled), &present);
+        if guarding {
+            // Until the API server runs the new policy, a Pod may get either version: the
+            // guard in between accepts both.
+            if let Some(between) = compile_guard(options, &rules, Some(&term.guard))
+                && term.guard_applied.as_deref() != Some(between.hash.as_str())
+            {
+                policy_backend::apply_guard_and_confirm(&self.client, &between, namespace, owner)
+                    .await?;
+                term.guard_applied = Some(between.hash);
+            }
+        }
+        policy_backend::apply_and_confirm(&self.client, compiled, namespace, owner).await?;
+        if !Arc::ptr_eq(&self.templates.snapshot(), snapshot) {
+            // Changed while it was applied: the next round compiles again.
+            term.snapshot = None;
+        }
+        term.present = present;
+        term.applied = Some(compiled.hash.clone());
+        if guarding {
+            self.put_guard(options, term, rules).await?;
+        }
+        tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %compiled.served.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","), "the policy was proven and applied");
+        self.metrics.record_reconcile("policy", true);
+        Ok(true)
+    }
+
+    /// Puts the guard for `rules` in force (removes it when there is no rule), unless it is.
+    async fn put_guard(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        rules: Vec<(Arc<CompiledTemplate>, GuardRule)>,
+    ) -> Result<(), PolicyBackendError> {
+        match compile_guard(options, &rules, None) {
+            Some(guard) if term.guard_applied.as_deref() != Some(guard.hash.as_str()) => {
+                let owner = self.options.webhook.owner.as_ref();
+                policy_backend::apply_guard_and_confirm(
+                    &self.client,
+                    &guard,
+                    &self.options.namespace,
+                    owner,
+                )
+                .await?;
+                tracing::info!(policy = %options.name, hash = %guard.hash, templates = %rules.iter().map(|(t, _)| t.name.as_str()).collect::<Vec<_>>().join(","), "the guard of required templates is in force");
+                term.guard_applied = Some(guard.hash);
+            }
+            Some(_) => {}
+            None => {
+                if policy_backend::remove_guard(&self.client, &options.name).await? {
+                    tracing::info!(policy = %options.name, "no required template: the guard is removed");
+                }
+                term.guard_applied = None;
+            }
+        }
+        term.guard = rules;
+        Ok(())
+    }
+}

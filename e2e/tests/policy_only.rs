@@ -1,0 +1,237 @@
+//! The `policy` backend (`--injection-backend policy`) on a real API server: no webhook entry,
+//! and a ValidatingAdmissionPolicy (the guard) that keeps required templates' promise.
+//!
+//! Where the API server serves MutatingAdmissionPolicies (1.36+: `just e2e-next` runs this on
+//! v1.37.2), a required template's Pods are injected by the API server, with the operator
+//! running and stopped; a look-alike of its sidecar is refused by the guard with a readable
+//! message; and while the template changes, Pods created one after another are all admitted,
+//! with one version or the other. Where it does not (v1.34), the required template's Pods are
+//! refused, saying why, and the template's status says so.
+//!
+//! Off unless `SIDECAR_INJECTOR_E2E=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use serde_json::{Value, json};
+
+const GUARDED: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: guarded}
+spec:
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {guard: "on"}}
+  containers:
+  - name: guarded-agent
+    image: "guarded.invalid/agent:IMAGE_TAG"
+    env: [{name: POD, value: "{{ pod.name }}"}]
+"#;
+
+/// The guard's name beside the operator's default policy name.
+const GUARD: &str = "sidecar-injector-guard";
+
+fn guarded(tag: &str) -> String {
+    GUARDED.replace("IMAGE_TAG", tag)
+}
+
+/// Creates `pod` in `namespace` (`dry_run`: server-side); the stored Pod, or the refusal.
+fn create(
+    cp: &ControlPlane,
+    namespace: &str,
+    pod: &Value,
+    dry_run: bool,
+) -> anyhow::Result<Result<Value, String>> {
+    let mut args = vec!["create", "-n", namespace, "-o", "json", "-f", "-"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = cp.kubectl_with_stdin(&args, &pod.to_string())?;
+    if out.status.success() {
+        Ok(Ok(serde_json::from_slice(&out.stdout)?))
+    } else {
+        Ok(Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+    }
+}
+
+fn pod(name: &str, containers: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {"containers": containers}})
+}
+
+fn container_image(pod: &Value, name: &str) -> Option<String> {
+    pod["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["image"].as_str())
+        .map(str::to_owned)
+}
+
+#[test]
+fn the_policy_backend_alone_injects_and_guards_required_templates() {
+    if std::env::var(injector_e2e::ENABLE_VAR).as_deref() != Ok("1") {
+        eprintln!(
+            "[policy-only] skipped: set {}=1 to run it",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let cp = ControlPlane::start().expect("the control plane starts");
+    cp.apply_file(&workspace_root().join("crds")).unwrap();
+    wait_crd_established(&cp).unwrap();
+    let mut operator = Operator::start(
+        &cp,
+        OperatorOptions {
+            extra_args: vec!["--injection-backend".into(), "policy".into()],
+            ..OperatorOptions::default()
+        },
+    )
+    .expect("the operator starts");
+    let guarded_ns = cp.namespace("guarded", &[("guard", "on")]).unwrap();
+    let plain_ns = cp.namespace("plain", &[]).unwrap();
+    cp.apply_yaml(&guarded("1")).unwrap();
+    let app = json!([{"name": "app", "image": "app.invalid/app:1"}]);
+
+    if !cp.serves_mutating_admission_policies().unwrap() {
+        // Nothing can inject: the required template refuses what it selects, and says why.
+        let ready = wait_condition(
+            &cp,
+            "guarded",
+            ("Ready", "False", "NotServed"),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let message = ready["message"].as_str().unwrap();
+        eprintln!("[policy-only] no policies served: {message}");
+        assert!(message.contains("refused"), "{message}");
+        let refusal = poll(Duration::from_secs(30), "the guard to refuse", || {
+            Ok(create(&cp, &guarded_ns, &pod("refused", app.clone()), true)?.err())
+        })
+        .unwrap();
+        eprintln!("[policy-only] refused: {refusal}");
+        assert!(
+            refusal.contains("\"guarded\" is required and cannot be injected"),
+            "{refusal}"
+        );
+        let elsewhere = create(&cp, &plain_ns, &pod("elsewhere", app.clone()), false)
+            .unwrap()
+            .expect("a Pod the template does not select is admitted");
+        assert_eq!(elsewhere["spec"]["containers"].as_array().unwrap().len(), 1);
+        assert_no_webhook_entry(&cp);
+        return;
+    }
+
+    wait_condition(
+        &cp,
+        "guarded",
+        ("PolicyServed", "True", "Served"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    poll(Duration::from_secs(30), "the guard", || {
+        cp.try_get_json("validatingadmissionpolicy", None, GUARD)
+    })
+    .unwrap();
+    let injected = create(&cp, &guarded_ns, &pod("injected", app.clone()), false)
+        .unwrap()
+        .expect("the Pod is admitted");
+    assert_eq!(
+        container_image(&injected, "guarded-agent").as_deref(),
+        Some("guarded.invalid/agent:1")
+    );
+    assert_no_webhook_entry(&cp);
+    let look_alike = pod(
+        "look-alike",
+        json!([
+            {"name": "app", "image": "app.invalid/app:1"},
+            {"name": "guarded-agent", "image": "elsewhere.invalid/agent:1"},
+        ]),
+    );
+    let refusal = create(&cp, &guarded_ns, &look_alike, true)
+        .unwrap()
+        .expect_err("the guard refuses a look-alike");
+    eprintln!("[policy-only] look-alike: {refusal}");
+    assert!(refusal.contains("\"guarded\" is required"), "{refusal}");
+    assert!(refusal.contains(GUARD), "{refusal}");
+
+    // The operator stopped: the API server injects and guards alone.
+    operator.stop().unwrap();
+    let down = create(&cp, &guarded_ns, &pod("down", app.clone()), false)
+        .unwrap()
+        .expect("the Pod is admitted while the operator is down");
+    assert!(container_image(&down, "guarded-agent").is_some());
+    let refusal = create(&cp, &guarded_ns, &look_alike, true)
+        .unwrap()
+        .expect_err("the guard refuses a look-alike while the operator is down");
+    assert!(refusal.contains("\"guarded\" is required"), "{refusal}");
+    operator.restart().unwrap();
+
+    // A change of the template: Pods created meanwhile get one version or the other, and
+    // none is refused (the guard in between accepts both).
+    cp.apply_yaml(&guarded("2")).unwrap();
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    for n in 0.. {
+        let stored = create(
+            &cp,
+            &guarded_ns,
+            &pod(&format!("during-{n}"), app.clone()),
+            true,
+        )
+        .unwrap()
+        .unwrap_or_else(|refusal| panic!("a Pod was refused during the change: {refusal}"));
+        let image = container_image(&stored, "guarded-agent").expect("injected");
+        if seen.last() != Some(&image) {
+            seen.push(image.clone());
+        }
+        if image.ends_with(":2") {
+            // A few more after the switch: the guard for the new policy alone follows it.
+            if seen.len() > 1 && n > 0 && started.elapsed() > Duration::from_secs(8) {
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "the new version never came: {seen:?}"
+        );
+    }
+    eprintln!(
+        "[policy-only] during the change: {seen:?} in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some("guarded.invalid/agent:2")
+    );
+    // The old version's look-alike is refused once the change settled.
+    let old = pod(
+        "old-version",
+        json!([
+            {"name": "app", "image": "app.invalid/app:1"},
+            {"name": "guarded-agent", "image": "guarded.invalid/agent:1", "env": [{"name": "POD", "value": "old-version"}]},
+        ]),
+    );
+    poll(
+        Duration::from_secs(30),
+        "the guard to drop version 1",
+        || Ok(create(&cp, &guarded_ns, &old, true)?.err()),
+    )
+    .unwrap();
+}
+
+/// With the `policy` backend, the webhook configuration has no entry: the webhook is never
+/// called.
+fn assert_no_webhook_entry(cp: &ControlPlane) {
+    let configuration = poll(Duration::from_secs(30), "the webhook configuration", || {
+        cp.try_get_json("mutatingwebhookconfiguration", None, CONFIGURATION)
+    })
+    .unwrap();
+    assert_eq!(
+        configuration["webhooks"].as_array().map_or(0, Vec::len),
+        0,
+        "{configuration}"
+    );
+}
