@@ -190,15 +190,7 @@ pub fn compile_policy(
             },
             // The operator's namespace is never injected, except its dry-run Pod that asks
             // whether the API server runs this version yet (its last mutation marks it).
-            "matchConditions": [{
-                "name": "not-the-operators-namespace",
-                "expression": format!(
-                    "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
-                    cel_string(&options.operator_namespace),
-                    cel_string(POLICY_PROOF_ANNOTATION),
-                    cel_string(&live)
-                ),
-            }],
+            "matchConditions": outside_the_operators_namespace(options, &live),
             "mutations": mutations,
         },
     });
@@ -254,6 +246,20 @@ fn marker_mutation(token: &str, only_asking: bool) -> Value {
         format!("[{mark}]")
     };
     json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}})
+}
+
+/// The match conditions of a policy that leaves the operator's namespace alone, except the
+/// dry-run Pod asking for `token` (a version of this policy).
+fn outside_the_operators_namespace(options: &PolicyOptions, token: &str) -> Value {
+    json!([{
+        "name": "not-the-operators-namespace",
+        "expression": format!(
+            "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
+            cel_string(&options.operator_namespace),
+            cel_string(POLICY_PROOF_ANNOTATION),
+            cel_string(token)
+        ),
+    }])
 }
 
 /// Pod CREATE, the only request a policy mutates.

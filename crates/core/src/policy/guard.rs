@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 
 use super::{
     ANNOTATIONS, CompiledPolicy, POLICY_API_VERSION, PolicyOptions, cel_string,
-    namespace_exclusions, pod_create_rules, selection_conditions, version_hash,
+    namespace_exclusions, outside_the_operators_namespace, pod_create_rules, selection_conditions,
+    version_hash,
 };
 use crate::template::CompiledTemplate;
 use injector_api::FailurePolicy;
@@ -177,15 +178,7 @@ pub fn compile_guard(
                 "resourceRules": pod_create_rules(),
                 "namespaceSelector": {"matchExpressions": namespace_exclusions()},
             },
-            "matchConditions": [{
-                "name": "not-the-operators-namespace",
-                "expression": format!(
-                    "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
-                    cel_string(&options.operator_namespace),
-                    cel_string(POLICY_PROOF_ANNOTATION),
-                    cel_string(&token)
-                ),
-            }],
+            "matchConditions": outside_the_operators_namespace(options, &token),
             "validations": validations,
         },
     });
