@@ -144,6 +144,8 @@ impl Release<'_> {
             format!("mutatingadmissionpolicybindings.admissionregistration.k8s.io/{name}");
         let guard =
             format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-guard");
+        let warnings =
+            format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-warnings");
         let guard_binding =
             format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-guard");
         // (verb, resource, namespace, allowed)
@@ -210,6 +212,7 @@ impl Release<'_> {
                 true,
             ),
             ("patch", &guard, None, true),
+            ("patch", &warnings, None, true),
             ("delete", &guard_binding, None, true),
             (
                 "patch",

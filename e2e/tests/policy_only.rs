@@ -3,8 +3,8 @@
 //!
 //! Where the API server serves MutatingAdmissionPolicies (1.36+: `just e2e-next` runs this on
 //! v1.37.2), a required template's Pods are injected by the API server, with the operator
-//! running and stopped; a look-alike of its sidecar is refused by the guard with a readable
-//! message; and while the template changes, Pods created one after another are all admitted,
+//! running and stopped; it gets the warnings the webhook would give (from the warnings policy);
+//! a look-alike of its sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
 //! with one version or the other. Where it does not (v1.34), the required template's Pods are
 //! refused, saying why, and the template's status says so.
 //!
@@ -12,10 +12,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use injector_e2e::{
+    ControlPlane, Operator, OperatorOptions, operator_binary, poll, workspace_root,
+};
 use serde_json::{Value, json};
 
 const GUARDED: &str = r#"
@@ -29,10 +34,16 @@ spec:
   - name: guarded-agent
     image: "guarded.invalid/agent:IMAGE_TAG"
     env: [{name: POD, value: "{{ pod.name }}"}]
+  appContainers:
+    env: [{name: MODE, value: guarded}]
+  metadata:
+    labels: {guarded.example/owner: "{{ pod.annotations['owner'] }}"}
 "#;
 
 /// The guard's name beside the operator's default policy name.
 const GUARD: &str = "sidecar-injector-guard";
+/// The warnings policy's.
+const WARNINGS: &str = "sidecar-injector-warnings";
 
 fn guarded(tag: &str) -> String {
     GUARDED.replace("IMAGE_TAG", tag)
@@ -45,16 +56,70 @@ fn create(
     pod: &Value,
     dry_run: bool,
 ) -> anyhow::Result<Result<Value, String>> {
+    Ok(create_warned(cp, namespace, pod, dry_run)?.0)
+}
+
+/// [`create`], and the warnings the API server gave.
+fn create_warned(
+    cp: &ControlPlane,
+    namespace: &str,
+    pod: &Value,
+    dry_run: bool,
+) -> anyhow::Result<(Result<Value, String>, BTreeSet<String>)> {
     let mut args = vec!["create", "-n", namespace, "-o", "json", "-f", "-"];
     if dry_run {
         args.push("--dry-run=server");
     }
     let out = cp.kubectl_with_stdin(&args, &pod.to_string())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warnings = stderr
+        .lines()
+        .filter_map(|line| line.strip_prefix("Warning: "))
+        .map(str::to_owned)
+        .collect();
     if out.status.success() {
-        Ok(Ok(serde_json::from_slice(&out.stdout)?))
+        Ok((Ok(serde_json::from_slice(&out.stdout)?), warnings))
     } else {
-        Ok(Err(String::from_utf8_lossy(&out.stderr).trim().to_owned()))
+        Ok((Err(stderr.trim().to_owned()), warnings))
     }
+}
+
+/// The warnings `sidecar-injector render` gives for `pod` in `namespace` (labelled
+/// `guard=on`), under the template `yaml`: those the webhook would give.
+fn render_warnings(yaml: &str, pod: &Value, namespace: &str) -> BTreeSet<String> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy-only");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (templates, pod_file) = (dir.join("templates.yaml"), dir.join("pod.json"));
+    std::fs::write(&templates, yaml).unwrap();
+    std::fs::write(&pod_file, pod.to_string()).unwrap();
+    let out = Command::new(operator_binary().unwrap())
+        .args([
+            "render",
+            "-o",
+            "patch",
+            "--namespace-labels",
+            "guard=on",
+            "-n",
+            namespace,
+            "-t",
+        ])
+        .arg(&templates)
+        .arg("--pod")
+        .arg(&pod_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = pod["metadata"]["name"].as_str().unwrap();
+    let prefix = format!("Warning: Pod/{name} in {namespace}: ");
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(str::to_owned)
+        .collect()
 }
 
 fn pod(name: &str, containers: Value) -> Value {
@@ -143,6 +208,35 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         Some("guarded.invalid/agent:1")
     );
     assert_no_webhook_entry(&cp);
+
+    // No webhook call, yet the webhook's warnings: the warnings policy gives the same as
+    // `render` (the opt-out a required template ignores, env kept as the Pod's, a templated
+    // label value that is not one).
+    let mut warned = pod(
+        "warned",
+        json!([{"name": "app", "image": "app.invalid/app:1", "env": [{"name": "MODE", "value": "other"}]}]),
+    );
+    warned["metadata"]["annotations"] =
+        json!({"sidecar.dev/inject": "false", "owner": "not a label value!"});
+    let expected = render_warnings(&guarded("1"), &warned, &guarded_ns);
+    assert_eq!(expected.len(), 3, "{expected:?}");
+    let given = poll(Duration::from_secs(30), "the warnings policy", || {
+        let (stored, warnings) = create_warned(&cp, &guarded_ns, &warned, true)?;
+        anyhow::ensure!(stored.is_ok(), "refused: {stored:?}");
+        Ok((!warnings.is_empty()).then_some(warnings))
+    })
+    .unwrap();
+    eprintln!("[policy-only] warnings: {given:?}");
+    // The API server says which policy warns.
+    let from = format!(
+        "Validation failed for ValidatingAdmissionPolicy '{WARNINGS}' with binding '{WARNINGS}': "
+    );
+    let given: BTreeSet<String> = given
+        .iter()
+        .map(|w| w.strip_prefix(from.as_str()).unwrap_or(w).to_owned())
+        .collect();
+    assert_eq!(given, expected);
+
     let look_alike = pod(
         "look-alike",
         json!([

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use injector_core::policy::{
     CompiledGuard, CompiledPolicy, POLICY_API_VERSION, guard_in_force, guard_name, guard_probe_pod,
-    proof_pod, proof_problem, runs_live,
+    proof_pod, proof_problem, runs_live, warnings_name,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -345,6 +345,31 @@ pub async fn remove_guard(client: &Client, name: &str) -> Result<bool, PolicyBac
         (guards(client), guard.as_str()),
     ])
     .await
+}
+
+/// Applies the warnings policy and its binding (`Some`), or deletes them (`None`): they only
+/// ever add warnings, so nothing waits for the API server to load them.
+pub async fn put_warnings(
+    client: &Client,
+    name: &str,
+    warnings: Option<(Value, Value)>,
+    owner: Option<&OwnerReference>,
+) -> Result<(), PolicyBackendError> {
+    match warnings {
+        Some((policy, binding)) => {
+            apply(&guards(client), policy, owner).await?;
+            apply(&guard_bindings(client), binding, owner).await
+        }
+        None => {
+            let warnings = warnings_name(name);
+            delete_all([
+                (guard_bindings(client), warnings.as_str()),
+                (guards(client), warnings.as_str()),
+            ])
+            .await
+            .map(drop)
+        }
+    }
 }
 
 /// Deletes each named object in order; whether any was there.

@@ -37,6 +37,9 @@ use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{CompiledTemplate, Item, Text};
 
 mod guard;
+mod warnings;
+
+pub use warnings::{compile_warnings, warnings_name};
 
 pub use guard::{
     CompiledGuard, GuardRule, compile_guard, guard_in_force, guard_name, guard_probe_pod,
@@ -260,6 +263,38 @@ fn outside_the_operators_namespace(options: &PolicyOptions, token: &str) -> Valu
             cel_string(token)
         ),
     }])
+}
+
+/// A ValidatingAdmissionPolicy `name` over Pod CREATE, outside the namespaces never injected,
+/// and its binding with `action` (`Deny` or `Warn`).
+fn validating_policy(
+    name: &str,
+    failure_policy: &str,
+    match_conditions: Value,
+    validations: Vec<Value>,
+    action: &str,
+) -> (Value, Value) {
+    let policy = json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": failure_policy,
+            "matchConstraints": {
+                "resourceRules": pod_create_rules(),
+                "namespaceSelector": {"matchExpressions": namespace_exclusions()},
+            },
+            "matchConditions": match_conditions,
+            "validations": validations,
+        },
+    });
+    let binding = json!({
+        "apiVersion": POLICY_API_VERSION,
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": [action]},
+    });
+    (policy, binding)
 }
 
 /// Pod CREATE, the only request a policy mutates.

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledPolicy, GuardRule, PolicyOptions, compile_guard, compile_policy, guard_rules,
-    presence_conditions,
+    CompiledPolicy, GuardRule, PolicyOptions, compile_guard, compile_policy, compile_warnings,
+    guard_rules, presence_conditions,
 };
 use injector_core::template::CompiledTemplate;
 use kube::runtime::utils::Backoff as _;
@@ -134,6 +134,7 @@ impl Operator {
         let backend = self.options.backend;
         if backend == Backend::Webhook {
             if !term.removed {
+                policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
                 if policy_backend::remove(&self.client, &options.name).await?
                     | policy_backend::remove_guard(&self.client, &options.name).await?
                 {
@@ -198,6 +199,9 @@ impl Operator {
             .collect();
         let serving: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
         if compiled.policy.is_none() {
+            if served.validating {
+                policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
+            }
             if policy_backend::remove(&self.client, &options.name).await? {
                 tracing::info!(policy = %options.name, "no template can be served by a policy: the policy is removed");
             }
@@ -270,6 +274,10 @@ impl Operator {
         term.applied = Some(compiled.hash.clone());
         if guarding {
             self.put_guard(options, term, rules).await?;
+        }
+        if term.served.is_some_and(|s| s.validating) {
+            let warnings = compile_warnings(options, compiled, &term.present);
+            policy_backend::put_warnings(&self.client, &options.name, warnings, owner).await?;
         }
         tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %compiled.served.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","), "the policy was proven and applied");
         self.metrics.record_reconcile("policy", true);

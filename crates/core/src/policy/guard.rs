@@ -17,9 +17,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{
-    ANNOTATIONS, CompiledPolicy, POLICY_API_VERSION, PolicyOptions, cel_string,
-    namespace_exclusions, outside_the_operators_namespace, pod_create_rules, selection_conditions,
-    version_hash,
+    ANNOTATIONS, CompiledPolicy, PolicyOptions, cel_string, outside_the_operators_namespace,
+    selection_conditions, validating_policy, version_hash,
 };
 use crate::template::CompiledTemplate;
 use injector_api::FailurePolicy;
@@ -166,28 +165,14 @@ pub fn compile_guard(
             "message": in_force_message(&token),
         }),
     );
-    let name = guard_name(&options.name);
-    let policy = json!({
-        "apiVersion": POLICY_API_VERSION,
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            // A rule that fails to evaluate must not admit a Pod without its required sidecar.
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": pod_create_rules(),
-                "namespaceSelector": {"matchExpressions": namespace_exclusions()},
-            },
-            "matchConditions": outside_the_operators_namespace(options, &token),
-            "validations": validations,
-        },
-    });
-    let binding = json!({
-        "apiVersion": POLICY_API_VERSION,
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    });
+    // A rule that fails to evaluate must not admit a Pod without its required sidecar.
+    let (policy, binding) = validating_policy(
+        &guard_name(&options.name),
+        "Fail",
+        outside_the_operators_namespace(options, &token),
+        validations,
+        "Deny",
+    );
     Some(CompiledGuard {
         policy,
         binding,

@@ -427,3 +427,82 @@ fn the_guard_between_two_policies_accepts_either_version() {
     assert_ne!(settled.hash, between.hash);
     assert!(compile_guard(&options(), &after, Some(&[])).is_none());
 }
+
+#[test]
+fn the_warnings_policy_gives_plans_warnings_for_what_the_policy_applied() {
+    let labelled = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: labelled}
+spec:
+  priority: 30
+  failurePolicy: Ignore
+  appContainers:
+    names: [app]
+    env: [{name: AGENT_SOCKET, value: /elsewhere.sock}, {name: REGION, value: "{{ pod.labels['region'] }}"}]
+    volumeMounts: [{name: data, mountPath: /data}]
+  metadata:
+    labels: {owner: "{{ pod.annotations['owner'] }}", fixed: "yes"}
+    annotations: {note: "hello"}
+"#,
+    );
+    let templates = [template(AGENT), labelled];
+    let compiled = compile_policy(&templates, &options());
+    let present = BTreeMap::from([("agent".to_owned(), "AGENT-PRESENT".to_owned())]);
+    let (policy, binding) = compile_warnings(&options(), &compiled, &present).unwrap();
+    assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]));
+    assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+    let validations = policy["spec"]["validations"].as_array().unwrap();
+    let messages: Vec<&str> = validations
+        .iter()
+        .map(|v| v["messageExpression"].as_str().unwrap())
+        .collect();
+    // `agent` (required): the opt-out, and its app env, once it is there as the policy adds it.
+    assert!(messages[0].contains(r#"SidecarTemplate \"agent\" is required: the pod's sidecar.dev/inject: \"false\" does not apply to it"#), "{}", messages[0]);
+    let agent_env = validations[1]["expression"].as_str().unwrap();
+    assert!(agent_env.contains("(AGENT-PRESENT)"), "{agent_env}");
+    assert!(
+        agent_env.contains(r#"x["name"] == "AGENT_SOCKET""#),
+        "{agent_env}"
+    );
+    assert!(
+        agent_env.contains(r#"x["value"] == "/run/agent.sock""#),
+        "{agent_env}"
+    );
+    assert!(messages[1].contains(r#"env \"AGENT_SOCKET\" of container \""#));
+    // `labelled` adds no container: applied whenever it selects. Its invalid templated label,
+    // the label and annotation the Pod keeps, its env and mount; not `AGENT_SOCKET`, which
+    // `agent` adds before it (whose value the Pod then holds cannot be told).
+    let all = messages.join("\n");
+    assert!(all.contains(r#"label \"owner\" not added: \""#), "{all}");
+    assert!(all.contains(r#"label \"fixed\" is already set in the pod; kept the pod's value"#));
+    assert!(all.contains(r#"annotation \"note\" is already set in the pod"#));
+    assert!(all.contains(r#"env \"REGION\" of container"#));
+    assert!(all.contains(r#"volume mount at \"/data\" in container"#));
+    assert_eq!(
+        messages
+            .iter()
+            .filter(|m| m.contains(r#"env \"AGENT_SOCKET\""#))
+            .count(),
+        1,
+        "{all}"
+    );
+    for validation in validations {
+        let expression = validation["expression"].as_str().unwrap();
+        assert!(expression.starts_with("!("), "{expression}");
+    }
+    // Nothing the policy serves can warn: no policy.
+    let quiet = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: quiet}
+spec:
+  failurePolicy: Ignore
+  containers: [{name: quiet, image: "q:1"}]
+"#,
+    );
+    let compiled = compile_policy(&[quiet], &options());
+    assert!(compile_warnings(&options(), &compiled, &BTreeMap::new()).is_none());
+}

@@ -1,0 +1,279 @@
+//! The warnings policy: a ValidatingAdmissionPolicy bound with `Warn` that gives a Pod the
+//! policy injected the warnings the webhook would have given it, since no webhook call carries
+//! them (the entries skip such Pods, and the `policy` backend has none).
+//!
+//! Validation runs after every mutation, so each rule reads the Pod as the policy left it: a
+//! template that selects the Pod and whose items are there (its presence condition) was
+//! applied, and what it would not overwrite shows as a value that differs from the template's.
+//! The texts are `plan`'s (the API server puts the policy's name before them). Where the final
+//! Pod cannot tell whose a value is (another template the policy applies earlier adds the same
+//! key), no warning is given rather than a wrong one; an `env` or mount conflict names the
+//! first container it is found in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use injector_api::FailurePolicy;
+use injector_api::names::INJECT_ANNOTATION;
+use serde_json::{Value, json};
+
+use super::{
+    ANNOTATIONS, CompiledPolicy, LABELS, PolicyOptions, cel_json, cel_list, cel_string, cel_text,
+    selection_conditions, validating_policy,
+};
+use crate::placeholder::Node;
+use crate::syntax::LABEL_VALUE_PATTERN;
+use crate::template::{CompiledTemplate, Text};
+
+/// The name of the warnings policy (and binding) beside the policy `name`.
+pub fn warnings_name(name: &str) -> String {
+    format!("{name}-warnings")
+}
+
+/// The warnings policy and binding for the templates `compiled` serves, given the presence
+/// conditions learned from its proof; `None` when no template can warn.
+pub fn compile_warnings(
+    options: &PolicyOptions,
+    compiled: &CompiledPolicy,
+    present: &BTreeMap<String, String>,
+) -> Option<(Value, Value)> {
+    let injected: BTreeSet<&str> = compiled
+        .served
+        .iter()
+        .chain(compiled.webhook_only.iter().map(|(t, _)| t))
+        .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
+        .collect();
+    let mut validations = Vec::new();
+    for (index, template) in compiled.served.iter().enumerate() {
+        let earlier = &compiled.served[..index];
+        validations.extend(template_warnings(
+            template,
+            earlier,
+            present.get(&template.name),
+            &injected,
+        ));
+    }
+    if validations.is_empty() {
+        return None;
+    }
+    // A warning that fails to evaluate is no reason to refuse a Pod.
+    let outside = json!([{
+        "name": "not-the-operators-namespace",
+        "expression": format!("request.namespace != {}", cel_string(&options.operator_namespace)),
+    }]);
+    Some(validating_policy(
+        &warnings_name(&options.name),
+        "Ignore",
+        outside,
+        validations,
+        "Warn",
+    ))
+}
+
+/// One validation per warning `plan` could give for `template`, applied after `earlier`.
+fn template_warnings(
+    template: &CompiledTemplate,
+    earlier: &[Arc<CompiledTemplate>],
+    present: Option<&String>,
+    injected: &BTreeSet<&str>,
+) -> Vec<Value> {
+    let selected = {
+        let mut terms = selection_conditions(template);
+        if terms.is_empty() {
+            terms.push("true".to_owned());
+        }
+        terms.join(" && ")
+    };
+    let has_items = !(template.containers.is_empty()
+        && template.init_containers.is_empty()
+        && template.volumes.is_empty());
+    // Applied: selected, and its items are there as the policy adds them. A template whose
+    // items cannot be recognised gives no warning about what it added.
+    let applied = match (has_items, present) {
+        (false, _) => selected.clone(),
+        (true, Some(present)) => format!("{selected} && ({present})"),
+        (true, None) => String::new(),
+    };
+    let prefix = format!("SidecarTemplate {:?}: ", template.name);
+    let mut out = Vec::new();
+    let warn = |out: &mut Vec<Value>, when: String, message: String| {
+        out.push(json!({"expression": format!("!({when})"), "messageExpression": message}));
+    };
+    if template.failure_policy == FailurePolicy::Fail {
+        warn(
+            &mut out,
+            format!(
+                "{selected} && {ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() == \"false\"",
+                cel_string(INJECT_ANNOTATION)
+            ),
+            cel_string(&format!(
+                "SidecarTemplate {:?} is required: the pod's {INJECT_ANNOTATION}: \"false\" does not apply to it",
+                template.name
+            )),
+        );
+    }
+    if applied.is_empty() {
+        return out;
+    }
+    for (what, field, entries, current) in [
+        ("label", "labels", &template.labels, LABELS),
+        (
+            "annotation",
+            "annotations",
+            &template.annotations,
+            ANNOTATIONS,
+        ),
+    ] {
+        for (key, text) in entries {
+            let value = match text {
+                Text::Fixed(value) => cel_string(value),
+                Text::Templated(template) => cel_text(template),
+            };
+            let key_literal = cel_string(key);
+            let invalid = format!(
+                "!(size({value}) <= 63 && {value}.matches({}))",
+                cel_string(LABEL_VALUE_PATTERN)
+            );
+            let templated_label = what == "label" && matches!(text, Text::Templated(_));
+            if templated_label {
+                warn(
+                    &mut out,
+                    format!("{applied} && {invalid}"),
+                    format!(
+                        "{} + {value} + {}",
+                        cel_string(&format!("{prefix}label {key:?} not added: \"")),
+                        cel_string("\" is not a valid label value")
+                    ),
+                );
+            }
+            let added_earlier = earlier.iter().any(|t| {
+                let entries = if field == "labels" {
+                    &t.labels
+                } else {
+                    &t.annotations
+                };
+                entries.iter().any(|(k, _)| k == key)
+            });
+            if added_earlier {
+                continue;
+            }
+            let kept = format!("{key_literal} in {current} && {current}[{key_literal}] != {value}");
+            let kept = if templated_label {
+                format!("{kept} && !({invalid})")
+            } else {
+                kept
+            };
+            warn(
+                &mut out,
+                format!("{applied} && {kept}"),
+                cel_string(&format!(
+                    "{prefix}{what} {key:?} is already set in the pod; kept the pod's value"
+                )),
+            );
+        }
+    }
+    let Some(app) = &template.app else {
+        return out;
+    };
+    let mut target = format!("!(c.name in {})", cel_list(injected.iter().copied()));
+    if !app.names.is_empty() {
+        target.push_str(&format!(
+            " && c.name in {}",
+            cel_list(app.names.iter().map(String::as_str))
+        ));
+    }
+    for (field, key, items) in [
+        ("env", "name", &app.env),
+        ("volumeMounts", "mountPath", &app.volume_mounts),
+    ] {
+        for item in items {
+            let added_earlier = earlier.iter().any(|t| {
+                t.app.as_ref().is_some_and(|a| {
+                    let items = if field == "env" {
+                        &a.env
+                    } else {
+                        &a.volume_mounts
+                    };
+                    items.iter().any(|i| i.key == item.key)
+                })
+            });
+            if added_earlier {
+                continue;
+            }
+            let differs = format!(
+                "c.?{field}.orValue([]).exists(x, x[{k}] == {v} && !({}))",
+                subset(&item.body, "x"),
+                k = cel_string(key),
+                v = cel_string(&item.key),
+            );
+            let conflicting = format!("object.spec.containers.filter(c, {target} && {differs})");
+            let message = if field == "env" {
+                (
+                    format!("{prefix}env {:?} of container \"", item.key),
+                    "\" not added: already set (in the pod)",
+                )
+            } else {
+                (
+                    format!("{prefix}volume mount at {:?} in container \"", item.key),
+                    "\" not added: the path is already mounted (in the pod)",
+                )
+            };
+            warn(
+                &mut out,
+                format!("{applied} && size({conflicting}) > 0"),
+                format!(
+                    "{} + {conflicting}[0].name + {}",
+                    cel_string(&message.0),
+                    cel_string(message.1)
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// The CEL condition that `value` (an expression) sets everything `node` sets, to the same
+/// value: `plan`'s test of whether an item is already there.
+fn subset(node: &Node, value: &str) -> String {
+    match node {
+        Node::Object(fields) => {
+            fields_subset(fields.iter().map(|(k, n)| (k.as_str(), n)), value, subset)
+        }
+        Node::Fixed(fixed) => fixed_subset(fixed.value(), value),
+        Node::Text(template) => format!("{value} == {}", cel_text(template)),
+        Node::Array(_) => format!("{value} == {}", super::cel_node(node)),
+    }
+}
+
+fn fixed_subset(fixed: &Value, value: &str) -> String {
+    match fixed {
+        Value::Object(fields) => fields_subset(
+            fields.iter().map(|(k, v)| (k.as_str(), v)),
+            value,
+            fixed_subset,
+        ),
+        other => format!("{value} == {}", cel_json(other)),
+    }
+}
+
+/// Every field is in `value` and passes `child`'s test.
+fn fields_subset<'a, T: 'a>(
+    fields: impl Iterator<Item = (&'a str, T)>,
+    value: &str,
+    child: fn(T, &str) -> String,
+) -> String {
+    let terms: Vec<String> = fields
+        .map(|(key, node)| {
+            let key = cel_string(key);
+            format!(
+                "({key} in {value} && {})",
+                child(node, &format!("{value}[{key}]"))
+            )
+        })
+        .collect();
+    if terms.is_empty() {
+        "true".to_owned()
+    } else {
+        terms.join(" && ")
+    }
+}
