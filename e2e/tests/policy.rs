@@ -7,8 +7,10 @@
 //! and the policy is applied. Then, for generated Pods in two namespaces, the Pod the API
 //! server stores through the policy (a server-side dry run) must equal the Pod `plan` produces
 //! (`sidecar-injector render -o patch` applied to it), stored the same way in a namespace the
-//! policy does not serve, so that both get the API server's defaults. A difference is a bug in
-//! one of them; the test lists every one.
+//! policy does not serve, so that both get the API server's defaults. Then the operator runs
+//! its own `auto` backend (its policy, and webhook entries that skip what the policy served),
+//! and the same Pods must be stored as the webhook alone stored them, some without a webhook
+//! call. A difference is a bug in one of them; the test lists every one.
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`; on an API server older than 1.36 it says so and does
 //! nothing.
@@ -19,7 +21,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use injector_e2e::steps::{CONFIGURATION, wait_crd_established, wait_served};
+use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established, wait_served};
 use injector_e2e::{
     ControlPlane, Operator, OperatorOptions, operator_binary, poll, workspace_root,
 };
@@ -250,6 +252,17 @@ fn differences(a: &Value, b: &Value, at: String, out: &mut Vec<String>) {
     }
 }
 
+/// The admission requests the operator's webhook answered so far.
+fn webhook_calls(operator: &Operator) -> u64 {
+    operator
+        .metrics()
+        .unwrap()
+        .lines()
+        .filter(|line| line.starts_with("sidecar_injector_admission_requests_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 fn dry_run_create(cp: &ControlPlane, namespace: &str, pod: &Value) -> anyhow::Result<Value> {
     let output = cp.kubectl_with_stdin(
         &[
@@ -292,7 +305,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     wait_crd_established(&cp).unwrap();
     // The operator serves the webhook alone, so that the namespaces without the test's policy
     // show the webhook backend.
-    let _operator = Operator::start(
+    let mut operator = Operator::start(
         &cp,
         OperatorOptions {
             extra_args: vec!["--injection-backend".into(), "webhook".into()],
@@ -398,6 +411,9 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
 
     let mut random = Lcg(0x5eed);
     let mut failures = Vec::new();
+    // What the webhook alone stored, per Pod compared: the baseline of the operator's own
+    // policy backend below.
+    let mut baseline: Vec<(usize, Value, Value)> = Vec::new();
     let mut denied = 0;
     let mut applied: std::collections::BTreeMap<String, usize> = Default::default();
     let cases = 40;
@@ -417,6 +433,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
             let name = entry.split('@').next().unwrap_or_default();
             *applied.entry(name.to_owned()).or_default() += 1;
         }
+        baseline.push((index, pod.clone(), expected.clone()));
         for backend in ["policy", "both"] {
             let stored = dry_run_create(&cp, &format!("{backend}-{team}"), &pod).unwrap();
             let mut diff = Vec::new();
@@ -437,6 +454,71 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     eprintln!(
         "[policy] {cases} Pods, 2 comparisons each: {} different, {denied} Pods denied by the webhook; Pods per template: {applied:?}",
         failures.len()
+    );
+
+    // The operator's own policy backend (`auto`): its policy injects, and the webhook entries
+    // skip the Pods it provably served. The same Pods must be stored as the webhook alone
+    // stored them, and some must have been decided without a webhook call.
+    for kind in ["mutatingadmissionpolicybinding", "mutatingadmissionpolicy"] {
+        cp.kubectl_ok(&["delete", kind, "differential"]).unwrap();
+    }
+    operator.stop().unwrap();
+    drop(operator);
+    let operator = Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
+    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+        wait_condition(
+            &cp,
+            name,
+            ("PolicyServed", "True", "Served"),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    }
+    poll(
+        Duration::from_secs(30),
+        "the entries' skip conditions",
+        || {
+            let configuration = cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
+            Ok(configuration
+                .to_string()
+                .contains("not-injected-by-policy")
+                .then_some(()))
+        },
+    )
+    .unwrap();
+    let mut auto_failures = Vec::new();
+    let (mut calls, mut without_call) = (0, 0);
+    for (index, pod, expected) in &baseline {
+        let team = ["a", "b"][index % 2];
+        let namespace = format!("webhook-{team}");
+        let before = webhook_calls(&operator);
+        let stored = dry_run_create(&cp, &namespace, pod).unwrap();
+        let made = webhook_calls(&operator) - before;
+        calls += made;
+        without_call += usize::from(made == 0);
+        let mut diff = Vec::new();
+        differences(
+            &stored_view(&stored, &namespace),
+            expected,
+            String::new(),
+            &mut diff,
+        );
+        if !diff.is_empty() {
+            auto_failures.push(format!(
+                "Pod {index} through the auto backend:\n    {pod}\n  differs at\n    {}",
+                diff.join("\n    ")
+            ));
+        }
+    }
+    eprintln!(
+        "[policy] the auto backend: {} Pods, {} different, {calls} webhook calls, {without_call} Pods without one",
+        baseline.len(),
+        auto_failures.len()
+    );
+    failures.extend(auto_failures);
+    assert!(
+        without_call > 0,
+        "every Pod called the webhook: the entries skipped none ({calls} calls)"
     );
     // The generated Pods exercise every template, each on some Pods and not on others.
     for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
