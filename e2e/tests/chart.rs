@@ -18,7 +18,7 @@ use anyhow::{Context, bail, ensure};
 use injector_e2e::release::Release;
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
 use injector_e2e::steps::{
-    example, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
+    example, wait_condition, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, tool, workspace_root};
 use serde_json::Value;
@@ -466,6 +466,36 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
         );
     }
     eprintln!("[chart] served by a MutatingAdmissionPolicy too: {by_policy}");
+    if by_policy {
+        // A template that can warn: the warnings policy beside it, also under the chart's RBAC.
+        cp.apply_yaml(
+            "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata:\n  name: chart-warns\n\
+             spec:\n  failurePolicy: Ignore\n  namespaceSelector: {matchLabels: {chart: warns}}\n\
+             \x20 appContainers:\n    env: [{name: CHART, value: \"on\"}]\n",
+        )?;
+        let warnings = format!("{RELEASE}-warnings");
+        let policy = poll(Duration::from_secs(30), "the warnings policy", || {
+            cp.try_get_json("validatingadmissionpolicy", None, &warnings)
+        })?;
+        ensure!(
+            policy["metadata"]["ownerReferences"][0]["name"] == RELEASE,
+            "the warnings policy is not owned by the chart's ClusterRole: {}",
+            policy["metadata"]
+        );
+        let served = wait_condition(
+            cp,
+            "chart-warns",
+            ("PolicyServed", "True", "Served"),
+            Duration::from_secs(30),
+        )?;
+        let message = served["message"].as_str().unwrap_or_default();
+        ensure!(
+            !message.contains("failed"),
+            "the policy backend failed: {message}"
+        );
+        cp.kubectl_ok(&["delete", "sidecartemplate", "chart-warns"])?;
+        eprintln!("[chart] the warnings policy {warnings} is applied too");
+    }
 
     // An invalid template: its status says why and an Event is published.
     cp.apply_yaml(
