@@ -254,7 +254,7 @@ impl Operator {
         }
         let present = presence_conditions(compiled, &proven);
         let rules = guard_rules(snapshot.templates(), Some(compiled), &present);
-        if guarding {
+        if guarding && rules != term.guard {
             // Until the API server runs the new policy, a Pod may get either version: the
             // guard in between accepts both.
             if let Some(between) = compile_guard(options, &rules, Some(&term.guard))
