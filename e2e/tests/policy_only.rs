@@ -4,7 +4,8 @@
 //! Where the API server serves MutatingAdmissionPolicies (1.36+: `just e2e-next` runs this on
 //! v1.37.2), a required template's Pods are injected by the API server, with the operator
 //! running and stopped; it gets the warnings the webhook would give (from the warnings policy);
-//! a look-alike of its sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
+//! a best-effort template a Pod conflicts with is left out with a warning; a look-alike of the
+//! required sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
 //! with one version or the other. Where it does not (v1.34), the required template's Pods are
 //! refused, saying why, and the template's status says so.
 //!
@@ -38,6 +39,17 @@ spec:
     env: [{name: MODE, value: guarded}]
   metadata:
     labels: {guarded.example/owner: "{{ pod.annotations['owner'] }}"}
+"#;
+
+const EXTRA: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: extra}
+spec:
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {guard: "on"}}
+  podSelector: {matchLabels: {app: extra}}
+  containers: [{name: extra-agent, image: "extra.invalid/agent:1"}]
 "#;
 
 /// The guard's name beside the operator's default policy name.
@@ -236,6 +248,38 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         .map(|w| w.strip_prefix(from.as_str()).unwrap_or(w).to_owned())
         .collect();
     assert_eq!(given, expected);
+
+    // A best-effort template the Pod conflicts with is not applied, with a warning (`render`
+    // names the field that differs; a policy cannot).
+    cp.apply_yaml(EXTRA).unwrap();
+    wait_condition(
+        &cp,
+        "extra",
+        ("PolicyServed", "True", "Served"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let mut conflicting = pod(
+        "conflicting",
+        json!([
+            {"name": "app", "image": "app.invalid/app:1"},
+            {"name": "extra-agent", "image": "elsewhere.invalid/extra:1"},
+        ]),
+    );
+    conflicting["metadata"]["labels"] = json!({"app": "extra"});
+    let conflict = "SidecarTemplate \"extra\" not applied: the pod has a container, init container or volume named like one of the template's that differs from it";
+    poll(Duration::from_secs(30), "the conflict warning", || {
+        let (stored, warnings) = create_warned(&cp, &guarded_ns, &conflicting, true)?;
+        let stored = stored.map_err(anyhow::Error::msg)?;
+        anyhow::ensure!(
+            container_image(&stored, "extra-agent").as_deref() == Some("elsewhere.invalid/extra:1"),
+            "the Pod's own container was replaced"
+        );
+        Ok(warnings.iter().any(|w| w.ends_with(conflict)).then_some(()))
+    })
+    .unwrap();
+    cp.kubectl_ok(&["delete", "sidecartemplate", "extra"])
+        .unwrap();
 
     let look_alike = pod(
         "look-alike",

@@ -3,11 +3,12 @@
 //! dry run, applying it and its binding, putting the guard in force, and removing them. What to
 //! apply is decided in `injector_core::policy`.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledGuard, CompiledPolicy, POLICY_API_VERSION, guard_in_force, guard_name, guard_probe_pod,
-    proof_pod, proof_problem, runs_live, warnings_name,
+    CompiledGuard, CompiledPolicy, POLICY_API_VERSION, guard_in_force, guard_in_force_of,
+    guard_name, guard_probe_pod, proof_pod, proof_problem, runs_live, warnings_name,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -335,6 +336,30 @@ pub async fn remove(client: &Client, name: &str) -> Result<bool, PolicyBackendEr
         (policies(client), proof.as_str()),
     ])
     .await
+}
+
+/// Per template, the condition of the guard beside the policy `name` that is in force (empty
+/// when there is none).
+pub async fn read_guard_in_force(
+    client: &Client,
+    name: &str,
+) -> Result<BTreeMap<String, String>, PolicyBackendError> {
+    let name = guard_name(name);
+    match guards(client).get_opt(&name).await {
+        Ok(Some(guard)) => {
+            let guard =
+                serde_json::to_value(&guard).map_err(|source| PolicyBackendError::Shape {
+                    what: "the guard in force".into(),
+                    source,
+                })?;
+            Ok(guard_in_force_of(&guard))
+        }
+        Ok(None) => Ok(BTreeMap::new()),
+        Err(source) => Err(PolicyBackendError::Api {
+            what: format!("reading {name}"),
+            source,
+        }),
+    }
 }
 
 /// Deletes the guard beside the policy `name` and its binding; absent ones are fine.

@@ -42,8 +42,8 @@ mod warnings;
 pub use warnings::{compile_warnings, warnings_name};
 
 pub use guard::{
-    CompiledGuard, GuardRule, compile_guard, guard_in_force, guard_name, guard_probe_pod,
-    guard_rules,
+    CompiledGuard, GuardRule, compile_guard, guard_in_force, guard_in_force_of, guard_name,
+    guard_probe_pod, guard_rules,
 };
 
 /// The policy's API version.

@@ -45,8 +45,9 @@ struct PolicyTerm {
     failure: Option<String>,
     /// The presence conditions learned from the last proof of the policy in force.
     present: BTreeMap<String, String>,
-    /// The guard's rules in force (`policy` backend), and its hash.
-    guard: Vec<(Arc<CompiledTemplate>, GuardRule)>,
+    /// Per template, the condition of the guard in force (`policy` backend; `None` until this
+    /// term read or wrote it), and its hash.
+    guard: Option<BTreeMap<String, String>>,
     guard_applied: Option<String>,
     retry_at: Option<Instant>,
     /// Whether what this backend does not use (the policy, the guard) was removed.
@@ -254,15 +255,32 @@ impl Operator {
         }
         let present = presence_conditions(compiled, &proven);
         let rules = guard_rules(snapshot.templates(), Some(compiled), &present);
-        if guarding && rules != term.guard {
+        if guarding {
             // Until the API server runs the new policy, a Pod may get either version: the
-            // guard in between accepts both.
-            if let Some(between) = compile_guard(options, &rules, Some(&term.guard))
+            // guard in between accepts both. A new leader reads the guard in force, which its
+            // predecessor may have left for another version.
+            let in_force = match term.guard.take() {
+                Some(in_force) => in_force,
+                None => policy_backend::read_guard_in_force(&self.client, &options.name).await?,
+            };
+            let target = compile_guard(options, &rules, None).map(|g| g.passes);
+            if target.as_ref() != Some(&in_force)
+                && let Some(between) = compile_guard(options, &rules, Some(&in_force))
                 && term.guard_applied.as_deref() != Some(between.hash.as_str())
             {
-                policy_backend::apply_guard_and_confirm(&self.client, &between, namespace, owner)
-                    .await?;
-                term.guard_applied = Some(between.hash);
+                let result = policy_backend::apply_guard_and_confirm(
+                    &self.client,
+                    &between,
+                    namespace,
+                    owner,
+                )
+                .await;
+                // Applied or not, the guard in force may now be the one in between.
+                term.guard_applied = None;
+                result?;
+                term.guard = Some(between.passes);
+            } else {
+                term.guard = Some(in_force);
             }
         }
         policy_backend::apply_and_confirm(&self.client, compiled, namespace, owner).await?;
@@ -276,7 +294,8 @@ impl Operator {
             self.put_guard(options, term, rules).await?;
         }
         if term.served.is_some_and(|s| s.validating) {
-            let warnings = compile_warnings(options, compiled, &term.present);
+            let webhook_behind = self.options.backend != Backend::Policy;
+            let warnings = compile_warnings(options, compiled, &term.present, webhook_behind);
             policy_backend::put_warnings(&self.client, &options.name, warnings, owner).await?;
         }
         tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %compiled.served.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","), "the policy was proven and applied");
@@ -294,6 +313,8 @@ impl Operator {
         match compile_guard(options, &rules, None) {
             Some(guard) if term.guard_applied.as_deref() != Some(guard.hash.as_str()) => {
                 let owner = self.options.webhook.owner.as_ref();
+                // Until confirmed, which guard is in force is not known.
+                term.guard = None;
                 policy_backend::apply_guard_and_confirm(
                     &self.client,
                     &guard,
@@ -303,16 +324,18 @@ impl Operator {
                 .await?;
                 tracing::info!(policy = %options.name, hash = %guard.hash, templates = %rules.iter().map(|(t, _)| t.name.as_str()).collect::<Vec<_>>().join(","), "the guard of required templates is in force");
                 term.guard_applied = Some(guard.hash);
+                term.guard = Some(guard.passes);
             }
-            Some(_) => {}
+            Some(guard) => term.guard = Some(guard.passes),
             None => {
+                term.guard = None;
                 if policy_backend::remove_guard(&self.client, &options.name).await? {
                     tracing::info!(policy = %options.name, "no required template: the guard is removed");
                 }
                 term.guard_applied = None;
+                term.guard = Some(BTreeMap::new());
             }
         }
-        term.guard = rules;
         Ok(())
     }
 }

@@ -11,7 +11,6 @@
 //! is down refuses them.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
@@ -82,9 +81,6 @@ pub fn guard_rules(
         .collect()
 }
 
-/// A template's rule, borrowed.
-type Rule<'a> = (&'a CompiledTemplate, &'a GuardRule);
-
 /// The guard policy and its binding.
 #[derive(Clone, Debug)]
 pub struct CompiledGuard {
@@ -94,7 +90,14 @@ pub struct CompiledGuard {
     pub binding: Value,
     /// 16 hex digits of a SHA-256 of the guard's rules.
     pub hash: String,
+    /// Per template, the condition (its validation's expression) a Pod passes: what this guard
+    /// puts in force.
+    pub passes: BTreeMap<String, String>,
 }
+
+/// On the guard policy: the templates its rules are for, in order, so that a new leader can
+/// read back which condition of the guard in force is whose ([`guard_in_force_of`]).
+const GUARD_TEMPLATES_ANNOTATION: &str = "sidecar.dev/guard-templates";
 
 /// The name of the guard policy (and binding) beside the policy `name`.
 pub fn guard_name(name: &str) -> String {
@@ -104,23 +107,25 @@ pub fn guard_name(name: &str) -> String {
 /// The guard for `rules` (from [`guard_rules`]); `None` when there is no rule, so Pods pay for
 /// no validation they do not need.
 ///
-/// With `previous` (the rules in force), the guard for the change between them, put in force
-/// before the policy changes: a Pod passes a template's rule when it passes the previous
-/// version's or the new one's, since either policy may be the one the API server runs for it;
-/// a template with no previous rule is not guarded yet.
+/// With `previous` (per template, the condition of the guard in force), the guard for a
+/// change, put in force before the policy changes: a Pod passes a template's rule when it
+/// passes the new one or the one in force, since either policy may be the one the API server
+/// runs for it; a template with no rule in force is not guarded yet.
 pub fn compile_guard(
     options: &PolicyOptions,
     rules: &[(Arc<CompiledTemplate>, GuardRule)],
-    previous: Option<&[(Arc<CompiledTemplate>, GuardRule)]>,
+    previous: Option<&BTreeMap<String, String>>,
 ) -> Option<CompiledGuard> {
-    let rules: Vec<(&CompiledTemplate, &GuardRule, Option<Rule<'_>>)> = rules
+    let rules: Vec<(&CompiledTemplate, &GuardRule, String)> = rules
         .iter()
-        .filter_map(|(template, rule)| match previous {
-            None => Some((template.as_ref(), rule, None)),
-            Some(previous) => previous
-                .iter()
-                .find(|(p, _)| p.name == template.name)
-                .map(|(p, r)| (template.as_ref(), rule, Some((p.as_ref(), r)))),
+        .filter_map(|(template, rule)| {
+            let new = passes(template, rule);
+            match previous {
+                None => Some((template.as_ref(), rule, new)),
+                Some(previous) => previous
+                    .get(&template.name)
+                    .map(|old| (template.as_ref(), rule, format!("{new}\n|| ({old})"))),
+            }
         })
         .collect();
     if rules.is_empty() {
@@ -132,26 +137,23 @@ pub fn compile_guard(
         "request.namespace == {}",
         cel_string(&options.operator_namespace)
     );
-    let mut validations: Vec<Value> = rules
-        .iter()
-        .map(|(template, rule, previous)| {
-            let mut expression = format!("{outside}\n|| {}", passes(template, rule));
-            if let Some((template, rule)) = previous {
-                write!(expression, "\n|| {}", passes(template, rule)).ok();
-            }
-            let message = match rule {
-                GuardRule::Carries(_) => format!(
-                    "SidecarTemplate {:?} is required: the Pod has a container, init container or volume named like one of the template's that differs from it, so the template was not injected; rename it or remove it",
-                    template.name
-                ),
-                GuardRule::CannotInject(why) => format!(
-                    "SidecarTemplate {:?} is required and cannot be injected: {why}",
-                    template.name
-                ),
-            };
-            json!({"expression": expression, "message": message})
-        })
-        .collect();
+    let mut passes = BTreeMap::new();
+    let mut validations = Vec::new();
+    for (template, rule, condition) in &rules {
+        let expression = format!("{outside}\n|| {condition}");
+        let message = match rule {
+            GuardRule::Carries(_) => format!(
+                "SidecarTemplate {:?} is required: the Pod has a container, init container or volume named like one of the template's that differs from it, so the template was not injected; rename it or remove it",
+                template.name
+            ),
+            GuardRule::CannotInject(why) => format!(
+                "SidecarTemplate {:?} is required and cannot be injected: {why}",
+                template.name
+            ),
+        };
+        validations.push(json!({"expression": expression, "message": message}));
+        passes.insert(template.name.clone(), expression);
+    }
     let hash = version_hash(options, &validations);
     let token = guard_token(&hash);
     validations.insert(
@@ -173,10 +175,14 @@ pub fn compile_guard(
         validations,
         "Deny",
     );
+    let mut policy = policy;
+    let names: Vec<&str> = rules.iter().map(|(t, _, _)| t.name.as_str()).collect();
+    policy["metadata"]["annotations"] = json!({GUARD_TEMPLATES_ANNOTATION: names.join(",")});
     Some(CompiledGuard {
         policy,
         binding,
         hash,
+        passes,
     })
 }
 
@@ -193,6 +199,28 @@ fn passes(template: &CompiledTemplate, rule: &GuardRule) -> String {
         GuardRule::Carries(condition) => format!("({not_selected} || ({condition}))"),
         GuardRule::CannotInject(_) => format!("({not_selected})"),
     }
+}
+
+/// Per template, the condition of the guard policy `stored` (as read from the API server): what
+/// is in force when this leader did not put it there. Empty when it is not one of ours.
+pub fn guard_in_force_of(stored: &Value) -> BTreeMap<String, String> {
+    let names = stored
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(GUARD_TEMPLATES_ANNOTATION))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let validations = stored
+        .pointer("/spec/validations")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    names
+        .split(',')
+        .filter(|n| !n.is_empty())
+        // The first validation answers the probe.
+        .zip(validations.iter().skip(1))
+        .filter_map(|(name, v)| Some((name.to_owned(), v["expression"].as_str()?.to_owned())))
+        .collect()
 }
 
 /// What the dry-run Pod asking whether the guard `hash` is in force carries.

@@ -412,20 +412,33 @@ fn the_guard_between_two_policies_accepts_either_version() {
     let agent = template(AGENT);
     let agent_v2 = template(&AGENT.replace("agent:2", "agent:3"));
     let settings = template(REQUIRED_ENV_FROM);
-    let before = [(Arc::clone(&agent), GuardRule::Carries("V1".to_owned()))];
+    let before = compile_guard(
+        &options(),
+        &[(Arc::clone(&agent), GuardRule::Carries("V1".to_owned()))],
+        None,
+    )
+    .unwrap();
+    // What is in force is read back from the policy as the API server stores it, as a new
+    // leader does.
+    let in_force = guard_in_force_of(&before.policy);
+    assert_eq!(in_force.len(), 1);
+    assert!(in_force["agent"].contains("(V1)"));
+    assert!(before.passes["agent"].contains("(V1)"));
     let after = [
         (Arc::clone(&agent_v2), GuardRule::Carries("V2".to_owned())),
         (settings, GuardRule::CannotInject("no".to_owned())),
     ];
-    let between = compile_guard(&options(), &after, Some(&before)).unwrap();
+    let between = compile_guard(&options(), &after, Some(&in_force)).unwrap();
     let validations = between.policy["spec"]["validations"].as_array().unwrap();
     // `settings` had no rule before: it is guarded once the new policy runs, not yet.
     assert_eq!(validations.len(), 2);
     let agent_rule = validations[1]["expression"].as_str().unwrap();
     assert!(agent_rule.contains("(V2)") && agent_rule.contains("(V1)"));
+    assert_eq!(guard_in_force_of(&between.policy), between.passes);
     let settled = compile_guard(&options(), &after, None).unwrap();
     assert_ne!(settled.hash, between.hash);
-    assert!(compile_guard(&options(), &after, Some(&[])).is_none());
+    assert_eq!(settled.passes.len(), 2);
+    assert!(compile_guard(&options(), &after, Some(&BTreeMap::new())).is_none());
 }
 
 #[test]
@@ -450,7 +463,7 @@ spec:
     let templates = [template(AGENT), labelled];
     let compiled = compile_policy(&templates, &options());
     let present = BTreeMap::from([("agent".to_owned(), "AGENT-PRESENT".to_owned())]);
-    let (policy, binding) = compile_warnings(&options(), &compiled, &present).unwrap();
+    let (policy, binding) = compile_warnings(&options(), &compiled, &present, true).unwrap();
     assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]));
     assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
     let validations = policy["spec"]["validations"].as_array().unwrap();
@@ -504,5 +517,22 @@ spec:
 "#,
     );
     let compiled = compile_policy(&[quiet], &options());
-    assert!(compile_warnings(&options(), &compiled, &BTreeMap::new()).is_none());
+    assert!(compile_warnings(&options(), &compiled, &BTreeMap::new(), true).is_none());
+    // Without the webhook behind the policy, a conflict of a best-effort template is warned
+    // about here.
+    let present = BTreeMap::from([("quiet".to_owned(), "QUIET-PRESENT".to_owned())]);
+    let (policy, _) = compile_warnings(&options(), &compiled, &present, false).unwrap();
+    let conflict = &policy["spec"]["validations"][0];
+    let expression = conflict["expression"].as_str().unwrap();
+    assert!(
+        expression.contains(r#"exists(i, i.name in ["quiet"])"#)
+            && expression.contains("!(QUIET-PRESENT)"),
+        "{expression}"
+    );
+    assert!(
+        conflict["messageExpression"]
+            .as_str()
+            .unwrap()
+            .contains(r#"\"quiet\" not applied"#)
+    );
 }

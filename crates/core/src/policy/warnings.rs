@@ -32,10 +32,15 @@ pub fn warnings_name(name: &str) -> String {
 
 /// The warnings policy and binding for the templates `compiled` serves, given the presence
 /// conditions learned from its proof; `None` when no template can warn.
+///
+/// `webhook_behind`: the webhook decides the Pods the policy skips (`auto`), and warns about a
+/// conflict itself; without it (the `policy` backend), a best-effort template the policy
+/// skipped because the Pod has an item of its name that differs is warned about here.
 pub fn compile_warnings(
     options: &PolicyOptions,
     compiled: &CompiledPolicy,
     present: &BTreeMap<String, String>,
+    webhook_behind: bool,
 ) -> Option<(Value, Value)> {
     let injected: BTreeSet<&str> = compiled
         .served
@@ -52,6 +57,9 @@ pub fn compile_warnings(
             present.get(&template.name),
             &injected,
         ));
+        if !webhook_behind && template.failure_policy == FailurePolicy::Ignore {
+            validations.extend(conflict_warning(template, present.get(&template.name)));
+        }
     }
     if validations.is_empty() {
         return None;
@@ -230,6 +238,36 @@ fn template_warnings(
         }
     }
     out
+}
+
+/// The warning that the best-effort `template` was not applied: it selects the Pod, which has
+/// an item named like one of the template's, and the template is not there as the policy adds
+/// it (a conflict; `plan` names the field that differs, a policy cannot).
+fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Option<Value> {
+    let present = present?;
+    let mut named = Vec::new();
+    for (list, items) in [
+        ("containers", &template.containers),
+        ("initContainers", &template.init_containers),
+        ("volumes", &template.volumes),
+    ] {
+        if !items.is_empty() {
+            named.push(format!(
+                "object.spec.?{list}.orValue([]).exists(i, i.name in {})",
+                cel_list(items.iter().map(|i| i.key.as_str()))
+            ));
+        }
+    }
+    let mut selected = selection_conditions(template);
+    selected.push(format!("({})", named.join(" || ")));
+    selected.push(format!("!({present})"));
+    Some(json!({
+        "expression": format!("!({})", selected.join(" && ")),
+        "messageExpression": cel_string(&format!(
+            "SidecarTemplate {:?} not applied: the pod has a container, init container or volume named like one of the template's that differs from it",
+            template.name
+        )),
+    }))
 }
 
 /// The CEL condition that `value` (an expression) sets everything `node` sets, to the same
