@@ -220,6 +220,16 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         Some("guarded.invalid/agent:1")
     );
     assert_no_webhook_entry(&cp);
+    // A Pod named by the API server (a Deployment's): the policy renders `{{ pod.name }}` from
+    // `generateName`, before the name is generated; the guard, which runs after, must judge it
+    // the same way.
+    let mut generated = pod("unused", app.clone());
+    generated["metadata"] = json!({"generateName": "generated-"});
+    let generated = create(&cp, &guarded_ns, &generated, false)
+        .unwrap()
+        .expect("a Pod with a generated name is admitted");
+    let env = &generated["spec"]["containers"][1]["env"][0];
+    assert_eq!(env["value"], "generated-", "{generated}");
 
     // No webhook call, yet the webhook's warnings: the warnings policy gives the same as
     // `render` (the opt-out a required template ignores, env kept as the Pod's, a templated

@@ -1014,13 +1014,29 @@ fn cel_object<'k>(fields: impl Iterator<Item = (&'k str, String)>) -> String {
     format!("{{{}}}", fields.join(", "))
 }
 
+/// `{{ pod.name }}` as mutating admission sees the Pod: its name, or, since the API server
+/// generates one only after mutating admission, `generateName` (as `plan` renders it).
+const NAME_AT_MUTATION: &str = "(object.metadata.?name.orValue(\"\") != \"\" ? object.metadata.name : object.metadata.?generateName.orValue(\"\"))";
+
+/// `{{ pod.name }}` as it was rendered, seen from validating admission, which runs after the
+/// name was generated: `generateName` when the name is it (cut to 58 characters, as the API
+/// server cuts it) followed by the 5 generated characters, else the name.
+const NAME_AT_VALIDATION: &str = "(object.metadata.?generateName.orValue(\"\") != \"\" && object.metadata.?name.orValue(\"\").startsWith(size(object.metadata.generateName) > 58 ? object.metadata.generateName.substring(0, 58) : object.metadata.generateName) && size(object.metadata.?name.orValue(\"\")) == (size(object.metadata.generateName) > 58 ? 58 : size(object.metadata.generateName)) + 5 ? object.metadata.generateName : object.metadata.?name.orValue(\"\"))";
+
+/// `expression` (built for mutating admission) for a ValidatingAdmissionPolicy: placeholders
+/// of the Pod's name read it as it was when the policy rendered them. The mutation-time text
+/// cannot occur inside a CEL string literal (its quotes would be escaped there).
+fn at_validation(expression: &str) -> String {
+    expression.replace(NAME_AT_MUTATION, NAME_AT_VALIDATION)
+}
+
 /// A string with placeholders as a CEL string expression over the Pod's metadata.
 fn cel_text(template: &TemplateString) -> String {
     let parts: Vec<String> = template
         .parts()
         .map(|part| match part {
             Part::Literal(text) => cel_string(text),
-            Part::Name => "(object.metadata.?name.orValue(\"\") != \"\" ? object.metadata.name : object.metadata.?generateName.orValue(\"\"))".to_owned(),
+            Part::Name => NAME_AT_MUTATION.to_owned(),
             Part::Namespace => "(object.metadata.?namespace.orValue(\"\") != \"\" ? object.metadata.namespace : request.namespace)".to_owned(),
             Part::ServiceAccountName => "(object.spec.?serviceAccountName.orValue(\"\") != \"\" ? object.spec.serviceAccountName : (object.spec.?serviceAccount.orValue(\"\") != \"\" ? object.spec.serviceAccount : \"default\"))".to_owned(),
             Part::Label(key) => format!("{LABELS}[?{}].orValue(\"\")", cel_string(key)),

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{
-    ANNOTATIONS, CompiledPolicy, PolicyOptions, cel_string, outside_the_operators_namespace,
-    selection_conditions, validating_policy, version_hash,
+    ANNOTATIONS, CompiledPolicy, PolicyOptions, at_validation, cel_string,
+    outside_the_operators_namespace, selection_conditions, validating_policy, version_hash,
 };
 use crate::template::CompiledTemplate;
 use injector_api::FailurePolicy;
@@ -140,7 +140,7 @@ pub fn compile_guard(
     let mut passes = BTreeMap::new();
     let mut validations = Vec::new();
     for (template, rule, condition) in &rules {
-        let expression = format!("{outside}\n|| {condition}");
+        let expression = at_validation(&format!("{outside}\n|| {condition}"));
         let message = match rule {
             GuardRule::Carries(_) => format!(
                 "SidecarTemplate {:?} is required: the Pod has a container, init container or volume named like one of the template's that differs from it, so the template was not injected; rename it or remove it",

@@ -536,3 +536,41 @@ spec:
             .contains(r#"\"quiet\" not applied"#)
     );
 }
+
+#[test]
+fn validating_policies_read_the_name_as_the_mutation_rendered_it() {
+    // The policy renders `{{ pod.name }}` before the API server generates a name; the guard
+    // and the warnings run after, so they read `generateName` where the name was generated.
+    let named = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: named}
+spec:
+  containers: [{name: named, image: "n:1", args: ["{{ pod.name }}"]}]
+  metadata:
+    labels: {pod: "{{ pod.name }}"}
+"#,
+    );
+    let compiled = compile_policy(&[Arc::clone(&named)], &options());
+    let mutation = expressions(compiled.policy.as_ref().unwrap())[0];
+    assert!(mutation.contains(NAME_AT_MUTATION));
+    let present = BTreeMap::from([(
+        "named".to_owned(),
+        format!("c.args == [{NAME_AT_MUTATION}]"),
+    )]);
+    let rules = guard_rules(&[Arc::clone(&named)], Some(&compiled), &present);
+    let guard = compile_guard(&options(), &rules, None).unwrap();
+    let (warnings, _) = compile_warnings(&options(), &compiled, &present, true).unwrap();
+    for policy in [&guard.policy, &warnings] {
+        let text = policy["spec"]["validations"].to_string();
+        assert!(
+            !text.contains("object.metadata.name : object.metadata.?generateName"),
+            "{text}"
+        );
+        assert!(
+            text.contains("object.metadata.generateName.substring(0, 58)"),
+            "{text}"
+        );
+    }
+}

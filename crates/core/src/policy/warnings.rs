@@ -18,8 +18,8 @@ use injector_api::names::INJECT_ANNOTATION;
 use serde_json::{Value, json};
 
 use super::{
-    ANNOTATIONS, CompiledPolicy, LABELS, PolicyOptions, cel_json, cel_list, cel_string, cel_text,
-    selection_conditions, validating_policy,
+    ANNOTATIONS, CompiledPolicy, LABELS, PolicyOptions, at_validation, cel_json, cel_list,
+    cel_string, cel_text, selection_conditions, validating_policy,
 };
 use crate::placeholder::Node;
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -105,7 +105,10 @@ fn template_warnings(
     let prefix = format!("SidecarTemplate {:?}: ", template.name);
     let mut out = Vec::new();
     let warn = |out: &mut Vec<Value>, when: String, message: String| {
-        out.push(json!({"expression": format!("!({when})"), "messageExpression": message}));
+        out.push(json!({
+            "expression": at_validation(&format!("!({when})")),
+            "messageExpression": at_validation(&message),
+        }));
     };
     if template.failure_policy == FailurePolicy::Fail {
         warn(
@@ -262,7 +265,7 @@ fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Op
     selected.push(format!("({})", named.join(" || ")));
     selected.push(format!("!({present})"));
     Some(json!({
-        "expression": format!("!({})", selected.join(" && ")),
+        "expression": at_validation(&format!("!({})", selected.join(" && "))),
         "messageExpression": cel_string(&format!(
             "SidecarTemplate {:?} not applied: the pod has a container, init container or volume named like one of the template's that differs from it",
             template.name
