@@ -78,6 +78,14 @@ pub enum WebhookOnly {
         /// The template that adds it.
         added_by: String,
     },
+    /// A placeholder reads a label or annotation that a template the webhook serves adds: the
+    /// webhook is called after the policy ran.
+    ReadsWebhookMetadata {
+        /// The key.
+        key: String,
+        /// The template that adds it.
+        added_by: String,
+    },
 }
 
 impl fmt::Display for WebhookOnly {
@@ -94,6 +102,10 @@ impl fmt::Display for WebhookOnly {
             WebhookOnly::ReadsLaterMetadata { key, added_by } => write!(
                 f,
                 "a placeholder reads {key:?}, which SidecarTemplate {added_by:?} adds after it"
+            ),
+            WebhookOnly::ReadsWebhookMetadata { key, added_by } => write!(
+                f,
+                "a placeholder reads {key:?}, which SidecarTemplate {added_by:?} adds from the webhook, called after the policy"
             ),
         }
     }
@@ -129,7 +141,13 @@ pub fn compile_policy(
     let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
     let mut webhook_only = Vec::new();
     for (index, template) in ordered.iter().enumerate() {
-        match webhook_only_reason(template, &ordered[index + 1..]) {
+        let reason = webhook_only_reason(template, &ordered[index + 1..]).or_else(|| {
+            let by_webhook: Vec<&Arc<CompiledTemplate>> =
+                webhook_only.iter().map(|(t, _)| t).collect();
+            reads_added_by(template, &by_webhook)
+                .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
+        });
+        match reason {
             Some(reason) => webhook_only.push((Arc::clone(template), reason)),
             None => served.push(Arc::clone(template)),
         }
@@ -488,6 +506,16 @@ fn webhook_only_reason(
             });
         }
     }
+    reads_added_by(template, later)
+        .map(|(key, added_by)| WebhookOnly::ReadsLaterMetadata { key, added_by })
+}
+
+/// A label or annotation a placeholder of `template` reads that one of `others` adds, and
+/// which one.
+fn reads_added_by(
+    template: &CompiledTemplate,
+    others: &[&Arc<CompiledTemplate>],
+) -> Option<(String, String)> {
     for read in &template.metadata_reads {
         let (key, adds): (&str, fn(&CompiledTemplate, &str) -> bool) = match read {
             crate::placeholder::MetadataKey::Label(key) => {
@@ -497,11 +525,8 @@ fn webhook_only_reason(
                 (key, |t, k| t.annotations.iter().any(|(a, _)| a == k))
             }
         };
-        if let Some(by) = later.iter().find(|t| adds(t, key)) {
-            return Some(WebhookOnly::ReadsLaterMetadata {
-                key: key.to_owned(),
-                added_by: by.name.clone(),
-            });
+        if let Some(by) = others.iter().find(|t| adds(t, key)) {
+            return Some((key.to_owned(), by.name.clone()));
         }
     }
     None

@@ -574,3 +574,48 @@ spec:
         );
     }
 }
+
+#[test]
+fn a_placeholder_reading_what_the_webhook_adds_stays_on_the_webhook() {
+    // `settings` stays on the webhook (envFrom) and adds a label; the webhook is called after
+    // the policy, so `reader`, applied after it, would render it empty from a policy.
+    let settings = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: settings}
+spec:
+  priority: 5
+  appContainers:
+    envFrom: [{configMapRef: {name: settings}}]
+  metadata:
+    labels: {settings: loaded}
+"#,
+    );
+    let reader = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: reader}
+spec:
+  priority: 10
+  containers: [{name: reader, image: "r:1", args: ["{{ pod.labels['settings'] }}"]}]
+"#,
+    );
+    let compiled = compile_policy(&[settings, reader, template(PROXY)], &options());
+    let reasons: Vec<(String, String)> = compiled
+        .webhook_only
+        .iter()
+        .map(|(t, why)| (t.name.clone(), why.to_string()))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons[1].0, "reader");
+    assert!(
+        reasons[1]
+            .1
+            .contains("\"settings\", which SidecarTemplate \"settings\" adds from the webhook"),
+        "{reasons:?}"
+    );
+    let served: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(served, ["proxy"]);
+}
