@@ -5,7 +5,8 @@
 //!   holding 1,500 and 3,000 env vars (the planner must stay linear in the Pod's size).
 //!   `plan/typical_8k_pod_with_parse` adds `serde_json::from_slice` of the Pod's bytes, the
 //!   webhook's other per-request cost before it decoded only what the planner reads;
-//!   `plan/typical_8k_pod_with_decode` adds `pod_json::decode_pod`, what it does now.
+//!   `plan/typical_8k_pod_with_decode` decodes the typed Pod with `pod_json::decode_pod_among`
+//!   instead and plans it, what the webhook does now.
 //! - `registry/group_lookup/N`: `Snapshot::group(id)` and iterating that group's templates,
 //!   with N other templates in N other groups; it must not grow with N.
 //! - `registry/matching/N`: `Snapshot::matching` (selection by labels, used outside the
@@ -21,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, plan, pod_json};
+use injector_core::{
+    CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, plan, plan_among, pod_json,
+};
 use serde_json::{Map, Value, json};
 
 // The templates and the small Pod are built as the integration tests build theirs.
@@ -165,8 +168,10 @@ fn bench_plan(c: &mut Criterion) {
     let typical_json = std::str::from_utf8(&typical_bytes).unwrap();
     group.bench_function("typical_8k_pod_with_decode", |b| {
         b.iter(|| {
-            let pod = pod_json::decode_pod(black_box(typical_json), allowance).unwrap();
-            run(&pod, black_box(&typical_templates))
+            let templates = black_box(&typical_templates[..]);
+            let pod =
+                pod_json::decode_pod_among(black_box(typical_json), allowance, templates).unwrap();
+            plan_among(&pod, &NAMESPACE, templates, templates)
         })
     });
 
@@ -265,10 +270,10 @@ fn bench_registry(c: &mut Criterion) {
     for n in [1usize, 100, 10_000] {
         let (snapshot, _) = registry(n);
         // The target group, and filler 0 (whose selector the labels also match).
-        let found = snapshot.matching(Some(&pod_labels), Some(&ns_labels));
+        let found = snapshot.matching(&pod_labels, Some(&ns_labels));
         assert_eq!(found.len(), TARGET_TEMPLATES + 1);
         group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| black_box(&snapshot).matching(Some(black_box(&pod_labels)), Some(&ns_labels)))
+            b.iter(|| black_box(&snapshot).matching(black_box(&pod_labels), Some(&ns_labels)))
         });
     }
     group.finish();

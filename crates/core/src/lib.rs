@@ -14,6 +14,7 @@ pub mod lifecycle;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
+pub mod pod;
 pub mod pod_json;
 pub mod policy;
 pub mod published;
@@ -30,6 +31,7 @@ pub use patch::{Patch, PatchValue};
 pub use plan::{
     Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among,
 };
+pub use pod::Pod;
 pub use published::Templates;
 pub use registry::{Registry, Snapshot};
 pub use selector::{Labels, Selector};

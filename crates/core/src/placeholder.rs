@@ -5,10 +5,11 @@
 //! into those strings and nowhere else: a placeholder can only ever produce a string value,
 //! never structure, whatever the metadata holds.
 
+use serde_json::Value;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
 
 use crate::error::FieldError;
+use crate::selector::Labels;
 
 /// The placeholders a template may use, for error messages and docs.
 pub const KNOWN_PLACEHOLDERS: &str = "pod.name, pod.namespace, pod.serviceAccountName, \
@@ -75,7 +76,7 @@ pub enum Reach {
 }
 
 /// The Pod metadata placeholders draw from.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct PodFacts<'a> {
     /// `metadata.name`, or `metadata.generateName` when the name is not yet set.
     pub name: &'a str,
@@ -84,9 +85,19 @@ pub struct PodFacts<'a> {
     /// `spec.serviceAccountName`, `default` when unset.
     pub service_account_name: &'a str,
     /// `metadata.labels`.
-    pub labels: Option<&'a Map<String, Value>>,
+    pub labels: Option<&'a dyn Labels>,
     /// `metadata.annotations`.
-    pub annotations: Option<&'a Map<String, Value>>,
+    pub annotations: Option<&'a dyn Labels>,
+}
+
+impl std::fmt::Debug for PodFacts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodFacts")
+            .field("name", &self.name)
+            .field("namespace", &self.namespace)
+            .field("service_account_name", &self.service_account_name)
+            .finish_non_exhaustive()
+    }
 }
 
 impl TemplateString {
@@ -190,10 +201,8 @@ impl TemplateString {
     }
 }
 
-fn lookup<'a>(map: Option<&'a Map<String, Value>>, key: &str) -> &'a str {
-    map.and_then(|m| m.get(key))
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+fn lookup<'a>(map: Option<&'a dyn Labels>, key: &str) -> &'a str {
+    map.and_then(|m| m.label(key)).unwrap_or_default()
 }
 
 fn parse_field(expression: &str) -> Option<Field> {
@@ -395,7 +404,7 @@ pub fn field_path(base: &str, steps: &[PathStep<'_>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Map, json};
 
     fn facts<'a>(
         labels: &'a Map<String, Value>,

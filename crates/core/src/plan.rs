@@ -4,6 +4,7 @@
 //! what the Pod already has once, and then checks each addition in constant time: the cost is
 //! linear in the size of the Pod and of the templates, never quadratic.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use crate::defaulted::{ItemKind, Surroundings, difference};
 use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchValue};
 use crate::placeholder::{MetadataKey, PodFacts};
+use crate::pod::{Container, Pod, Strings, mount_path, name_of};
 use crate::selector::Labels;
 use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Item, Text};
@@ -192,6 +194,12 @@ impl Plan<'_> {
 #[error("not a valid Pod: {0}")]
 pub struct MalformedPod(String);
 
+impl MalformedPod {
+    pub(crate) fn new(reason: impl Into<String>) -> Self {
+        MalformedPod(reason.into())
+    }
+}
+
 /// Plans the injection of `templates` into `pod` (its JSON), created in `namespace`.
 ///
 /// Templates apply in (priority, name) order whatever order they are given in; a name given
@@ -201,7 +209,12 @@ pub fn plan<'t>(
     namespace: &NamespaceInfo<'_>,
     templates: &'t [Arc<CompiledTemplate>],
 ) -> Result<Plan<'t>, MalformedPod> {
-    plan_among(pod, namespace, templates, templates)
+    Ok(plan_among(
+        &Pod::from_value(pod)?,
+        namespace,
+        templates,
+        templates,
+    ))
 }
 
 /// Every template in force, as [`plan_among`] looks them up.
@@ -261,15 +274,15 @@ impl KnownTemplates for crate::registry::Snapshot {
 /// alone) and an init container of theirs may come before a native sidecar. Otherwise another
 /// entry's additions, made between two calls of this one, would look like the Pod author's.
 pub fn plan_among<'t>(
-    pod: &Value,
+    view: &Pod<'_>,
     namespace: &NamespaceInfo<'_>,
     templates: &'t [Arc<CompiledTemplate>],
     known: &(impl KnownTemplates + ?Sized),
-) -> Result<Plan<'t>, MalformedPod> {
-    let view = PodView::parse(pod)?;
+) -> Plan<'t> {
     let ordered = in_application_order(templates);
+    let token_volumes = view.token_volumes();
 
-    let namespace_name = view.namespace.unwrap_or(namespace.name);
+    let namespace_name = view.namespace.as_deref().unwrap_or(namespace.name);
     if let Some(reason) = pod_wide_skip(namespace_name, namespace) {
         let skipped = ordered
             .iter()
@@ -278,10 +291,10 @@ pub fn plan_among<'t>(
                 reason: reason.clone(),
             })
             .collect();
-        return Ok(Plan {
+        return Plan {
             skipped,
             ..Plan::default()
-        });
+        };
     }
 
     // A pass renders placeholders with the Pod's metadata and adds env and mounts to the Pod's
@@ -289,25 +302,26 @@ pub fn plan_among<'t>(
     // may read, and a re-invocation sees the containers the first call injected among the
     // Pod's. So passes repeat, each seeing what the one before found, until nothing changes:
     // then planning the result again sees just what the last pass saw, and adds nothing.
-    let recognised = Recognised::find(&view, namespace, namespace_name, known);
-    let mut seen = Seen::first(&view);
+    let recognised = Recognised::find(view, &token_volumes, namespace, namespace_name, known);
+    let mut seen = Seen::first(view);
     let mut passes = 1;
     loop {
         let mut pass = Pass::run(
-            &view,
+            view,
+            &token_volumes,
             &ordered,
             namespace,
             namespace_name,
             &seen,
             &recognised,
         );
-        match pass.seen_after(&view, &ordered, &seen) {
-            None => return Ok(pass.finish(&view)),
+        match pass.seen_after(view, &ordered, &seen) {
+            None => return pass.finish(view),
             Some(_) if passes == MAX_PASSES => {
                 pass.plan.warnings.push(format!(
                     "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
                 ));
-                return Ok(pass.finish(&view));
+                return pass.finish(view);
             }
             Some(next) => seen = next,
         }
@@ -330,25 +344,26 @@ struct Recognised {
 
 impl Recognised {
     fn find(
-        view: &PodView<'_>,
+        view: &Pod<'_>,
+        token_volumes: &[&str],
         namespace: &NamespaceInfo<'_>,
         namespace_name: &str,
         known: &(impl KnownTemplates + ?Sized),
     ) -> Self {
         let facts = PodFacts {
-            name: view.name,
+            name: &view.name,
             namespace: namespace_name,
-            service_account_name: view.service_account_name,
-            labels: view.labels,
-            annotations: view.annotations,
+            service_account_name: &view.service_account_name,
+            labels: view.labels.as_ref().map(|l| l as &dyn Labels),
+            annotations: view.annotations.as_ref().map(|a| a as &dyn Labels),
         };
         let pod = Surroundings {
             host_network: view.host_network,
-            token_volumes: &view.token_volumes,
+            token_volumes,
         };
         let no_additions = MapAdditions::new(None);
         let labels = Effective {
-            pod: view.labels,
+            pod: view.labels.as_ref(),
             added: &no_additions,
         };
         let selects = |t: &CompiledTemplate| {
@@ -357,8 +372,11 @@ impl Recognised {
                     .labels
                     .is_none_or(|ns| t.namespace_selector.matches(ns))
         };
-        let is_theirs = |container: &Value, items: fn(&CompiledTemplate) -> &[Item]| {
-            let name = name_of(container);
+        let is_theirs = |container: &Container<'_>, items: fn(&CompiledTemplate) -> &[Item]| {
+            let name = container.name.as_ref();
+            let Some(container) = container.whole.as_deref() else {
+                return false;
+            };
             known.adding_container(name).any(|t| {
                 selects(t)
                     && items(t).iter().any(|item| {
@@ -381,8 +399,8 @@ impl Recognised {
                 .collect(),
             init_containers: view
                 .init_containers
-                .unwrap_or_default()
                 .iter()
+                .flatten()
                 .map(|c| is_theirs(c, |t| &t.init_containers))
                 .collect(),
         }
@@ -391,17 +409,17 @@ impl Recognised {
 
 /// What a pass takes as given.
 #[derive(PartialEq)]
-struct Seen {
+struct Seen<'k> {
     /// The labels placeholders read; `None`: the Pod's own.
-    labels: Option<Map<String, Value>>,
+    labels: Option<Strings<'k>>,
     /// The annotations placeholders read; `None`: the Pod's own.
-    annotations: Option<Map<String, Value>>,
+    annotations: Option<Strings<'k>>,
     /// Per container of the Pod: whether it is a template's rather than the Pod's own.
     injected: Vec<bool>,
 }
 
-impl Seen {
-    fn first(view: &PodView<'_>) -> Self {
+impl Seen<'_> {
+    fn first(view: &Pod<'_>) -> Self {
         Seen {
             labels: None,
             annotations: None,
@@ -422,24 +440,33 @@ struct Pass<'k, 't> {
 
 impl<'k, 't: 'k> Pass<'k, 't> {
     fn run(
-        view: &'k PodView<'k>,
+        view: &'k Pod<'k>,
+        token_volumes: &'k [&'k str],
         ordered: &[&'t CompiledTemplate],
         namespace: &NamespaceInfo<'_>,
         namespace_name: &'k str,
-        seen: &Seen,
+        seen: &Seen<'_>,
         recognised: &Recognised,
     ) -> Self {
         let opted_out = opts_out(view.annotation(INJECT_ANNOTATION));
         let facts = PodFacts {
-            name: view.name,
+            name: &view.name,
             namespace: namespace_name,
-            service_account_name: view.service_account_name,
-            labels: seen.labels.as_ref().or(view.labels),
-            annotations: seen.annotations.as_ref().or(view.annotations),
+            service_account_name: &view.service_account_name,
+            labels: seen
+                .labels
+                .as_ref()
+                .or(view.labels.as_ref())
+                .map(|l| l as &dyn Labels),
+            annotations: seen
+                .annotations
+                .as_ref()
+                .or(view.annotations.as_ref())
+                .map(|a| a as &dyn Labels),
         };
         let mut pass = Pass {
             plan: Plan::default(),
-            builder: Builder::new(view, seen, recognised),
+            builder: Builder::new(view, token_volumes, seen, recognised),
             present: Vec::new(),
             absent: Vec::new(),
         };
@@ -537,22 +564,22 @@ impl<'k, 't: 'k> Pass<'k, 't> {
     }
 
     /// What the next pass must take as given, when it differs from what this one took.
-    fn seen_after(
+    fn seen_after<'v>(
         &self,
-        view: &PodView<'_>,
+        view: &Pod<'v>,
         ordered: &[&CompiledTemplate],
-        seen: &Seen,
-    ) -> Option<Seen> {
+        seen: &Seen<'v>,
+    ) -> Option<Seen<'v>> {
         // Only what a placeholder reads matters: most passes add nothing that one reads.
         let read = |key: MetadataKey| ordered.iter().any(|t| t.metadata_reads.contains(&key));
-        let merged = |pod: Option<&Map<String, Value>>,
+        let merged = |pod: Option<&Strings<'v>>,
                       added: &MapAdditions<'_>,
                       key: fn(String) -> MetadataKey| {
             let reads_added = added.order.iter().any(|k| read(key(k.clone())));
             reads_added.then(|| {
                 let mut map = pod.cloned().unwrap_or_default();
                 for (key, (value, _)) in &added.added {
-                    map.insert(key.clone(), Value::String(value.clone()));
+                    map.insert(Cow::Owned(key.clone()), Cow::Owned(value.clone()));
                 }
                 map
             })
@@ -564,9 +591,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
             seen.injected.clone()
         };
         let next = Seen {
-            labels: merged(view.labels, &self.builder.labels, MetadataKey::Label),
+            labels: merged(
+                view.labels.as_ref(),
+                &self.builder.labels,
+                MetadataKey::Label,
+            ),
             annotations: merged(
-                view.annotations,
+                view.annotations.as_ref(),
                 &self.builder.annotations,
                 MetadataKey::Annotation,
             ),
@@ -576,7 +607,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
     }
 
     /// The plan, with the record and the patch.
-    fn finish(self, view: &PodView<'_>) -> Plan<'t> {
+    fn finish(self, view: &Pod<'_>) -> Plan<'t> {
         let Pass {
             mut plan,
             mut builder,
@@ -693,127 +724,18 @@ pub(crate) fn pod_wide_skip(
     }
 }
 
-/// What the planner reads of a Pod, borrowed from its JSON.
-struct PodView<'a> {
-    has_metadata: bool,
-    name: &'a str,
-    namespace: Option<&'a str>,
-    service_account_name: &'a str,
-    labels: Option<&'a Map<String, Value>>,
-    annotations: Option<&'a Map<String, Value>>,
-    containers: &'a [Value],
-    init_containers: Option<&'a [Value]>,
-    volumes: Option<&'a [Value]>,
-    image_pull_secrets: Option<&'a [Value]>,
-    host_network: bool,
-    /// The Pod's volumes holding a ServiceAccount token.
-    token_volumes: Vec<&'a str>,
-}
-
-impl<'a> PodView<'a> {
-    fn parse(pod: &'a Value) -> Result<Self, MalformedPod> {
-        let pod = pod
-            .as_object()
-            .ok_or_else(|| MalformedPod("the object is not a JSON object".into()))?;
-        let metadata = optional_object(pod, "metadata", "metadata")?;
-        let spec = optional_object(pod, "spec", "spec")?
-            .ok_or_else(|| MalformedPod("spec is missing".into()))?;
-        let containers = optional_array(spec, "containers", "spec.containers")?
-            .ok_or_else(|| MalformedPod("spec.containers is missing".into()))?;
-        let init_containers = optional_array(spec, "initContainers", "spec.initContainers")?;
-        for (field, list) in [
-            ("spec.containers", Some(containers)),
-            ("spec.initContainers", init_containers),
-        ] {
-            if list.into_iter().flatten().any(|c| !c.is_object()) {
-                return Err(MalformedPod(format!("{field} holds a non-object")));
-            }
-        }
-        let text = |map: Option<&'a Map<String, Value>>, key: &str| {
-            map.and_then(|m| m.get(key))
-                .and_then(Value::as_str)
-                .filter(|s| !s.is_empty())
-        };
-        Ok(PodView {
-            has_metadata: metadata.is_some(),
-            name: text(metadata, "name")
-                .or_else(|| text(metadata, "generateName"))
-                .unwrap_or_default(),
-            namespace: text(metadata, "namespace"),
-            service_account_name: text(Some(spec), "serviceAccountName")
-                .or_else(|| text(Some(spec), "serviceAccount"))
-                .unwrap_or("default"),
-            labels: metadata
-                .map(|m| optional_object(m, "labels", "metadata.labels"))
-                .transpose()?
-                .flatten(),
-            annotations: metadata
-                .map(|m| optional_object(m, "annotations", "metadata.annotations"))
-                .transpose()?
-                .flatten(),
-            containers,
-            init_containers,
-            volumes: optional_array(spec, "volumes", "spec.volumes")?,
-            image_pull_secrets: optional_array(spec, "imagePullSecrets", "spec.imagePullSecrets")?,
-            host_network: spec.get("hostNetwork") == Some(&Value::Bool(true)),
-            token_volumes: optional_array(spec, "volumes", "spec.volumes")?
-                .into_iter()
-                .flatten()
-                .filter(|volume| holds_service_account_token(volume))
-                .map(name_of)
-                .collect(),
-        })
-    }
-
-    fn annotation(&self, key: &str) -> Option<&'a str> {
-        self.annotations
-            .and_then(|a| a.get(key))
-            .and_then(Value::as_str)
-    }
-}
-
-fn optional_object<'a>(
-    parent: &'a Map<String, Value>,
-    key: &str,
-    field: &str,
-) -> Result<Option<&'a Map<String, Value>>, MalformedPod> {
-    match parent.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => Ok(Some(map)),
-        Some(_) => Err(MalformedPod(format!("{field} is not an object"))),
-    }
-}
-
-fn optional_array<'a>(
-    parent: &'a Map<String, Value>,
-    key: &str,
-    field: &str,
-) -> Result<Option<&'a [Value]>, MalformedPod> {
-    match parent.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(items)) => Ok(Some(items)),
-        Some(_) => Err(MalformedPod(format!("{field} is not a list"))),
-    }
-}
-
-/// A projected volume with a `serviceAccountToken` source, as the ServiceAccount plugin adds.
-fn holds_service_account_token(volume: &Value) -> bool {
-    volume["projected"]["sources"]
-        .as_array()
-        .is_some_and(|sources| {
-            sources
-                .iter()
-                .any(|s| s.get("serviceAccountToken").is_some())
-        })
-}
-
-fn name_of(item: &Value) -> &str {
-    item.get("name").and_then(Value::as_str).unwrap_or_default()
-}
-
 /// Who put a named item where it is.
 enum Owner<'k> {
-    Pod(&'k Value),
+    /// The Pod.
+    Pod {
+        /// The item whole; `None` when it was not kept whole (no template adds one of its
+        /// name, so it is never compared).
+        whole: Option<&'k Value>,
+        /// Its index in its list.
+        index: usize,
+        /// Whether that list is `initContainers`.
+        init: bool,
+    },
     /// A template, and the index of the item in the list's additions.
     Template(&'k str, usize),
 }
@@ -842,10 +764,22 @@ enum Presence {
 }
 
 impl<'k, 't, T> Keyed<'k, 't, T> {
-    fn new(existing: Option<&'k [Value]>, key: impl Fn(&'k Value) -> &'k str) -> Self {
+    /// The items of the list `existing`, each under its key and whole if it was kept so.
+    fn new<I: 'k>(
+        existing: Option<&'k [I]>,
+        key_and_whole: impl Fn(&'k I) -> (&'k str, Option<&'k Value>),
+    ) -> Self {
         let items = existing.unwrap_or_default();
         let mut owners = HashMap::with_capacity_and_hasher(items.len(), Default::default());
-        owners.extend(items.iter().map(|item| (key(item), Owner::Pod(item))));
+        owners.extend(items.iter().enumerate().map(|(index, item)| {
+            let (key, whole) = key_and_whole(item);
+            let owner = Owner::Pod {
+                whole,
+                index,
+                init: false,
+            };
+            (key, owner)
+        }));
         Keyed {
             existed: existing.is_some(),
             owners,
@@ -856,7 +790,10 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
     fn presence(&self, key: &str, value: &PatchValue<'_>) -> Presence {
         let (current, describe) = match self.owners.get(key) {
             None => return Presence::Absent,
-            Some(Owner::Pod(current)) => (value.is_subset_of(current), "in the pod".to_owned()),
+            Some(Owner::Pod { whole: current, .. }) => (
+                current.is_some_and(|current| value.is_subset_of(current)),
+                "in the pod".to_owned(),
+            ),
             // The same test as against the Pod's own items, so that planning the mutated Pod
             // again decides as this plan did.
             Some(Owner::Template(name, index)) => (
@@ -887,8 +824,11 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
         // The rendered item is copied only when the name is taken (rare but for re-invocations).
         let (difference, owner) = match self.owners.get(key) {
             None => return Presence::Absent,
-            Some(Owner::Pod(current)) => (
-                difference(&value.to_value(), current, kind, pod),
+            Some(Owner::Pod { whole: current, .. }) => (
+                match current {
+                    Some(current) => difference(&value.to_value(), current, kind, pod),
+                    None => Some(String::new()),
+                },
                 "in the pod".to_owned(),
             ),
             Some(Owner::Template(name, index)) => (
@@ -923,13 +863,13 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
 
 /// A map (labels or annotations) and what the plan adds to it.
 struct MapAdditions<'a> {
-    existing: Option<&'a Map<String, Value>>,
+    existing: Option<&'a Strings<'a>>,
     added: BTreeMap<String, (String, String)>,
     order: Vec<String>,
 }
 
 impl<'a> MapAdditions<'a> {
-    fn new(existing: Option<&'a Map<String, Value>>) -> Self {
+    fn new(existing: Option<&'a Strings<'a>>) -> Self {
         MapAdditions {
             existing,
             added: BTreeMap::new(),
@@ -940,7 +880,7 @@ impl<'a> MapAdditions<'a> {
     /// Adds `key` unless present; a warning when it is present with another value.
     fn add(&mut self, what: &str, key: &str, value: String, template: &str) -> Option<String> {
         if let Some(current) = self.existing.and_then(|m| m.get(key)) {
-            return (current.as_str() != Some(value.as_str())).then(|| {
+            return (current != Some(value.as_str())).then(|| {
                 format!("{what} {key:?} is already set in the pod; kept the pod's value")
             });
         }
@@ -995,14 +935,14 @@ impl<'a> MapAdditions<'a> {
 /// A map of the Pod's metadata as the plan leaves it: the Pod's own keys win (they are never
 /// overwritten), then the keys templates added.
 struct Effective<'m, 'a> {
-    pod: Option<&'a Map<String, Value>>,
+    pod: Option<&'a Strings<'a>>,
     added: &'m MapAdditions<'a>,
 }
 
 impl Labels for Effective<'_, '_> {
     fn label(&self, key: &str) -> Option<&str> {
         match self.pod.and_then(|m| m.get(key)) {
-            Some(value) => value.as_str(),
+            Some(value) => value,
             None => self.added.label(key),
         }
     }
@@ -1016,11 +956,6 @@ struct TemplateOutcome {
     added: bool,
 }
 
-/// An init container with `restartPolicy: Always`.
-fn is_native_sidecar(container: &Value) -> bool {
-    container.get("restartPolicy").and_then(Value::as_str) == Some("Always")
-}
-
 /// Additions to one of the Pod's own containers.
 struct AppContainer<'k, 't> {
     env: Keyed<'k, 't>,
@@ -1030,21 +965,37 @@ struct AppContainer<'k, 't> {
 }
 
 impl<'k, 't> AppContainer<'k, 't> {
-    fn new(container: &'k Value) -> Self {
-        let list = |field: &str| {
-            container
-                .get(field)
-                .and_then(Value::as_array)
-                .map(Vec::as_slice)
-        };
+    fn new(container: &'k Container<'k>) -> Self {
+        if let Some(whole) = container.whole.as_deref() {
+            let list = |field: &str| {
+                whole
+                    .get(field)
+                    .and_then(Value::as_array)
+                    .map(Vec::as_slice)
+            };
+            // Only an object is an env var or a mount that may be the same as a template's.
+            let object = |item: &'k Value| item.is_object().then_some(item);
+            return AppContainer {
+                env: Keyed::new(list("env"), |var| (name_of(var), object(var))),
+                env_from_existing: list("envFrom"),
+                env_from_added: Vec::new(),
+                mounts: Keyed::new(list("volumeMounts"), |mount| {
+                    (mount_path(mount), object(mount))
+                }),
+            };
+        }
         AppContainer {
-            env: Keyed::new(list("env"), name_of),
-            env_from_existing: list("envFrom"),
+            env: Keyed::new(container.env.as_deref(), |var| {
+                (var.name.as_ref(), var.whole.as_deref())
+            }),
+            env_from_existing: container
+                .env_from
+                .as_deref()
+                .and_then(Value::as_array)
+                .map(Vec::as_slice),
             env_from_added: Vec::new(),
-            mounts: Keyed::new(list("volumeMounts"), |m| {
-                m.get("mountPath")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
+            mounts: Keyed::new(container.volume_mounts.as_deref(), |mount| {
+                (mount_path(mount), Some(mount.as_ref()))
             }),
         }
     }
@@ -1054,7 +1005,8 @@ impl<'k, 't> AppContainer<'k, 't> {
 /// templates both outlive (keys come from either); `'t` is the templates', which the patch
 /// borrows.
 struct Builder<'k, 't> {
-    view: &'k PodView<'k>,
+    view: &'k Pod<'k>,
+    token_volumes: &'k [&'k str],
     /// Container names are unique across containers and initContainers, so one index serves
     /// both; the placement says which list an addition lands in.
     containers: Keyed<'k, 't, Placement>,
@@ -1075,29 +1027,45 @@ struct Builder<'k, 't> {
 }
 
 impl<'k, 't: 'k> Builder<'k, 't> {
-    fn new(view: &'k PodView<'k>, seen: &Seen, recognised: &Recognised) -> Self {
+    fn new(
+        view: &'k Pod<'k>,
+        token_volumes: &'k [&'k str],
+        seen: &Seen<'_>,
+        recognised: &Recognised,
+    ) -> Self {
         let injected = seen
             .injected
             .iter()
             .zip(&recognised.containers)
             .map(|(seen, recognised)| *seen || *recognised)
             .collect();
-        let mut containers = Keyed::new(Some(view.containers), name_of);
-        for init in view.init_containers.into_iter().flatten() {
-            containers.owners.insert(name_of(init), Owner::Pod(init));
+        let mut containers = Keyed::new(Some(&view.containers), Container::key_and_whole);
+        for (index, init) in view.init_containers.iter().flatten().enumerate() {
+            let (name, whole) = init.key_and_whole();
+            let owner = Owner::Pod {
+                whole,
+                index,
+                init: true,
+            };
+            containers.owners.insert(name, owner);
         }
         Builder {
             view,
+            token_volumes,
             containers,
             init_containers_existed: view.init_containers.is_some(),
-            volumes: Keyed::new(view.volumes, name_of),
-            pull_secrets: Keyed::new(view.image_pull_secrets, name_of),
+            volumes: Keyed::new(view.volumes.as_deref(), |volume| {
+                (volume.name.as_ref(), volume.whole.as_deref())
+            }),
+            pull_secrets: Keyed::new(view.image_pull_secrets.as_deref(), |name| {
+                (name.as_ref(), None)
+            }),
             app: view.containers.iter().map(|_| None).collect(),
             found_injected: vec![false; view.containers.len()],
             template_init_containers: recognised.init_containers.clone(),
             injected,
-            labels: MapAdditions::new(view.labels),
-            annotations: MapAdditions::new(view.annotations),
+            labels: MapAdditions::new(view.labels.as_ref()),
+            annotations: MapAdditions::new(view.annotations.as_ref()),
         }
     }
 
@@ -1105,11 +1073,11 @@ impl<'k, 't: 'k> Builder<'k, 't> {
     /// annotations plus those added so far), or `None` when it does.
     fn unselected(&self, template: &CompiledTemplate) -> Option<SkipReason> {
         let labels = Effective {
-            pod: self.view.labels,
+            pod: self.view.labels.as_ref(),
             added: &self.labels,
         };
         let annotations = Effective {
-            pod: self.view.annotations,
+            pod: self.view.annotations.as_ref(),
             added: &self.annotations,
         };
         unselected_by_pod(template, &labels, &annotations)
@@ -1236,31 +1204,28 @@ impl<'k, 't: 'k> Builder<'k, 't> {
     fn surroundings(&self) -> Surroundings<'_> {
         Surroundings {
             host_network: self.view.host_network,
-            token_volumes: &self.view.token_volumes,
+            token_volumes: self.token_volumes,
         }
     }
 
     /// Where the Pod's `spec.containers` holds the container named `name`, if it does.
     fn pod_container_index(&self, name: &str) -> Option<usize> {
-        let Some(Owner::Pod(current)) = self.containers.owners.get(name) else {
-            return None;
-        };
-        self.view
-            .containers
-            .iter()
-            .position(|c| std::ptr::eq(c, *current))
+        match self.containers.owners.get(name) {
+            Some(Owner::Pod {
+                index, init: false, ..
+            }) => Some(*index),
+            _ => None,
+        }
     }
 
     /// Why a container of the Pod's own, equal to one the template places at `placement`, is
     /// not where the template would put it; `None` when it is.
     fn misplaced(&self, name: &str, placement: Placement) -> Option<String> {
-        let Some(Owner::Pod(current)) = self.containers.owners.get(name) else {
+        let Some(Owner::Pod { index, init, .. }) = self.containers.owners.get(name) else {
             return None;
         };
-        let init_containers = self.view.init_containers.unwrap_or_default();
-        let init_index = init_containers
-            .iter()
-            .position(|c| std::ptr::eq(c, *current));
+        let init_containers = self.view.init_containers.as_deref().unwrap_or_default();
+        let init_index = init.then_some(*index);
         match (placement, init_index) {
             (Placement::Containers, Some(_)) => Some(
                 "is in the pod's initContainers; the template adds it to containers".to_owned(),
@@ -1270,16 +1235,19 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             ),
             // A native sidecar must run from the start: after a plain init container of the
             // Pod's own it would not be running while that one runs.
-            (Placement::InitContainers, Some(index)) if is_native_sidecar(current) => {
+            (Placement::InitContainers, Some(index))
+                if init_containers
+                    .get(index)
+                    .is_some_and(|c| c.native_sidecar) =>
+            {
                 init_containers[..index]
                     .iter()
                     .zip(&self.template_init_containers)
-                    .find(|(c, theirs)| !is_native_sidecar(c) && !**theirs)
-                    .map(|(c, _)| c)
-                    .map(|c| {
+                    .find(|(c, theirs)| !c.native_sidecar && !**theirs)
+                    .map(|(c, _)| {
                         format!(
                             "is in the pod after its init container {:?}; a native sidecar must come before the pod's own init containers",
-                            name_of(c)
+                            c.name
                         )
                     })
             }
@@ -1314,7 +1282,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             .zip(self.app.iter_mut())
             .zip(&self.injected)
         {
-            let container_name = name_of(container);
+            let container_name = container.name.as_ref();
             if *injected || !wanted(container_name) {
                 continue;
             }

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use serde_json::{Map, Value};
+use crate::selector::Labels;
 
 use crate::group::{Group, GroupId, GroupKey, merge_past_bound};
 use crate::template::CompiledTemplate;
@@ -133,14 +133,14 @@ impl Snapshot {
     /// namespace selection was already made (by the API server).
     pub fn matching(
         &self,
-        pod_labels: Option<&Map<String, Value>>,
+        pod_labels: &impl Labels,
         namespace_labels: Option<&BTreeMap<String, String>>,
     ) -> Vec<Arc<CompiledTemplate>> {
         let mut found: Vec<_> = self
             .groups_in_order
             .iter()
             .filter(|g| {
-                g.key.pod_selector.matches(&pod_labels)
+                g.key.pod_selector.matches(pod_labels)
                     && namespace_labels.is_none_or(|ns| g.key.namespace_selector.matches(ns))
             })
             .flat_map(|g| g.templates.iter().cloned())

@@ -26,7 +26,9 @@ use std::sync::Arc;
 
 use injector_api::{FailurePolicy, SidecarTemplate};
 use injector_core::pod_json::{allowance, decode_pod, decode_pod_among};
-use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan};
+use injector_core::{
+    CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan, plan_among,
+};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::collection::{btree_map, btree_set, vec};
 use proptest::option;
@@ -147,6 +149,14 @@ fn plan_for<'t>(
     templates: &'t [Arc<CompiledTemplate>],
 ) -> Plan<'t> {
     plan(pod, namespace, templates).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn plan_decoded<'t>(
+    pod: &injector_core::Pod<'_>,
+    namespace: &NamespaceInfo<'_>,
+    templates: &'t [Arc<CompiledTemplate>],
+) -> Plan<'t> {
+    plan_among(pod, namespace, templates, templates)
 }
 
 /// The pod with the plan's patch applied.
@@ -739,22 +749,22 @@ proptest! {
         let decoded = decode_pod(&json, allowance(json.len())).unwrap_or_else(|e| panic!("{e}"));
         let ns = s.namespace();
         let reference = plan_for(&whole, &ns, &s.templates);
-        prop_assert_eq!(&plan_for(&decoded, &ns, &s.templates), &reference);
+        prop_assert_eq!(&plan_decoded(&decoded, &ns, &s.templates), &reference);
 
         // As the webhook decodes it, with containers whole only where a template adds one of
         // the same name: first calls, and re-invocations (the Pod as the first call left it,
         // its injected containers named as the templates' are). Both with names first, as the
         // API server writes containers (such a container is built whole), and in `Value`'s
         // order (the Pod is then decoded again whole).
-        let among = |json: &str| {
-            decode_pod_among(json, allowance(json.len()), s.templates.as_slice())
+        fn among<'j>(json: &'j str, templates: &[Arc<CompiledTemplate>]) -> injector_core::Pod<'j> {
+            decode_pod_among(json, allowance(json.len()), templates)
                 .unwrap_or_else(|e| panic!("{e}"))
-        };
+        }
         let mutated = apply(&whole, &reference)?;
         let again = plan_for(&mutated, &ns, &s.templates);
         for (pod, expected) in [(&whole, &reference), (&mutated, &again)] {
             for json in [pod.to_string(), names_first(pod)] {
-                prop_assert_eq!(&plan_for(&among(&json), &ns, &s.templates), expected);
+                prop_assert_eq!(&plan_decoded(&among(&json, &s.templates), &ns, &s.templates), expected);
             }
         }
     }
@@ -776,7 +786,7 @@ proptest! {
             shuffled.apply(CompiledTemplate::clone(&template));
         }
         let all = given.snapshot().templates().to_vec();
-        let matching = shuffled.snapshot().matching(pod_labels(&s.pod), s.ns_labels.as_ref());
+        let matching = shuffled.snapshot().matching(&pod_labels(&s.pod), s.ns_labels.as_ref());
 
         let reference = plan_for(&s.pod, &ns, &s.templates);
         let expected = apply(&s.pod, &reference)?;

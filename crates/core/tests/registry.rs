@@ -116,7 +116,7 @@ fn matching_applies_both_selectors() {
     let pod_labels = pod_labels.as_object();
     let names = |ns: Option<&_>| -> Vec<String> {
         snapshot
-            .matching(pod_labels, ns)
+            .matching(&pod_labels, ns)
             .iter()
             .map(|t| t.name.clone())
             .collect()

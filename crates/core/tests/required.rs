@@ -259,7 +259,7 @@ fn plan_among_in(
     known: &[std::sync::Arc<injector_core::CompiledTemplate>],
 ) -> injector_core::Plan<'static> {
     injector_core::plan_among(
-        pod,
+        &injector_core::Pod::from_value(pod).unwrap(),
         &injector_core::NamespaceInfo {
             name: "default",
             labels: None,
@@ -267,7 +267,6 @@ fn plan_among_in(
         templates,
         known,
     )
-    .unwrap()
     .into_owned()
 }
 

@@ -9,9 +9,10 @@ use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
 use injector_core::pod_json::{PodJsonError, decode_pod_among};
-use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
+use injector_core::{
+    Applied, CompiledTemplate, Group, MalformedPod, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 mod one_pass;
@@ -170,34 +171,55 @@ struct RequestIn<'a> {
     /// The object, when it was decoded as it was read (see [`one_pass`]); then `object` is
     /// `None`.
     #[serde(skip)]
-    pod: Option<Value>,
+    pod: Option<Result<Pod<'a>, MalformedPod>>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ReviewOut<'a> {
-    api_version: &'a str,
-    kind: &'static str,
-    response: ResponseOut,
-}
-
-#[derive(Serialize, Default)]
-#[serde(rename_all = "camelCase")]
+/// The AdmissionReview answered, written as JSON by [`ResponseOut::write`].
+#[derive(Default)]
 struct ResponseOut {
     uid: String,
     allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<StatusOut>,
-    /// The JSON patch, base64-encoded, as a JSON string written as it is: base64 needs no
-    /// escaping, and checking kilobytes of it byte by byte was a large share of encoding.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// The JSON patch, base64-encoded.
+    patch: Option<String>,
     warnings: Vec<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     audit_annotations: BTreeMap<String, String>,
+}
+
+impl ResponseOut {
+    /// Writes the AdmissionReview holding this response. By hand rather than derived: the
+    /// patch, kilobytes of base64, needs no escaping, and checking it byte by byte (as a JSON
+    /// string or a `RawValue`) was a large share of encoding.
+    fn write(&self, api_version: &str, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(br#"{"apiVersion":"#);
+        serde_json::to_writer(&mut *out, api_version)?;
+        out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
+        serde_json::to_writer(&mut *out, &self.uid)?;
+        out.extend_from_slice(if self.allowed {
+            br#","allowed":true"#
+        } else {
+            br#","allowed":false"#
+        });
+        if let Some(status) = &self.status {
+            out.extend_from_slice(br#","status":"#);
+            serde_json::to_writer(&mut *out, status)?;
+        }
+        if let Some(patch) = &self.patch {
+            out.extend_from_slice(br#","patch":""#);
+            out.extend_from_slice(patch.as_bytes());
+            out.extend_from_slice(br#"","patchType":"JSONPatch""#);
+        }
+        if !self.warnings.is_empty() {
+            out.extend_from_slice(br#","warnings":"#);
+            serde_json::to_writer(&mut *out, &self.warnings)?;
+        }
+        if !self.audit_annotations.is_empty() {
+            out.extend_from_slice(br#","auditAnnotations":"#);
+            serde_json::to_writer(&mut *out, &self.audit_annotations)?;
+        }
+        out.extend_from_slice(b"}}");
+        Ok(())
+    }
 }
 
 #[derive(Serialize)]
@@ -282,24 +304,17 @@ pub fn decide<'s>(
     };
     if let Some(patch) = answer.patch {
         response.patch = Some(patch);
-        response.patch_type = Some("JSONPatch");
         response
             .audit_annotations
             .insert(AUDIT_ANNOTATION.into(), applied_record.clone());
     }
     let warnings = response.warnings.len();
     // Room for the patch and the rest, so that the buffer is not grown and copied over and over.
-    let patch_len = response.patch.as_ref().map_or(0, |p| p.get().len());
+    let patch_len = response.patch.as_ref().map_or(0, String::len);
     let mut body = Vec::with_capacity(patch_len + 1024);
-    serde_json::to_writer(
-        &mut body,
-        &ReviewOut {
-            api_version,
-            kind: "AdmissionReview",
-            response,
-        },
-    )
-    .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
+    response
+        .write(api_version, &mut body)
+        .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
     Ok(Decision {
         body,
         outcome: answer.outcome,
@@ -319,8 +334,8 @@ struct Answer {
     outcome: Outcome,
     /// Set when the Pod is denied.
     denial: Option<StatusOut>,
-    /// The JSON patch, base64-encoded, as a JSON string.
-    patch: Option<Box<RawValue>>,
+    /// The JSON patch, base64-encoded.
+    patch: Option<String>,
     warnings: Vec<String>,
     applied: Vec<Applied>,
     denied_by: Vec<String>,
@@ -360,9 +375,11 @@ fn unknown_required_group(id: &str) -> String {
 }
 
 /// A request's object.
+// One lives on the stack for one call: boxing the decoded Pod would cost an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Object<'a> {
     /// Decoded as the review was read.
-    Decoded(Value),
+    Decoded(Result<Pod<'a>, MalformedPod>),
     /// As it was sent, if it was.
     Raw(Option<&'a RawValue>),
 }
@@ -393,31 +410,26 @@ fn answer_pod(
             "sidecar-injector: request.object is missing: there is no Pod to inspect".into(),
         )
     };
-    let pod = match object {
-        Object::Decoded(pod) => pod,
+    let decoded = match object {
+        Object::Decoded(pod) => pod.map_err(PodJsonError::from),
         Object::Raw(None) => return missing(),
         Object::Raw(Some(raw)) if raw.get() == "null" => return missing(),
-        Object::Raw(Some(raw)) => match decode_pod_among(raw.get(), allowance, snapshot) {
-            Ok(pod) => pod,
-            Err(error @ PodJsonError::TooComplex { .. }) => {
-                return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
-            }
-            Err(error) => {
-                return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
-            }
-        },
+        Object::Raw(Some(raw)) => decode_pod_among(raw.get(), allowance, snapshot),
     };
-    let pod_name = pod
-        .get("metadata")
-        .and_then(|m| m.get("name").or_else(|| m.get("generateName")))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
+    let pod = match decoded {
+        Ok(pod) => pod,
+        Err(error @ PodJsonError::TooComplex { .. }) => {
+            return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
+        }
+        Err(error) => {
+            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
+        }
+    };
     let matched;
     let templates: &[Arc<CompiledTemplate>] = match group {
         Some(group) => &group.templates,
         None => {
-            let pod_labels = pod.pointer("/metadata/labels").and_then(Value::as_object);
-            matched = snapshot.matching(pod_labels, None);
+            matched = snapshot.matching(&pod.labels(), None);
             &matched
         }
     };
@@ -426,14 +438,9 @@ fn answer_pod(
         labels: None,
     };
     // Every template in force, so that what another webhook entry injected is recognised.
-    let plan = match plan_among(&pod, &info, templates, snapshot) {
-        Ok(plan) => plan,
-        Err(error) => {
-            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
-        }
-    };
+    let plan = plan_among(&pod, &info, templates, snapshot);
     let mut answer = Answer::allowed(Outcome::Unchanged);
-    answer.pod_name = pod_name;
+    answer.pod_name = (!pod.name().is_empty()).then(|| pod.name().to_owned());
     if let Some(message) = plan.denial_message() {
         answer.outcome = Outcome::Denied;
         answer.denial = Some(StatusOut {
@@ -461,14 +468,12 @@ fn answer_pod(
     answer
 }
 
-/// The patch as the JSON string of its base64 encoding.
-fn encode_patch(patch: &Patch<'_>) -> Result<Box<RawValue>, serde_json::Error> {
+/// The patch's JSON, base64-encoded.
+fn encode_patch(patch: &Patch<'_>) -> Result<String, serde_json::Error> {
     let json = patch.to_json()?;
-    let mut quoted = String::with_capacity(json.len().div_ceil(3) * 4 + 2);
-    quoted.push('"');
-    base64::engine::general_purpose::STANDARD.encode_string(&json, &mut quoted);
-    quoted.push('"');
-    RawValue::from_string(quoted)
+    let mut encoded = String::with_capacity(json.len().div_ceil(3) * 4);
+    base64::engine::general_purpose::STANDARD.encode_string(&json, &mut encoded);
+    Ok(encoded)
 }
 
 #[cfg(test)]
@@ -476,7 +481,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use injector_core::pod_json::MIN_ALLOWANCE;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 

@@ -4,15 +4,15 @@
 //! fixed templates (compiled once), in a namespace whose labels are unknown and in one whose
 //! labels are known; when it returns a plan, the patch must apply to the value and planning the
 //! patched value again must add nothing, and the Pod as the webhook decodes it
-//! (`pod_json::decode_pod`) must plan the same. When the bytes are a `SidecarTemplate`,
-//! `compile` runs on it. Nothing may panic.
+//! (`pod_json::decode_pod_among`) must plan the same, or be malformed alike. When the bytes are
+//! a `SidecarTemplate`, `compile` runs on it. Nothing may panic.
 #![no_main]
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan, pod_json};
+use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan, plan_among, pod_json};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
@@ -98,7 +98,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // The webhook decodes only what the planner reads: it must plan the same.
     let text = std::str::from_utf8(data).unwrap_or_default();
-    let decoded = pod_json::decode_pod(text, pod_json::allowance(text.len()));
+    let decoded = pod_json::decode_pod_among(text, pod_json::allowance(text.len()), templates());
     let labels = BTreeMap::from([("env".to_owned(), "dev".to_owned())]);
     for labels in [None, Some(&labels)] {
         let namespace = NamespaceInfo {
@@ -106,12 +106,16 @@ fuzz_target!(|data: &[u8]| {
             labels,
         };
         let whole = plan(&pod, &namespace, templates());
-        if let Ok(decoded) = &decoded {
-            assert_eq!(
-                plan(decoded, &namespace, templates()).ok(),
+        match &decoded {
+            Ok(decoded) => assert_eq!(
+                Some(plan_among(decoded, &namespace, templates(), templates())),
                 whole.clone().ok(),
                 "the decoded pod plans differently"
-            );
+            ),
+            Err(pod_json::PodJsonError::Malformed(malformed)) => {
+                assert_eq!(whole.as_ref().err(), Some(malformed), "malformed otherwise")
+            }
+            Err(_) => {}
         }
         let Ok(first) = whole else {
             continue;

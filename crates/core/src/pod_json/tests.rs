@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -17,22 +17,31 @@ fn repeat(item: &str, until: usize) -> String {
     out
 }
 
+/// Decodes `json` whole and checks it reads as `Pod::from_value` of its `Value` reads.
+fn same_as_value(json: &str) -> Result<Pod<'_>, PodJsonError> {
+    let value: Value = serde_json::from_str(json).unwrap();
+    let decoded = decode_pod(json, allowance(json.len()));
+    let expected = Pod::from_value(&value).map_err(PodJsonError::from);
+    assert_eq!(decoded, expected, "{json}");
+    decoded
+}
+
 #[test]
 fn only_the_fields_the_planner_reads_are_built() {
     let pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": "web", "namespace": "shop", "labels": {"app": "web"},
+            "name": "web", "namespace": "shop", "labels": {"app": "web", "n": 1},
             "annotations": {"a": "b"}, "uid": "x",
             "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
             "ownerReferences": [{"kind": "ReplicaSet", "name": "web-1"}],
         },
         "spec": {
             "containers": [{"name": "app", "image": "nginx", "env": [{"name": "A", "value": "1"}]}],
-            "initContainers": [{"name": "init", "image": "busybox"}],
+            "initContainers": [{"name": "init", "image": "busybox", "restartPolicy": "Always"}],
             "volumes": [{"name": "data", "emptyDir": {}}],
-            "imagePullSecrets": [{"name": "regcred"}],
+            "imagePullSecrets": [{"name": "regcred"}, "x"],
             "hostNetwork": true,
             "serviceAccountName": "web",
             "nodeName": "n1",
@@ -40,42 +49,47 @@ fn only_the_fields_the_planner_reads_are_built() {
         },
         "status": {"phase": "Pending"},
     });
-    let decoded = decode_pod(&pod.to_string(), MIN_ALLOWANCE).unwrap();
-    assert_eq!(
-        decoded,
-        json!({
-            "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}, "annotations": {"a": "b"}},
-            "spec": {
-                "containers": [{"name": "app", "image": "nginx", "env": [{"name": "A", "value": "1"}]}],
-                "initContainers": [{"name": "init", "image": "busybox"}],
-                "volumes": [{"name": "data", "emptyDir": {}}],
-                "imagePullSecrets": [{"name": "regcred"}],
-                "hostNetwork": true,
-                "serviceAccountName": "web",
-            },
-        })
-    );
+    let json = pod.to_string();
+    let decoded = same_as_value(&json).unwrap();
+    assert_eq!(decoded.name(), "web");
+    assert_eq!(decoded.namespace.as_deref(), Some("shop"));
+    assert_eq!(decoded.labels().unwrap().get("n"), Some(None));
+    assert!(decoded.host_network);
+    assert!(decoded.init_containers.unwrap()[0].native_sidecar);
+    assert_eq!(decoded.image_pull_secrets.unwrap(), ["regcred", ""]);
+    assert_eq!(decoded.service_account_name, "web");
 }
 
 #[test]
-fn a_field_of_the_wrong_type_keeps_its_type_but_not_its_content() {
-    let decoded = decode_pod(r#"[{"":0},{"":0}]"#, MIN_ALLOWANCE).unwrap();
-    assert_eq!(decoded, json!([]));
-    let decoded = decode_pod(r#"{"metadata":"web","spec":[1,2,3]}"#, MIN_ALLOWANCE).unwrap();
-    assert_eq!(decoded, json!({"metadata": "", "spec": []}));
-    let decoded = decode_pod(
+fn a_field_of_the_wrong_type_is_the_error_the_whole_pod_gives() {
+    for json in [
+        r#"[{"":0},{"":0}]"#,
+        r#""pod""#,
+        r#"{"metadata":"web","spec":[1,2,3]}"#,
         r#"{"metadata":7,"spec":{"containers":{"a":1}}}"#,
-        MIN_ALLOWANCE,
-    )
-    .unwrap();
-    assert_eq!(
-        decoded,
-        json!({"metadata": 7, "spec": {"containers": {"a": 1}}})
-    );
+        r#"{"spec":{"containers":[]},"metadata":{"labels":[1]}}"#,
+        r#"{"spec":{"containers":[], "volumes": 3}}"#,
+        r#"{"spec":{"containers":[], "imagePullSecrets": {}}}"#,
+        r#"{"spec":{"containers":[1]}}"#,
+        r#"{"spec":{"containers":[], "initContainers":["x",3,[1]]}}"#,
+        r#"{"spec":null}"#,
+        r#"{"spec":{}}"#,
+        r#"{"metadata":{"annotations":"a","labels":"b"},"spec":{"containers":[]}}"#,
+        r#"{"metadata":{"name":3,"generateName":"web-"},"spec":{"containers":[{"name":1,"env":{},"volumeMounts":[1]}],"volumes":[1,{"name":2,"projected":{"sources":{}}}],"hostNetwork":"true","serviceAccountName":""}}"#,
+    ] {
+        let decoded = same_as_value(json);
+        assert!(
+            !matches!(
+                decoded,
+                Err(PodJsonError::Invalid(_) | PodJsonError::TooComplex { .. })
+            ),
+            "{json}: {decoded:?}"
+        );
+    }
 }
 
 #[test]
-fn named_items_are_built_whole_only_when_a_template_adds_one_of_their_name() {
+fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
     // Written as the API server writes a Pod: an item's name first.
     let pod = r#"{
         "metadata": {"name": "web"},
@@ -104,69 +118,51 @@ fn named_items_are_built_whole_only_when_a_template_adds_one_of_their_name() {
             ]
         }
     }"#;
-    let whole = |named: Named, name: &str| {
+    let wanted = |named: Named, name: &str| {
         matches!(
             (named, name),
             (Named::Container, "proxy") | (Named::Env, "B") | (Named::Volume, "logs")
         )
     };
-    let (decoded, complete) = decode_with(pod, &READ_AMONG, MIN_ALLOWANCE, &whole).unwrap();
-    assert!(complete);
+    let decoded = decode(pod, MIN_ALLOWANCE, Some(&wanted)).unwrap().pod;
+    let value: Value = serde_json::from_str(pod).unwrap();
+    let whole = Pod::from_value(&value).unwrap();
+
+    let app = &decoded.containers[0];
+    assert_eq!((app.name.as_ref(), app.whole.as_ref()), ("app", None));
+    let app_value = &value["spec"]["containers"][0];
+    let env = app.env.as_ref().unwrap();
+    assert_eq!((env[0].name.as_ref(), env[0].whole.as_ref()), ("A", None));
+    assert_eq!(env[1].name, "B");
+    assert_eq!(env[1].whole.as_deref(), Some(&app_value["env"][1]));
+    assert_eq!(app.env_from.as_deref(), Some(&app_value["envFrom"]));
     assert_eq!(
-        decoded.value,
-        json!({
-            "metadata": {"name": "web"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "app",
-                        "env": [
-                            {"name": "A"},
-                            {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-                        ],
-                        "envFrom": [{"configMapRef": {"name": "c"}}],
-                        "volumeMounts": [{"name": "d", "mountPath": "/d"}],
-                    },
-                    {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]},
-                ],
-                "initContainers": [{"name": "init", "restartPolicy": "Always"}],
-                "volumes": [
-                    {"name": "d"},
-                    {"name": "logs", "emptyDir": {"medium": "Memory"}},
-                    {"name": "token", "projected": {"sources": [
-                        {"serviceAccountToken": {"path": "token"}},
-                        {},
-                    ]}},
-                ],
-            },
-        })
+        app.volume_mounts.as_ref().unwrap()[0].as_ref(),
+        &app_value["volumeMounts"][0]
     );
+    assert_eq!(decoded.containers[1], whole.containers[1]);
+    let init = &decoded.init_containers.as_ref().unwrap()[0];
+    assert_eq!((init.name.as_ref(), init.native_sidecar), ("init", true));
+    assert!(init.whole.is_none());
+
+    let volumes = decoded.volumes.as_ref().unwrap();
+    assert_eq!(volumes[0].name, "d");
+    assert!(volumes[0].whole.is_none());
+    assert_eq!(volumes[1], whole.volumes.as_ref().unwrap()[1]);
+    assert_eq!(volumes[2].name, "token");
+    assert!(volumes[2].holds_token && volumes[2].whole.is_none());
+    assert_eq!(decoded.token_volumes(), ["token"]);
 }
 
 #[test]
-fn a_container_named_after_its_other_fields_is_reported_incomplete() {
+fn a_container_named_after_its_other_fields_is_decoded_again_whole() {
     let json = r#"{"spec":{"containers":[{"image":"envoy","name":"proxy"}]}}"#;
-    let (_, complete) =
-        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "proxy").unwrap();
-    assert!(!complete);
-    let (decoded, complete) =
-        decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, n| n == "other").unwrap();
-    assert!(complete);
-    assert_eq!(
-        decoded.value,
-        json!({"spec": {"containers": [{"name": "proxy"}]}})
-    );
-}
-
-#[test]
-fn containers_of_the_wrong_type_keep_their_type_but_not_their_content() {
-    let json = r#"{"spec":{"containers":{"a":1},"initContainers":["x",3,[1]]}}"#;
-    let (decoded, complete) = decode_with(json, &READ_AMONG, MIN_ALLOWANCE, &|_, _| true).unwrap();
-    assert!(complete);
-    assert_eq!(
-        decoded.value,
-        json!({"spec": {"containers": {}, "initContainers": ["", 3, []]}})
-    );
+    let value: Value = serde_json::from_str(json).unwrap();
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&|_, n| n == "proxy")).unwrap();
+    assert_eq!(decoded.pod, Pod::from_value(&value).unwrap());
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&|_, n| n == "other")).unwrap();
+    assert_eq!(decoded.pod.containers[0].name, "proxy");
+    assert!(decoded.pod.containers[0].whole.is_none());
 }
 
 #[test]
@@ -179,25 +175,29 @@ fn invalid_json_is_an_error_and_keys_with_escapes_are_read() {
         decode_pod("{} x", MIN_ALLOWANCE),
         Err(PodJsonError::Invalid(_))
     ));
-    let decoded = decode_pod(
-        r#"{"meta\u0064ata":{"labels":{"a\"b":"c"}}}"#,
-        MIN_ALLOWANCE,
-    )
-    .unwrap();
-    assert_eq!(decoded, json!({"metadata": {"labels": {"a\"b": "c"}}}));
+    let json =
+        r#"{"meta\u0064ata":{"labels":{"a\"b":"c\u0064","a\"b":"d"}},"spec":{"containers":[]}}"#;
+    let decoded = same_as_value(json).unwrap();
+    assert_eq!(decoded.labels().unwrap().get("a\"b"), Some(Some("d")));
 }
 
 #[test]
 fn a_real_pod_takes_a_fraction_of_its_allowance() {
-    let decoded = decode(TYPICAL_POD, &READ, allowance(TYPICAL_POD.len())).unwrap();
-    let whole: Value = serde_json::from_str(TYPICAL_POD).unwrap();
-    assert_eq!(
-        decoded.value["spec"]["containers"],
-        whole["spec"]["containers"]
-    );
     let allowance = allowance(TYPICAL_POD.len());
+    // As the webhook decodes it when no template adds a container, volume or env var of the
+    // Pod's names.
+    let decoded = decode(TYPICAL_POD, allowance, Some(&|_, _| false)).unwrap();
     assert!(
-        decoded.charged * 2 < allowance,
+        decoded.charged * 10 < allowance,
+        "{} of {allowance}",
+        decoded.charged
+    );
+    // Everything whole: each container is copied out of its whole value too.
+    let decoded = decode(TYPICAL_POD, allowance, None).unwrap();
+    let whole: Value = serde_json::from_str(TYPICAL_POD).unwrap();
+    assert_eq!(decoded.pod, Pod::from_value(&whole).unwrap());
+    assert!(
+        decoded.charged < allowance,
         "{} of {allowance}",
         decoded.charged
     );
@@ -223,7 +223,7 @@ fn tiny_values_in_read_fields_run_out_of_allowance_and_skipped_fields_cost_nothi
         r#"{{"status":[{}],"spec":{{"containers":[]}}}}"#,
         repeat(r#"{"":0}"#, size)
     );
-    let decoded = decode(&skipped, &READ, MIN_ALLOWANCE).unwrap();
-    assert_eq!(decoded.value, json!({"spec": {"containers": []}}));
+    let decoded = decode(&skipped, MIN_ALLOWANCE, None).unwrap();
+    assert!(decoded.pod.containers.is_empty());
     assert!(decoded.charged < 4096, "{}", decoded.charged);
 }

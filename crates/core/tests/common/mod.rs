@@ -40,7 +40,7 @@ pub fn plan_in(pod: &Value, templates: &[Arc<CompiledTemplate>]) -> Plan<'static
     let json = names_first(pod);
     let decoded = decode_pod_among(&json, allowance(json.len()), templates).unwrap();
     assert_eq!(
-        plan(&decoded, &namespace, templates).unwrap(),
+        injector_core::plan_among(&decoded, &namespace, templates, templates),
         planned,
         "planned otherwise as the webhook decodes the pod"
     );

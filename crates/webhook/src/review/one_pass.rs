@@ -8,10 +8,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use injector_core::Snapshot;
 use injector_core::pod_json::PodAmong;
+use injector_core::{MalformedPod, Pod, Snapshot};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::{GroupVersionKind, RequestIn, ReviewIn};
@@ -160,7 +159,7 @@ struct RequestFields<'a> {
     name: Option<Option<Cow<'a, str>>>,
     operation: Option<Cow<'a, str>>,
     object: Option<Option<&'a RawValue>>,
-    pod: Option<Option<Value>>,
+    pod: Option<Option<Result<Pod<'a>, MalformedPod>>>,
 }
 
 impl RequestFields<'_> {
@@ -235,7 +234,7 @@ impl<'de> Visitor<'de> for RequestVisitor<'_> {
 struct OptionalPod<'k>(PodAmong<'k, Snapshot>);
 
 impl<'de> DeserializeSeed<'de> for OptionalPod<'_> {
-    type Value = Option<Value>;
+    type Value = Option<Result<Pod<'de>, MalformedPod>>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_option(self)
@@ -243,7 +242,7 @@ impl<'de> DeserializeSeed<'de> for OptionalPod<'_> {
 }
 
 impl<'de> Visitor<'de> for OptionalPod<'_> {
-    type Value = Option<Value>;
+    type Value = Option<Result<Pod<'de>, MalformedPod>>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a Pod")

@@ -1,8 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use injector_core::pod_json::{allowance, decode_pod_among};
+use injector_core::pod_json::{PodJsonError, allowance, decode_pod_among};
 use injector_core::{Registry, compile};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -25,7 +25,7 @@ fn snapshot() -> std::sync::Arc<Snapshot> {
 
 /// What `decide` reads of a review, whichever way it was read: the Pod decoded.
 #[derive(Debug, PartialEq)]
-struct Read {
+struct Read<'a> {
     api_version: String,
     kind: String,
     uid: String,
@@ -35,16 +35,20 @@ struct Read {
     namespace: Option<String>,
     name: Option<String>,
     operation: String,
-    pod: Option<Value>,
+    pod: Option<Result<Pod<'a>, MalformedPod>>,
 }
 
-fn seen(review: ReviewIn<'_>, snapshot: &Snapshot, allowance: usize) -> (Read, bool) {
+fn seen<'a>(review: ReviewIn<'a>, snapshot: &Snapshot, allowance: usize) -> (Read<'a>, bool) {
     let request = review.request.unwrap();
     let decoded_as_read = request.pod.is_some();
     let pod = request.pod.or_else(|| {
-        request
-            .object
-            .map(|raw| decode_pod_among(raw.get(), allowance, snapshot).unwrap())
+        request.object.map(
+            |raw| match decode_pod_among(raw.get(), allowance, snapshot) {
+                Ok(pod) => Ok(pod),
+                Err(PodJsonError::Malformed(malformed)) => Err(malformed),
+                Err(error) => panic!("{error}"),
+            },
+        )
     });
     let owned = |text: Option<Cow<'_, str>>| text.map(Cow::into_owned);
     let read = Read {
