@@ -228,6 +228,10 @@ pub trait KnownTemplates {
     /// Whether one adds an env var called `name` to the Pod's own containers (planning then
     /// compares the Pod's whole).
     fn adds_app_env(&self, name: &str) -> bool;
+
+    /// Whether one mounts a volume at `path` in the Pod's own containers (planning then
+    /// compares the Pod's mount there whole).
+    fn adds_app_mount(&self, path: &str) -> bool;
 }
 
 impl KnownTemplates for [Arc<CompiledTemplate>] {
@@ -250,6 +254,12 @@ impl KnownTemplates for [Arc<CompiledTemplate>] {
             .filter_map(|t| t.app.as_ref())
             .any(|app| app.env.iter().any(|item| item.key == name))
     }
+
+    fn adds_app_mount(&self, path: &str) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| app.volume_mounts.iter().any(|item| item.key == path))
+    }
 }
 
 impl KnownTemplates for crate::registry::Snapshot {
@@ -265,6 +275,10 @@ impl KnownTemplates for crate::registry::Snapshot {
 
     fn adds_app_env(&self, name: &str) -> bool {
         crate::registry::Snapshot::adds_app_env(self, name)
+    }
+
+    fn adds_app_mount(&self, path: &str) -> bool {
+        crate::registry::Snapshot::adds_app_mount(self, path)
     }
 }
 
@@ -995,7 +1009,7 @@ impl<'k, 't> AppContainer<'k, 't> {
                 .map(Vec::as_slice),
             env_from_added: Vec::new(),
             mounts: Keyed::new(container.volume_mounts.as_deref(), |mount| {
-                (mount_path(mount), Some(mount.as_ref()))
+                (mount.path.as_ref(), mount.whole.as_deref())
             }),
         }
     }

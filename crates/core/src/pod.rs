@@ -56,9 +56,8 @@ pub struct Container<'a> {
     pub(crate) env: Option<Vec<EnvVar<'a>>>,
     /// `envFrom`, when a list.
     pub(crate) env_from: Option<Whole<'a>>,
-    /// `volumeMounts`, when a list: each whole (a template's mount is compared with the one at
-    /// its path).
-    pub(crate) volume_mounts: Option<Vec<Whole<'a>>>,
+    /// `volumeMounts`, when a list.
+    pub(crate) volume_mounts: Option<Vec<Mount<'a>>>,
     /// `restartPolicy: Always`: a native sidecar.
     pub(crate) native_sidecar: bool,
 }
@@ -67,6 +66,15 @@ pub struct Container<'a> {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct EnvVar<'a> {
     pub(crate) name: Str<'a>,
+    pub(crate) whole: Option<Whole<'a>>,
+}
+
+/// A volume mount of one of the Pod's containers, whole when a template mounts a volume at
+/// its path.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Mount<'a> {
+    /// `mountPath`; empty when it has none.
+    pub(crate) path: Str<'a>,
     pub(crate) whole: Option<Whole<'a>>,
 }
 

@@ -29,7 +29,8 @@ use serde_json::{Map, Value};
 
 use crate::plan::{KnownTemplates, MalformedPod};
 use crate::pod::{
-    Container, EnvVar, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
+    Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, mount_path,
+    name_of,
 };
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A real Pod takes a
@@ -72,6 +73,9 @@ pub enum Named {
     Volume,
     /// An env var of a container (of the Pod's own, unless the container is kept whole).
     Env,
+    /// A volume mount of a container, by its path (of the Pod's own, unless the container is
+    /// kept whole).
+    Mount,
 }
 
 /// Which named items are kept whole: `None` every one, else those of the names it says.
@@ -172,6 +176,7 @@ fn adds(known: &(impl KnownTemplates + ?Sized), named: Named, name: &str) -> boo
         Named::Container => known.adding_container(name).next().is_some(),
         Named::Volume => known.adds_volume(name),
         Named::Env => known.adds_app_env(name),
+        Named::Mount => known.adds_app_mount(name),
     }
 }
 
@@ -1010,25 +1015,129 @@ impl<'de> Expect<'de> for EnvItem<'_, '_> {
     }
 }
 
-/// A volume mount of a container, whole.
+/// A volume mount of a container: its path, and all of it when a template mounts a volume
+/// there. Its fields (name, readOnly, mountPath, …) are strings and booleans, kept aside
+/// unbuilt until the path is known; a mount kept whole with a field of another kind, or with
+/// more fields than a mount has, makes the Pod decoded again whole.
 #[derive(Clone, Copy)]
 struct MountItem<'s, 'w> {
     state: &'s State<'w>,
 }
 
-impl<'de> Expect<'de> for MountItem<'_, '_> {
-    type Out = Cow<'de, Value>;
+/// The most fields a mount is kept aside with.
+const MOUNT_FIELDS: usize = 8;
+
+/// A string, a boolean or null.
+enum Scalar<'a> {
+    Null,
+    Bool(bool),
+    Str(Str<'a>),
+}
+
+impl From<Scalar<'_>> for Value {
+    fn from(scalar: Scalar<'_>) -> Value {
+        match scalar {
+            Scalar::Null => Value::Null,
+            Scalar::Bool(b) => Value::Bool(b),
+            Scalar::Str(s) => Value::String(s.into_owned()),
+        }
+    }
+}
+
+/// A scalar other than a number; `None` for anything else.
+#[derive(Clone, Copy)]
+struct ScalarItem<'s, 'w> {
+    state: &'s State<'w>,
+}
+
+impl<'de> Expect<'de> for ScalarItem<'_, '_> {
+    type Out = Option<Scalar<'de>>;
 
     fn other(self) -> Self::Out {
-        Cow::Owned(Value::Null)
+        None
     }
 
     fn null(self) -> Self::Out {
-        Cow::Owned(Value::Null)
+        Some(Scalar::Null)
     }
 
-    fn map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Out, A::Error> {
-        whole_object(self.state, Map::new(), map).map(|m| Cow::Owned(Value::Object(m)))
+    fn boolean(self, value: bool) -> Self::Out {
+        Some(Scalar::Bool(value))
+    }
+
+    fn string<E: de::Error>(self, text: Text<'de, '_>) -> Result<Self::Out, E> {
+        self.state.text(text).map(|t| Some(Scalar::Str(t)))
+    }
+}
+
+impl<'de> Expect<'de> for MountItem<'_, '_> {
+    type Out = Mount<'de>;
+
+    fn other(self) -> Self::Out {
+        Mount::default()
+    }
+
+    fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
+        let state = self.state;
+        if state.whole.is_none() {
+            let mount = Value::Object(whole_object(state, Map::new(), map)?);
+            let path = mount_path(&mount).to_owned();
+            state.budget.charge(cost::string(path.len()))?;
+            return Ok(Mount {
+                path: Cow::Owned(path),
+                whole: Some(Cow::Owned(mount)),
+            });
+        }
+        let mut fields: [Option<(Str<'de>, Scalar<'de>)>; MOUNT_FIELDS] = Default::default();
+        let mut count = 0;
+        // Whether a field was not kept aside: the mount cannot be built whole from them.
+        let mut partial = false;
+        let mut path = None;
+        while let Some(key) = map.next_key_seed(Key)? {
+            let value = map.next_value_seed(Seed(ScalarItem { state }))?;
+            if key.as_str() == "mountPath" {
+                path = match &value {
+                    Some(Scalar::Str(text)) => Some(text.clone()),
+                    _ => None,
+                };
+            }
+            match (value, fields.get_mut(count)) {
+                (Some(value), Some(slot)) => {
+                    let key = match key {
+                        KeyText::Borrowed(key) => Cow::Borrowed(key),
+                        KeyText::Owned(key) => {
+                            state.budget.charge(cost::string(key.len()))?;
+                            Cow::Owned(key)
+                        }
+                    };
+                    *slot = Some((key, value));
+                    count += 1;
+                }
+                _ => partial = true,
+            }
+        }
+        let path = path.unwrap_or_default();
+        if !state.wants(Named::Mount, &path) {
+            return Ok(Mount { path, whole: None });
+        }
+        if partial {
+            state.incomplete.set(true);
+            return Ok(Mount { path, whole: None });
+        }
+        let mut mount = Map::new();
+        for (key, value) in fields.into_iter().flatten() {
+            state
+                .budget
+                .charge(cost::MAP_FIRST_NODE + cost::MAP_ENTRY + cost::string(key.len()))?;
+            if let Scalar::Str(text) = &value {
+                state.budget.charge(cost::string(text.len()))?;
+            }
+            mount.insert(key.into_owned(), value.into());
+        }
+        Ok(Mount {
+            path,
+            whole: Some(Cow::Owned(Value::Object(mount))),
+        })
     }
 }
 

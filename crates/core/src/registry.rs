@@ -29,6 +29,8 @@ pub struct Snapshot {
     /// containers: a Pod's item of such a name is compared whole, so decoded whole.
     volumes: HashSet<String, Hasher>,
     app_env: HashSet<String, Hasher>,
+    /// The paths templates mount in the Pod's own containers.
+    app_mounts: HashSet<String, Hasher>,
 }
 
 impl Snapshot {
@@ -81,6 +83,12 @@ impl Snapshot {
             .flat_map(|app| &app.env)
             .map(|item| item.key.clone())
             .collect();
+        let app_mounts = templates
+            .iter()
+            .filter_map(|t| t.app.as_ref())
+            .flat_map(|app| &app.volume_mounts)
+            .map(|item| item.key.clone())
+            .collect();
         Snapshot {
             templates,
             groups,
@@ -88,6 +96,7 @@ impl Snapshot {
             by_container,
             volumes,
             app_env,
+            app_mounts,
         }
     }
 
@@ -109,6 +118,11 @@ impl Snapshot {
     /// Whether a template adds an env var called `name` to the Pod's own containers.
     pub fn adds_app_env(&self, name: &str) -> bool {
         self.app_env.contains(name)
+    }
+
+    /// Whether a template mounts a volume at `path` in the Pod's own containers.
+    pub fn adds_app_mount(&self, path: &str) -> bool {
+        self.app_mounts.contains(path)
     }
 
     /// The template called `name`.

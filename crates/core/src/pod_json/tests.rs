@@ -103,7 +103,10 @@ fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
                         {"name": "B", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
                     ],
                     "envFrom": [{"configMapRef": {"name": "c"}}],
-                    "volumeMounts": [{"name": "d", "mountPath": "/d"}]
+                    "volumeMounts": [
+                        {"name": "d", "readOnly": true, "mountPath": "/d"},
+                        {"name": "e", "mountPath": "/e"}
+                    ]
                 },
                 {"name": "proxy", "image": "envoy", "env": [{"name": "A", "value": "2"}]}
             ],
@@ -121,7 +124,10 @@ fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
     let wanted = |named: Named, name: &str| {
         matches!(
             (named, name),
-            (Named::Container, "proxy") | (Named::Env, "B") | (Named::Volume, "logs")
+            (Named::Container, "proxy")
+                | (Named::Env, "B")
+                | (Named::Volume, "logs")
+                | (Named::Mount, "/d")
         )
     };
     let decoded = decode(pod, MIN_ALLOWANCE, Some(&wanted)).unwrap().pod;
@@ -136,9 +142,15 @@ fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
     assert_eq!(env[1].name, "B");
     assert_eq!(env[1].whole.as_deref(), Some(&app_value["env"][1]));
     assert_eq!(app.env_from.as_deref(), Some(&app_value["envFrom"]));
+    let mounts = app.volume_mounts.as_ref().unwrap();
+    assert_eq!(mounts[0].path, "/d");
     assert_eq!(
-        app.volume_mounts.as_ref().unwrap()[0].as_ref(),
-        &app_value["volumeMounts"][0]
+        mounts[0].whole.as_deref(),
+        Some(&app_value["volumeMounts"][0])
+    );
+    assert_eq!(
+        (mounts[1].path.as_ref(), mounts[1].whole.as_ref()),
+        ("/e", None)
     );
     assert_eq!(decoded.containers[1], whole.containers[1]);
     let init = &decoded.init_containers.as_ref().unwrap()[0];
@@ -163,6 +175,23 @@ fn a_container_named_after_its_other_fields_is_decoded_again_whole() {
     let decoded = decode(json, MIN_ALLOWANCE, Some(&|_, n| n == "other")).unwrap();
     assert_eq!(decoded.pod.containers[0].name, "proxy");
     assert!(decoded.pod.containers[0].whole.is_none());
+}
+
+#[test]
+fn a_mount_kept_whole_with_a_field_of_another_kind_is_decoded_again_whole() {
+    let json = r#"{"spec":{"containers":[{"name":"a","volumeMounts":[
+        {"mountPath":"/d","x":{"y":1}},{"mountPath":"/e","n":1}
+    ]}]}}"#;
+    let value: Value = serde_json::from_str(json).unwrap();
+    let wanted = |named: Named, name: &str| named == Named::Mount && name == "/d";
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&wanted)).unwrap();
+    assert_eq!(decoded.pod, Pod::from_value(&value).unwrap());
+    // Not kept whole: only the path is read.
+    let wanted = |named: Named, name: &str| named == Named::Mount && name == "/f";
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&wanted)).unwrap();
+    let mounts = decoded.pod.containers[0].volume_mounts.clone().unwrap();
+    assert_eq!(mounts[0].path, "/d");
+    assert!(mounts.iter().all(|m| m.whole.is_none()));
 }
 
 #[test]
