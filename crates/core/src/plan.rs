@@ -754,6 +754,73 @@ enum Owner<'k> {
     Template(&'k str, usize),
 }
 
+/// Who owns each key of a list. Most lists hold a few items, which a scan finds faster than
+/// a hash map is built; a long one (a Pod may hold thousands of env vars) is hashed, so
+/// planning stays linear in the Pod's size.
+enum Owners<'k> {
+    Few(Vec<(&'k str, Owner<'k>)>),
+    /// foldhash, randomly seeded: several times faster than SipHash on short keys, still
+    /// resistant to keys chosen to collide.
+    Many(HashMap<&'k str, Owner<'k>, foldhash::fast::RandomState>),
+}
+
+/// The most keys [`Owners`] scans.
+const FEW_OWNERS: usize = 16;
+
+impl<'k> Owners<'k> {
+    fn with_capacity(capacity: usize) -> Self {
+        if capacity <= FEW_OWNERS {
+            Owners::Few(Vec::with_capacity(capacity))
+        } else {
+            Owners::Many(HashMap::with_capacity_and_hasher(
+                capacity,
+                Default::default(),
+            ))
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&Owner<'k>> {
+        match self {
+            // The last of a key given twice wins, as in a map.
+            Owners::Few(owners) => owners.iter().rev().find(|(k, _)| *k == key).map(|(_, o)| o),
+            Owners::Many(owners) => owners.get(key),
+        }
+    }
+
+    fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn insert(&mut self, key: &'k str, owner: Owner<'k>) {
+        match self {
+            Owners::Few(owners) if owners.len() < FEW_OWNERS => owners.push((key, owner)),
+            Owners::Few(owners) => {
+                let mut many: HashMap<_, _, foldhash::fast::RandomState> =
+                    HashMap::with_capacity_and_hasher(2 * FEW_OWNERS, Default::default());
+                many.extend(owners.drain(..));
+                many.insert(key, owner);
+                *self = Owners::Many(many);
+            }
+            Owners::Many(owners) => {
+                owners.insert(key, owner);
+            }
+        }
+    }
+
+    fn extend(&mut self, items: impl IntoIterator<Item = (&'k str, Owner<'k>)>) {
+        let mut items = items.into_iter();
+        while let Owners::Few(_) = self {
+            match items.next() {
+                Some((key, owner)) => self.insert(key, owner),
+                None => return,
+            }
+        }
+        if let Owners::Many(owners) = self {
+            owners.extend(items);
+        }
+    }
+}
+
 /// Where an added container goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Placement {
@@ -765,9 +832,7 @@ enum Placement {
 /// there, and what the plan adds.
 struct Keyed<'k, 't, T = ()> {
     existed: bool,
-    /// foldhash, randomly seeded: several times faster than SipHash on short keys (a Pod may
-    /// hold thousands of env vars), still resistant to keys chosen to collide.
-    owners: HashMap<&'k str, Owner<'k>, foldhash::fast::RandomState>,
+    owners: Owners<'k>,
     added: Vec<(T, PatchValue<'t>)>,
 }
 
@@ -784,7 +849,7 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
         key_and_whole: impl Fn(&'k I) -> (&'k str, Option<&'k Value>),
     ) -> Self {
         let items = existing.unwrap_or_default();
-        let mut owners = HashMap::with_capacity_and_hasher(items.len(), Default::default());
+        let mut owners = Owners::with_capacity(items.len());
         owners.extend(items.iter().enumerate().map(|(index, item)| {
             let (key, whole) = key_and_whole(item);
             let owner = Owner::Pod {
