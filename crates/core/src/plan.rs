@@ -664,15 +664,10 @@ impl<'k, 't: 'k> Pass<'k, 't> {
 /// The templates in (priority, name) order, each name once: of two templates with the same
 /// name, the higher generation wins, then the one given first.
 fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTemplate> {
-    let mut by_name: HashMap<&str, &CompiledTemplate, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(templates.len(), Default::default());
-    for template in templates {
-        let kept = by_name.entry(template.name.as_str()).or_insert(template);
-        if template.generation > kept.generation {
-            *kept = template;
-        }
-    }
-    let mut ordered: Vec<&CompiledTemplate> = by_name.into_values().collect();
+    let mut ordered: Vec<&CompiledTemplate> = templates.iter().map(Arc::as_ref).collect();
+    // A stable sort: of a name and generation given twice, the one given first comes first.
+    ordered.sort_by(|a, b| a.name.cmp(&b.name).then(b.generation.cmp(&a.generation)));
+    ordered.dedup_by(|later, kept| later.name == kept.name);
     ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     ordered
 }
