@@ -123,8 +123,12 @@ pub fn decode<'j>(
     let decoded = PodSeed { state: &state }
         .deserialize(&mut parser)
         .and_then(|pod| parser.end().map(|()| pod));
+    if state.incomplete.get() && decoded.is_ok() {
+        // Dropped first: the second decoding has the whole allowance.
+        drop(decoded);
+        return decode(json, allowance, None);
+    }
     match decoded {
-        Ok(_) if state.incomplete.get() => decode(json, allowance, None),
         Ok(pod) => Ok(Decoded {
             pod: pod?,
             charged: allowance - state.budget.left.get(),
