@@ -29,8 +29,7 @@ use serde_json::{Map, Value};
 
 use crate::plan::{KnownTemplates, MalformedPod};
 use crate::pod::{
-    Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, mount_path,
-    name_of,
+    Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
 };
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A real Pod takes a
@@ -206,9 +205,10 @@ mod cost {
     pub fn item(size: usize, first: bool) -> usize {
         if first { 4 * size + 16 } else { 3 * size }
     }
-    /// Sorting a list of items of `size` bytes: a buffer for half of them.
+    /// Sorting a list of items of `size` bytes: a stable sort's scratch buffer, up to the
+    /// list's size.
     pub fn sort(size: usize) -> usize {
-        size.div_ceil(2)
+        size
     }
 }
 
@@ -986,15 +986,9 @@ impl<'de> Expect<'de> for EnvItem<'_, '_> {
         EnvVar::default()
     }
 
+    // Read only where containers are not kept whole (a container kept whole holds its env).
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
         let state = self.state;
-        if state.whole.is_none() {
-            let var = Value::Object(whole_object(state, Map::new(), map)?);
-            return Ok(EnvVar {
-                name: Cow::Owned(name_of(&var).to_owned()),
-                whole: Some(Cow::Owned(var)),
-            });
-        }
         let mut name = Cow::Borrowed("");
         let mut first = true;
         while let Some(key) = map.next_key_seed(Key)? {
@@ -1007,8 +1001,11 @@ impl<'de> Expect<'de> for EnvItem<'_, '_> {
             if state.wants(Named::Env, &name) {
                 if is_first {
                     let whole = named_whole(state, &name, map)?;
+                    // Named by its last `name`, as a JSON object reads.
+                    let name = name_of(&whole).to_owned();
+                    state.budget.charge(cost::string(name.len()))?;
                     return Ok(EnvVar {
-                        name,
+                        name: Cow::Owned(name),
                         whole: Some(Cow::Owned(whole)),
                     });
                 }
@@ -1081,17 +1078,9 @@ impl<'de> Expect<'de> for MountItem<'_, '_> {
         Mount::default()
     }
 
+    // Read only where containers are not kept whole (a container kept whole holds its mounts).
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
         let state = self.state;
-        if state.whole.is_none() {
-            let mount = Value::Object(whole_object(state, Map::new(), map)?);
-            let path = mount_path(&mount).to_owned();
-            state.budget.charge(cost::string(path.len()))?;
-            return Ok(Mount {
-                path: Cow::Owned(path),
-                whole: Some(Cow::Owned(mount)),
-            });
-        }
         let mut fields: [Option<(Str<'de>, Scalar<'de>)>; MOUNT_FIELDS] = Default::default();
         let mut count = 0;
         // Whether a field was not kept aside: the mount cannot be built whole from them.
@@ -1101,7 +1090,12 @@ impl<'de> Expect<'de> for MountItem<'_, '_> {
             let value = map.next_value_seed(Seed(ScalarItem { state }))?;
             if key.as_str() == "mountPath" {
                 path = match &value {
-                    Some(Scalar::Str(text)) => Some(text.clone()),
+                    Some(Scalar::Str(text)) => {
+                        if let Cow::Owned(owned) = text {
+                            state.budget.charge(cost::string(owned.len()))?;
+                        }
+                        Some(text.clone())
+                    }
                     _ => None,
                 };
             }
@@ -1160,13 +1154,17 @@ impl<'de> Expect<'de> for VolumeItem<'_, '_> {
 
     fn map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Out, A::Error> {
         let state = self.state;
-        let whole = |volume: Value| Volume {
-            name: Cow::Owned(name_of(&volume).to_owned()),
-            holds_token: holds_service_account_token(&volume),
-            whole: Some(Cow::Owned(volume)),
+        let whole = |volume: Value| -> Result<Volume<'de>, A::Error> {
+            let name = name_of(&volume).to_owned();
+            state.budget.charge(cost::string(name.len()))?;
+            Ok(Volume {
+                name: Cow::Owned(name),
+                holds_token: holds_service_account_token(&volume),
+                whole: Some(Cow::Owned(volume)),
+            })
         };
         if state.whole.is_none() {
-            return Ok(whole(Value::Object(whole_object(state, Map::new(), map)?)));
+            return whole(Value::Object(whole_object(state, Map::new(), map)?));
         }
         let mut volume = Volume::default();
         let mut first = true;
@@ -1177,7 +1175,7 @@ impl<'de> Expect<'de> for VolumeItem<'_, '_> {
                     let name = item_name(state, &mut map)?;
                     if state.wants(Named::Volume, &name) {
                         if is_first {
-                            return Ok(whole(named_whole(state, &name, map)?));
+                            return whole(named_whole(state, &name, map)?);
                         }
                         state.incomplete.set(true);
                     }

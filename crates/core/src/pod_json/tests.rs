@@ -195,6 +195,21 @@ fn a_mount_kept_whole_with_a_field_of_another_kind_is_decoded_again_whole() {
 }
 
 #[test]
+fn an_item_named_twice_is_named_by_its_last_name_as_in_a_value() {
+    let json = r#"{"spec":{"containers":[{"name":"app","env":[{"name":"X","value":"1","name":"Y"}]}],
+        "volumes":[{"name":"v","emptyDir":{},"name":"w"}]}}"#;
+    let wanted = |named: Named, name: &str| {
+        matches!((named, name), (Named::Env, "X") | (Named::Volume, "v"))
+    };
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&wanted)).unwrap().pod;
+    let var = &decoded.containers[0].env.as_ref().unwrap()[0];
+    assert_eq!(var.name, "Y");
+    assert!(var.whole.is_some());
+    assert_eq!(decoded.volumes.as_ref().unwrap()[0].name, "w");
+    same_as_value(json).unwrap();
+}
+
+#[test]
 fn invalid_json_is_an_error_and_keys_with_escapes_are_read() {
     assert!(matches!(
         decode_pod("{", MIN_ALLOWANCE),
