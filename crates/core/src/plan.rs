@@ -1,8 +1,9 @@
 //! Planning: which templates apply to a Pod, and the RFC 6902 patch that applies them.
 //!
-//! The planner reads the Pod as JSON (so fields it does not know survive untouched), indexes
-//! what the Pod already has once, and then checks each addition in constant time: the cost is
-//! linear in the size of the Pod and of the templates, never quadratic.
+//! The planner reads what it needs of the Pod ([`Pod`], typed and borrowed) and answers with
+//! a patch that only adds (so fields it does not know survive untouched); it indexes what the
+//! Pod already has once, then checks each addition against the index: the cost is linear in
+//! the size of the Pod and of the templates, never quadratic.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
