@@ -1,18 +1,22 @@
 //! The JSON patch a plan produces, with values borrowed from the compiled templates.
 //!
-//! The webhook serializes the patch once and throws it away, so copying every injected
-//! container into an owned `serde_json::Value` first would be wasted work (it was most of the
-//! cost of planning a typical Pod). Fixed parts of a template are borrowed; only strings with
-//! Pod metadata substituted are owned. [`Patch::to_json`] copies the fixed parts' JSON, written
-//! when the template was compiled, rather than writing it again. [`Patch::to_json_patch`] gives
-//! an owned `json_patch::Patch` where one is needed (to apply it in `render` and in tests).
+//! The webhook writes the patch once and throws it away, so copying every injected container
+//! into an owned `serde_json::Value` first would be wasted work (it was most of the cost of
+//! planning a typical Pod). Fixed parts of a template are borrowed; an array or object with
+//! placeholders is the template's node and its rendered strings ([`PatchValue::Rendered`]).
+//! [`Patch::write_json`] writes the patch by hand, copying the JSON written when the template
+//! was compiled (the same bytes as `serde_json` gives); [`Patch::write_base64`] writes its
+//! base64, as an AdmissionResponse carries it, copying also the base64 of each long fixed text,
+//! made once. [`Patch::to_json_patch`] gives an owned `json_patch::Patch` where one is needed
+//! (to apply it in `render` and in tests).
 
+use base64::Engine as _;
 use json_patch::jsonptr::PointerBuf;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::placeholder::Fixed;
+use crate::placeholder::{Fixed, JsonText, Node, Piece};
 
 /// A JSON value in a patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -27,6 +31,9 @@ pub enum PatchValue<'t> {
     Array(Vec<PatchValue<'t>>),
     /// An object with something made for this Pod inside.
     Object(Vec<(&'t str, PatchValue<'t>)>),
+    /// An array or an object of a template with its strings with placeholders rendered for
+    /// this Pod, in the order [`Node::render_texts`] gives them.
+    Rendered(&'t Node, Vec<String>),
 }
 
 impl PatchValue<'_> {
@@ -45,6 +52,10 @@ impl PatchValue<'_> {
                     .map(|(k, v)| ((*k).to_owned(), v.to_value()))
                     .collect::<Map<String, Value>>(),
             ),
+            PatchValue::Rendered(node, texts) => {
+                let mut texts = texts.iter();
+                rendered_value(node, &mut texts)
+            }
         }
     }
 
@@ -64,6 +75,61 @@ impl PatchValue<'_> {
                     .iter()
                     .all(|(k, v)| t.get(*k).is_some_and(|w| v.is_subset_of(w)))
             }),
+            PatchValue::Rendered(node, texts) => {
+                let mut texts = texts.iter();
+                rendered_is_subset(node, &mut texts, theirs)
+            }
+        }
+    }
+}
+
+/// The value of `node` with its strings with placeholders taken from `texts`, in order.
+fn rendered_value<'s>(node: &Node, texts: &mut impl Iterator<Item = &'s String>) -> Value {
+    match node {
+        Node::Fixed(fixed) => fixed.value().clone(),
+        Node::Text(_) => Value::String(texts.next().cloned().unwrap_or_default()),
+        Node::Array(items) => {
+            Value::Array(items.iter().map(|n| rendered_value(n, texts)).collect())
+        }
+        Node::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(k, n)| (k.clone(), rendered_value(n, texts)))
+                .collect(),
+        ),
+    }
+}
+
+/// [`PatchValue::is_subset_of`] for `node` with its strings with placeholders taken from
+/// `texts`, in order. Every text is taken, whatever the answer, so that siblings read theirs.
+fn rendered_is_subset<'s>(
+    node: &Node,
+    texts: &mut impl Iterator<Item = &'s String>,
+    theirs: &Value,
+) -> bool {
+    match node {
+        Node::Fixed(fixed) => is_subset(fixed.value(), theirs),
+        Node::Text(_) => texts
+            .next()
+            .is_some_and(|text| theirs.as_str() == Some(text.as_str())),
+        Node::Array(items) => {
+            let theirs = theirs.as_array().filter(|t| t.len() == items.len());
+            let mut all = theirs.is_some();
+            for (at, item) in items.iter().enumerate() {
+                let their = theirs.and_then(|t| t.get(at)).unwrap_or(&Value::Null);
+                all &= rendered_is_subset(item, texts, their);
+            }
+            all
+        }
+        Node::Object(fields) => {
+            let theirs = theirs.as_object();
+            let mut all = theirs.is_some();
+            for (key, value) in fields.iter() {
+                let their = theirs.and_then(|t| t.get(key));
+                all &= rendered_is_subset(value, texts, their.unwrap_or(&Value::Null))
+                    && their.is_some();
+            }
+            all
         }
     }
 }
@@ -83,47 +149,25 @@ pub fn is_subset(ours: &Value, theirs: &Value) -> bool {
 
 impl Serialize for PatchValue<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        With(self, Written::Again).serialize(serializer)
-    }
-}
-
-/// How the fixed parts of templates are serialized.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Written {
-    /// As their values, which any serializer takes.
-    Again,
-    /// As their JSON, written when the template was compiled: only for `serde_json`'s
-    /// serializer, which alone writes a `RawValue` as it is.
-    Copied,
-}
-
-/// A value whose fixed parts are serialized so.
-struct With<'v, 't>(&'v PatchValue<'t>, Written);
-
-impl Serialize for With<'_, '_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let With(value, written) = *self;
-        match value {
-            PatchValue::Fixed(fixed) => match fixed.json() {
-                Some(json) if written == Written::Copied => json.serialize(serializer),
-                _ => fixed.value().serialize(serializer),
-            },
+        match self {
+            PatchValue::Fixed(fixed) => fixed.value().serialize(serializer),
             PatchValue::Owned(value) => value.serialize(serializer),
             PatchValue::String(text) => serializer.serialize_str(text),
             PatchValue::Array(items) => {
                 let mut seq = serializer.serialize_seq(Some(items.len()))?;
                 for item in items {
-                    seq.serialize_element(&With(item, written))?;
+                    seq.serialize_element(item)?;
                 }
                 seq.end()
             }
             PatchValue::Object(fields) => {
                 let mut map = serializer.serialize_map(Some(fields.len()))?;
                 for (key, value) in fields {
-                    map.serialize_entry(key, &With(value, written))?;
+                    map.serialize_entry(key, value)?;
                 }
                 map.end()
             }
+            PatchValue::Rendered(..) => self.to_value().serialize(serializer),
         }
     }
 }
@@ -140,35 +184,213 @@ pub struct AddOperation<'t> {
 
 impl Serialize for AddOperation<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        OperationWith(self, Written::Again).serialize(serializer)
-    }
-}
-
-/// An operation whose value's fixed parts are serialized so.
-struct OperationWith<'o, 't>(&'o AddOperation<'t>, Written);
-
-impl Serialize for OperationWith<'_, '_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let OperationWith(operation, written) = *self;
         let mut op = serializer.serialize_struct("AddOperation", 3)?;
         op.serialize_field("op", "add")?;
-        op.serialize_field("path", operation.path.as_str())?;
-        op.serialize_field("value", &With(&operation.value, written))?;
+        op.serialize_field("path", self.path.as_str())?;
+        op.serialize_field("value", &self.value)?;
         op.end()
     }
 }
 
-/// Operations whose values' fixed parts are serialized so.
-struct OperationsWith<'p, 't>(&'p [AddOperation<'t>], Written);
+/// Where [`Patch::write_json`] writes the patch's JSON: text as it comes, and each fixed part
+/// of a template, which a sink may copy in a form it made once (see [`Base64Out`]).
+pub trait JsonOut {
+    /// Writes `bytes` of JSON text.
+    fn text(&mut self, bytes: &[u8]);
 
-impl Serialize for OperationsWith<'_, '_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
-        for operation in self.0 {
-            seq.serialize_element(&OperationWith(operation, self.1))?;
-        }
-        seq.end()
+    /// Writes JSON text of a template, written when it was compiled.
+    fn json(&mut self, json: &JsonText) {
+        self.text(json.get().as_bytes());
     }
+}
+
+impl JsonOut for Vec<u8> {
+    fn text(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A sink that writes the base64 of the JSON into `out`, as an AdmissionResponse carries a
+/// patch. A fixed part of a template is copied from its own base64, made once
+/// ([`Fixed::base64_from`]), instead of being encoded again for every Pod: only the bytes
+/// around it that share a 3-byte group with the text before or after are encoded here. The
+/// bytes are those of encoding the whole JSON at once.
+pub struct Base64Out<'o> {
+    out: &'o mut Vec<u8>,
+    /// Text not encoded yet: encoded in whole groups of 3 when it grows long and before a fixed
+    /// part, the rest (up to 2 bytes) kept for the next group.
+    pending: Vec<u8>,
+}
+
+/// Text gathered before it is encoded.
+const PENDING_BYTES: usize = 1536;
+
+/// Fixed parts shorter than this are encoded with the text around them.
+const COPIED_FIXED_BYTES: usize = 48;
+
+impl<'o> Base64Out<'o> {
+    /// A sink appending to `out`.
+    pub fn new(out: &'o mut Vec<u8>) -> Self {
+        Base64Out {
+            out,
+            pending: Vec::with_capacity(PENDING_BYTES + COPIED_FIXED_BYTES),
+        }
+    }
+
+    /// Encodes the pending text's whole groups of 3, keeping the rest.
+    fn flush_groups(&mut self) {
+        let whole = self.pending.len() / 3 * 3;
+        encode_into(&self.pending[..whole], self.out);
+        self.pending.drain(..whole);
+    }
+
+    /// Encodes what is left, with padding.
+    pub fn finish(mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        encode_into(&pending, self.out);
+    }
+}
+
+impl JsonOut for Base64Out<'_> {
+    fn text(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        if self.pending.len() >= PENDING_BYTES {
+            self.flush_groups();
+        }
+    }
+
+    fn json(&mut self, json: &JsonText) {
+        let text = json.get().as_bytes();
+        if text.len() < COPIED_FIXED_BYTES {
+            return self.text(text);
+        }
+        // The first bytes complete the group the pending text started; from there on the
+        // text's groups are its own.
+        let skip = (3 - self.pending.len() % 3) % 3;
+        let Some(encoded) = json.base64_from(skip) else {
+            return self.text(text);
+        };
+        self.pending.extend_from_slice(&text[..skip]);
+        self.flush_groups();
+        self.out.extend_from_slice(encoded.as_bytes());
+        let copied = skip + (text.len() - skip) / 3 * 3;
+        self.pending.extend_from_slice(&text[copied..]);
+    }
+}
+
+/// Appends the base64 of `bytes` (padded) to `out`.
+fn encode_into(bytes: &[u8], out: &mut Vec<u8>) {
+    if bytes.is_empty() {
+        return;
+    }
+    let start = out.len();
+    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(bytes, &mut out[start..])
+        .unwrap_or(0);
+    out.truncate(start + written);
+}
+
+/// Writes a value made for this Pod.
+fn write_owned<O: JsonOut + ?Sized>(value: &Value, out: &mut O) -> Result<(), serde_json::Error> {
+    if let Value::String(text) = value {
+        write_str(text, out);
+        return Ok(());
+    }
+    let mut json = Vec::new();
+    serde_json::to_writer(&mut json, value)?;
+    out.text(&json);
+    Ok(())
+}
+
+/// Writes a JSON string as `serde_json` does.
+fn write_str<O: JsonOut + ?Sized>(text: &str, out: &mut O) {
+    if needs_no_escape(text.as_bytes()) {
+        out.text(b"\"");
+        out.text(text.as_bytes());
+        out.text(b"\"");
+    } else {
+        out.text(&escaped(text));
+    }
+}
+
+/// Whether `bytes` hold no control character, quote or backslash: a JSON string of them is
+/// written as it is. Eight bytes at a time (a byte-by-byte check was most of writing a patch's
+/// strings).
+fn needs_no_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([1; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    // Whether a byte of `x` is zero, or below `n` (n <= 0x80).
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH != 0;
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let Ok(chunk) = <[u8; 8]>::try_from(chunk) else {
+            return false;
+        };
+        let x = u64::from_ne_bytes(chunk);
+        if below(x, 0x20)
+            || below(x ^ (ONES * u64::from(b'"')), 1)
+            || below(x ^ (ONES * u64::from(b'\\')), 1)
+        {
+            return false;
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
+}
+
+/// `text` as a JSON string, with escapes, as `serde_json` writes it.
+fn escaped(text: &str) -> Vec<u8> {
+    let mut json = Vec::with_capacity(text.len() + 8);
+    // Writing a string into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut json, text);
+    json
+}
+
+/// Writes a value of the patch.
+fn write_value<O: JsonOut + ?Sized>(
+    value: &PatchValue<'_>,
+    out: &mut O,
+) -> Result<(), serde_json::Error> {
+    match value {
+        PatchValue::Fixed(fixed) => out.json(fixed.json()),
+        PatchValue::Owned(value) => write_owned(value, out)?,
+        PatchValue::String(text) => write_str(text, out),
+        PatchValue::Array(items) => {
+            out.text(b"[");
+            for (at, item) in items.iter().enumerate() {
+                if at > 0 {
+                    out.text(b",");
+                }
+                write_value(item, out)?;
+            }
+            out.text(b"]");
+        }
+        PatchValue::Object(fields) => {
+            out.text(b"{");
+            for (at, (key, value)) in fields.iter().enumerate() {
+                if at > 0 {
+                    out.text(b",");
+                }
+                write_str(key, out);
+                out.text(b":");
+                write_value(value, out)?;
+            }
+            out.text(b"}");
+        }
+        PatchValue::Rendered(node, texts) => {
+            let mut texts = texts.iter();
+            for piece in node.layout().iter() {
+                match piece {
+                    Piece::Json(json) => out.json(json),
+                    Piece::Text => write_str(texts.next().map_or("", String::as_str), out),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// An RFC 6902 JSON patch, serialized as the JSON array the API server expects.
@@ -199,12 +421,39 @@ impl Patch<'_> {
         )
     }
 
+    /// Writes the patch's JSON, the same as `serde_json::to_vec` gives, to `out`.
+    pub fn write_json<O: JsonOut + ?Sized>(&self, out: &mut O) -> Result<(), serde_json::Error> {
+        out.text(b"[");
+        for (at, operation) in self.0.iter().enumerate() {
+            out.text(if at == 0 {
+                br#"{"op":"add","path":"#
+            } else {
+                br#",{"op":"add","path":"#
+            });
+            write_str(operation.path.as_str(), out);
+            out.text(br#","value":"#);
+            write_value(&operation.value, out)?;
+            out.text(b"}");
+        }
+        out.text(b"]");
+        Ok(())
+    }
+
     /// The patch as JSON: the same bytes as `serde_json::to_vec`, but each fixed part of a
     /// template is copied as it was written when the template was compiled.
     pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
         let mut json = Vec::with_capacity(4096);
-        serde_json::to_writer(&mut json, &OperationsWith(&self.0, Written::Copied))?;
+        self.write_json(&mut json)?;
         Ok(json)
+    }
+
+    /// Appends the base64 of the patch's JSON (of [`Patch::to_json`]) to `out`, copying each
+    /// fixed part's own base64 (see [`Base64Out`]).
+    pub fn write_base64(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        let mut sink = Base64Out::new(out);
+        self.write_json(&mut sink)?;
+        sink.finish();
+        Ok(())
     }
 
     /// An owned `json_patch::Patch`, to apply it.
@@ -266,6 +515,63 @@ mod tests {
             patch.to_json().unwrap(),
             serde_json::to_vec(&patch).unwrap()
         );
+    }
+
+    #[test]
+    fn strings_needing_no_escape_are_told_apart_at_every_offset() {
+        let naive = |bytes: &[u8]| !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
+        for len in 1..20 {
+            for at in 0..len {
+                for byte in 0..=u8::MAX {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    assert_eq!(needs_no_escape(&bytes), naive(&bytes), "{bytes:?}");
+                    // Beside a byte with its high bit set (UTF-8).
+                    bytes[(at + 1) % len] = 0xc3;
+                    assert_eq!(needs_no_escape(&bytes), naive(&bytes), "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn base64_copies_fixed_parts_at_every_alignment_and_matches_encoding_the_json() {
+        use base64::engine::general_purpose::STANDARD;
+        let long = Fixed::new(
+            json!({"name": "proxy", "image": "registry.example.com/proxy:1.0", "args": ["a"]}),
+        );
+        let escaped = Fixed::new(json!(["\"quoted\"", "line\nbreak", "tab\t", "\u{1}"]));
+        for prefix in 0..7 {
+            for text in ["", "x", "\"", "caf\u{e9}"] {
+                let mut operations = vec![AddOperation {
+                    path: PointerBuf::from_tokens(["metadata", "annotations", &"p".repeat(prefix)]),
+                    value: PatchValue::String(text.repeat(prefix)),
+                }];
+                // Enough operations to flush the pending text more than once in between.
+                for i in 0..40 {
+                    operations.push(AddOperation {
+                        path: PointerBuf::from_tokens(["spec", "containers", "-"]),
+                        value: if i % 3 == 0 {
+                            PatchValue::Fixed(&escaped)
+                        } else {
+                            PatchValue::Array(vec![
+                                PatchValue::String("x".repeat(i)),
+                                PatchValue::Fixed(&long),
+                            ])
+                        },
+                    });
+                }
+                let patch = Patch(operations);
+                let json = patch.to_json().unwrap();
+                assert_eq!(json, serde_json::to_vec(&patch).unwrap());
+                let mut encoded = b"prefix".to_vec();
+                patch.write_base64(&mut encoded).unwrap();
+                assert_eq!(
+                    encoded,
+                    [b"prefix".as_slice(), STANDARD.encode(&json).as_bytes()].concat()
+                );
+            }
+        }
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! into those strings and nowhere else: a placeholder can only ever produce a string value,
 //! never structure, whatever the metadata holds.
 
+use std::sync::OnceLock;
+
+use base64::Engine as _;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::error::FieldError;
 use crate::selector::Labels;
@@ -228,20 +230,60 @@ fn parse_field(expression: &str) -> Option<Field> {
     }
 }
 
+/// JSON text written once, when a template is compiled, with its base64 made the first time a
+/// patch needs it for each of the three ways the text can fall against base64's 3-byte groups.
+#[derive(Clone, Debug, Default)]
+pub struct JsonText {
+    json: Box<str>,
+    base64: [OnceLock<Box<str>>; 3],
+}
+
+impl JsonText {
+    fn new(json: String) -> Self {
+        JsonText {
+            json: json.into_boxed_str(),
+            base64: Default::default(),
+        }
+    }
+
+    /// The JSON.
+    pub fn get(&self) -> &str {
+        &self.json
+    }
+
+    /// The base64 of the JSON's bytes from `skip` (0, 1 or 2) on, as far as they make whole
+    /// groups of 3: a patch encoded as base64 copies it wherever this text starts `skip` bytes
+    /// before a group boundary (see [`crate::patch::Base64Out`]). Made once per `skip`, the
+    /// first time it is asked for; `None` for `skip` past 2.
+    pub fn base64_from(&self, skip: usize) -> Option<&str> {
+        let slot = self.base64.get(skip)?;
+        Some(slot.get_or_init(|| {
+            let tail = self.json.as_bytes().get(skip..).unwrap_or_default();
+            let whole = tail.len() / 3 * 3;
+            base64::engine::general_purpose::STANDARD
+                .encode(&tail[..whole])
+                .into_boxed_str()
+        }))
+    }
+}
+
 /// A subtree of a template without placeholders, and its JSON, written once when the template
 /// is compiled: a patch copies it as it is instead of serializing it again for every Pod.
 #[derive(Clone, Debug)]
 pub struct Fixed {
     value: Value,
-    /// `None` only if the value could not be written (a `Value` always can).
-    json: Option<Box<RawValue>>,
+    json: JsonText,
 }
 
 impl Fixed {
     /// `value`, written as JSON.
     pub fn new(value: Value) -> Self {
-        let json = serde_json::value::to_raw_value(&value).ok();
-        Fixed { value, json }
+        // Writing a `Value` cannot fail: its keys are strings.
+        let json = serde_json::to_string(&value).unwrap_or_else(|_| "null".to_owned());
+        Fixed {
+            value,
+            json: JsonText::new(json),
+        }
     }
 
     /// The value.
@@ -250,8 +292,8 @@ impl Fixed {
     }
 
     /// The value as compact JSON, as `serde_json` writes it.
-    pub fn json(&self) -> Option<&RawValue> {
-        self.json.as_deref()
+    pub fn json(&self) -> &JsonText {
+        &self.json
     }
 }
 
@@ -259,6 +301,57 @@ impl PartialEq for Fixed {
     fn eq(&self, other: &Self) -> bool {
         self.value == other.value
     }
+}
+
+/// The items of an array or an object with placeholders somewhere inside, and the JSON of the
+/// whole as a layout ([`Node::layout`]), made the first time a patch writes it.
+#[derive(Clone, Debug)]
+pub struct Parts<T> {
+    items: Vec<T>,
+    layout: OnceLock<Vec<Piece>>,
+}
+
+impl<T> Parts<T> {
+    /// The parts `items`.
+    pub fn new(items: Vec<T>) -> Self {
+        Parts {
+            items,
+            layout: OnceLock::new(),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Parts<T> {
+    type Target = Vec<T>;
+
+    fn deref(&self) -> &Vec<T> {
+        &self.items
+    }
+}
+
+impl<'p, T> IntoIterator for &'p Parts<T> {
+    type Item = &'p T;
+    type IntoIter = std::slice::Iter<'p, T>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.iter()
+    }
+}
+
+impl<T: PartialEq> PartialEq for Parts<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.items == other.items
+    }
+}
+
+/// A piece of a [`Node`]'s JSON: written once, or the next string with placeholders.
+#[derive(Clone, Debug)]
+pub enum Piece {
+    /// JSON text the same for every Pod.
+    Json(JsonText),
+    /// The next string with placeholders (in the order of [`Node::render_texts`]), rendered
+    /// for the Pod.
+    Text,
 }
 
 /// A JSON value whose strings may hold placeholders.
@@ -269,9 +362,9 @@ pub enum Node {
     /// A string with placeholders.
     Text(TemplateString),
     /// An array with placeholders somewhere inside.
-    Array(Vec<Node>),
+    Array(Parts<Node>),
     /// An object with placeholders somewhere inside (keys are never templated).
-    Object(Vec<(String, Node)>),
+    Object(Parts<(String, Node)>),
 }
 
 impl Node {
@@ -295,7 +388,7 @@ impl Node {
                 if nodes.iter().all(|n| matches!(n, Node::Fixed(_))) {
                     Node::Fixed(Fixed::new(value.clone()))
                 } else {
-                    Node::Array(nodes)
+                    Node::Array(Parts::new(nodes))
                 }
             }
             Value::Object(fields) => {
@@ -306,7 +399,7 @@ impl Node {
                 if nodes.iter().all(|(_, n)| matches!(n, Node::Fixed(_))) {
                     Node::Fixed(Fixed::new(value.clone()))
                 } else {
-                    Node::Object(nodes)
+                    Node::Object(Parts::new(nodes))
                 }
             }
             _ => Node::Fixed(Fixed::new(value.clone())),
@@ -328,21 +421,86 @@ impl Node {
         }
     }
 
-    /// The value with Pod metadata substituted, borrowing every fixed part.
+    /// The value with Pod metadata substituted, borrowing every fixed part: of an array or an
+    /// object, the node itself and its strings with placeholders, rendered.
     pub fn render_patch<'t>(&'t self, pod: &PodFacts<'_>) -> crate::patch::PatchValue<'t> {
         use crate::patch::PatchValue;
         match self {
             Node::Fixed(fixed) => PatchValue::Fixed(fixed),
             Node::Text(template) => PatchValue::String(template.render(pod)),
-            Node::Array(items) => {
-                PatchValue::Array(items.iter().map(|n| n.render_patch(pod)).collect())
+            Node::Array(_) | Node::Object(_) => {
+                let mut texts = Vec::new();
+                self.render_texts(pod, &mut texts);
+                PatchValue::Rendered(self, texts)
             }
-            Node::Object(fields) => PatchValue::Object(
-                fields
-                    .iter()
-                    .map(|(k, n)| (k.as_str(), n.render_patch(pod)))
-                    .collect(),
-            ),
+        }
+    }
+
+    /// Renders every string with placeholders below this node, depth first, in the order the
+    /// node's JSON holds them.
+    pub fn render_texts(&self, pod: &PodFacts<'_>, texts: &mut Vec<String>) {
+        match self {
+            Node::Fixed(_) => {}
+            Node::Text(template) => texts.push(template.render(pod)),
+            Node::Array(items) => items.iter().for_each(|n| n.render_texts(pod, texts)),
+            Node::Object(fields) => fields.iter().for_each(|(_, n)| n.render_texts(pod, texts)),
+        }
+    }
+
+    /// The node's JSON as a layout: the text between its strings with placeholders written
+    /// once, as `serde_json` writes it, and a [`Piece::Text`] for each such string. Made the
+    /// first time it is asked for.
+    pub fn layout(&self) -> std::borrow::Cow<'_, [Piece]> {
+        use std::borrow::Cow;
+        match self {
+            Node::Array(Parts { layout, .. }) | Node::Object(Parts { layout, .. }) => {
+                Cow::Borrowed(layout.get_or_init(|| self.build_layout()))
+            }
+            Node::Fixed(_) | Node::Text(_) => Cow::Owned(self.build_layout()),
+        }
+    }
+
+    fn build_layout(&self) -> Vec<Piece> {
+        let mut segments = Vec::new();
+        let mut json = String::new();
+        self.lay_out(&mut json, &mut segments);
+        if !json.is_empty() {
+            segments.push(Piece::Json(JsonText::new(json)));
+        }
+        segments
+    }
+
+    fn lay_out(&self, json: &mut String, segments: &mut Vec<Piece>) {
+        match self {
+            Node::Fixed(fixed) => json.push_str(fixed.json.get()),
+            Node::Text(_) => {
+                if !json.is_empty() {
+                    segments.push(Piece::Json(JsonText::new(std::mem::take(json))));
+                }
+                segments.push(Piece::Text);
+            }
+            Node::Array(items) => {
+                json.push('[');
+                for (at, item) in items.iter().enumerate() {
+                    if at > 0 {
+                        json.push(',');
+                    }
+                    item.lay_out(json, segments);
+                }
+                json.push(']');
+            }
+            Node::Object(fields) => {
+                json.push('{');
+                for (at, (key, value)) in fields.iter().enumerate() {
+                    if at > 0 {
+                        json.push(',');
+                    }
+                    json.push_str(&serde_json::to_string(key).unwrap_or_default());
+                    json.push(':');
+                    value.lay_out(json, segments);
+                }
+                json.push('}');
+            }
         }
     }
 
@@ -404,6 +562,7 @@ pub fn field_path(base: &str, steps: &[PathStep<'_>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::patch::PatchValue;
     use serde_json::{Map, json};
 
     fn facts<'a>(
@@ -483,6 +642,90 @@ mod tests {
             rendered,
             json!({"env": [{"name": "A", "value": labels["evil"]}], "n": 1})
         );
+    }
+
+    /// The patch value as it was built before layouts: nested arrays and objects.
+    fn nested<'t>(node: &'t Node, pod: &PodFacts<'_>) -> PatchValue<'t> {
+        match node {
+            Node::Fixed(fixed) => PatchValue::Fixed(fixed),
+            Node::Text(template) => PatchValue::String(template.render(pod)),
+            Node::Array(items) => PatchValue::Array(items.iter().map(|n| nested(n, pod)).collect()),
+            Node::Object(fields) => PatchValue::Object(
+                fields
+                    .iter()
+                    .map(|(k, n)| (k.as_str(), nested(n, pod)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn a_rendered_node_writes_compares_and_copies_as_its_nested_value() {
+        let labels = json!({"app": "web", "odd": "a\"b\\c\u{1}"});
+        let annotations = json!({});
+        let pod = facts(
+            labels.as_object().unwrap(),
+            annotations.as_object().unwrap(),
+        );
+        let mut errors = Vec::new();
+        let node = Node::parse(
+            &json!({
+                "args": ["fixed", "--app={{ pod.labels['app'] }}", "{{ pod.labels['odd'] }}"],
+                "env": [{"name": "A", "value": "{{ pod.name }}"}, {"name": "B", "value": "b"}],
+                "name": "{{ pod.namespace }}",
+                "ports": [{"containerPort": 80}],
+            }),
+            "spec",
+            &mut errors,
+        );
+        assert!(errors.is_empty());
+        let rendered = node.render_patch(&pod);
+        assert!(matches!(rendered, PatchValue::Rendered(..)));
+        let expected = nested(&node, &pod);
+        assert_eq!(rendered.to_value(), node.render(&pod));
+        assert_eq!(rendered.to_value(), expected.to_value());
+        assert_eq!(
+            serde_json::to_vec(&rendered).unwrap(),
+            serde_json::to_vec(&expected).unwrap()
+        );
+        let op = |value| {
+            crate::patch::Patch(vec![crate::patch::AddOperation {
+                path: json_patch::jsonptr::PointerBuf::from_tokens(["spec"]),
+                value,
+            }])
+        };
+        assert_eq!(
+            op(rendered.clone()).to_json().unwrap(),
+            op(expected.clone()).to_json().unwrap()
+        );
+
+        let same = node.render(&pod);
+        let mut defaulted = same.clone();
+        defaulted["imagePullPolicy"] = json!("Always");
+        defaulted["ports"][0]["protocol"] = json!("TCP");
+        let mut other_text = same.clone();
+        other_text["args"][1] = json!("--app=other");
+        let mut missing = same.clone();
+        missing.as_object_mut().unwrap().remove("env");
+        let mut longer = same.clone();
+        longer["args"].as_array_mut().unwrap().push(json!("more"));
+        let mut retyped = same.clone();
+        retyped["env"] = json!({"name": "A"});
+        for (case, theirs) in [
+            ("same", same),
+            ("defaulted", defaulted),
+            ("other text", other_text),
+            ("missing", missing),
+            ("longer", longer),
+            ("retyped", retyped),
+            ("null", Value::Null),
+        ] {
+            assert_eq!(
+                rendered.is_subset_of(&theirs),
+                expected.is_subset_of(&theirs),
+                "{case}"
+            );
+        }
     }
 
     #[test]

@@ -1489,9 +1489,32 @@ fn render_text(text: &Text, facts: &PodFacts<'_>) -> String {
 
 fn add<'t>(tokens: &[&str], value: PatchValue<'t>) -> AddOperation<'t> {
     AddOperation {
-        path: PointerBuf::from_tokens(tokens.iter().copied()),
+        path: pointer(tokens, None),
         value,
     }
+}
+
+/// The JSON pointer to `tokens` (then `last`), escaped per RFC 6901, written into one buffer
+/// (`PointerBuf::from_tokens` grows its buffer token by token).
+fn pointer(tokens: &[&str], last: Option<&str>) -> PointerBuf {
+    let tokens = || tokens.iter().copied().chain(last);
+    // Room for the separators and a few escapes.
+    let mut path = String::with_capacity(tokens().map(|t| t.len() + 1).sum::<usize>() + 8);
+    for token in tokens() {
+        path.push('/');
+        let mut rest = token;
+        while let Some(at) = rest.find(['~', '/']) {
+            path.push_str(&rest[..at]);
+            path.push_str(if rest[at..].starts_with('~') {
+                "~0"
+            } else {
+                "~1"
+            });
+            rest = &rest[at + 1..];
+        }
+        path.push_str(rest);
+    }
+    PointerBuf::parse(path).unwrap_or_else(|_| PointerBuf::from_tokens(tokens()))
 }
 
 /// Appends `items` to the list at `tokens`: one `add …/-` each when the list exists, else one
@@ -1506,8 +1529,7 @@ fn append<'t>(
         return;
     }
     if existed {
-        let mut path = PointerBuf::from_tokens(tokens.iter().copied());
-        path.push_back("-");
+        let path = pointer(tokens, Some("-"));
         for value in items {
             ops.push(AddOperation {
                 path: path.clone(),

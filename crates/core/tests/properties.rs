@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
+use base64::Engine as _;
 use injector_api::{FailurePolicy, SidecarTemplate};
 use injector_core::pod_json::{allowance, decode_pod, decode_pod_among};
 use injector_core::{
@@ -717,7 +718,15 @@ proptest! {
     fn the_patch_applies_and_yields_a_pod(s in scenario()) {
         let plan = plan_for(&s.pod, &s.namespace(), &s.templates);
         // The webhook's JSON, with fixed parts copied, is the patch serialized.
-        prop_assert_eq!(plan.patch.to_json().unwrap(), serde_json::to_vec(&plan.patch).unwrap());
+        let json = plan.patch.to_json().unwrap();
+        prop_assert_eq!(&json, &serde_json::to_vec(&plan.patch).unwrap());
+        // Its base64, with each long fixed part's own base64 copied, is the JSON's.
+        let mut encoded = Vec::new();
+        plan.patch.write_base64(&mut encoded).unwrap();
+        prop_assert_eq!(
+            String::from_utf8(encoded).unwrap(),
+            base64::engine::general_purpose::STANDARD.encode(&json)
+        );
         let out = apply(&s.pod, &plan)?;
         if let Err(e) = serde_json::from_value::<Pod>(out.clone()) {
             return Err(TestCaseError::fail(format!("not a Pod: {e}\n{out}")));

@@ -10,27 +10,17 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use injector_core::{Registry, compile, pod_json};
+use injector_core::pod_json;
 use injector_webhook::{Outcome, Target, decide};
+
+mod fixture;
+use fixture::REVIEW;
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const REVIEW: &[u8] = include_bytes!("../../../bench/fixtures/typical-pod-review.json");
-const TEMPLATES: [&str; 3] = [
-    include_str!("../../../bench/fixtures/templates/log-shipper.yaml"),
-    include_str!("../../../bench/fixtures/templates/mesh-proxy.yaml"),
-    include_str!("../../../bench/fixtures/templates/app-telemetry.yaml"),
-];
-
 fn bench_decide(c: &mut Criterion) {
-    let mut registry = Registry::new();
-    registry.reset(
-        TEMPLATES
-            .iter()
-            .map(|yaml| compile(&serde_saphyr::from_str(yaml).unwrap()).unwrap()),
-    );
-    let snapshot = registry.snapshot();
+    let snapshot = fixture::snapshot();
     let allowance = pod_json::allowance(REVIEW.len());
     let decision = decide(REVIEW, Target::All, &snapshot, allowance).unwrap();
     assert_eq!(decision.outcome, Outcome::Injected);

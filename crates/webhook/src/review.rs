@@ -5,7 +5,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use base64::Engine as _;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
 use injector_core::pod_json::{PodJsonError, decode_pod_among};
@@ -181,7 +180,7 @@ struct ResponseOut {
     allowed: bool,
     status: Option<StatusOut>,
     /// The JSON patch, base64-encoded.
-    patch: Option<String>,
+    patch: Option<Vec<u8>>,
     warnings: Vec<String>,
     audit_annotations: BTreeMap<String, String>,
 }
@@ -206,7 +205,7 @@ impl ResponseOut {
         }
         if let Some(patch) = &self.patch {
             out.extend_from_slice(br#","patch":""#);
-            out.extend_from_slice(patch.as_bytes());
+            out.extend_from_slice(patch);
             out.extend_from_slice(br#"","patchType":"JSONPatch""#);
         }
         if !self.warnings.is_empty() {
@@ -310,7 +309,7 @@ pub fn decide<'s>(
     }
     let warnings = response.warnings.len();
     // Room for the patch and the rest, so that the buffer is not grown and copied over and over.
-    let patch_len = response.patch.as_ref().map_or(0, String::len);
+    let patch_len = response.patch.as_ref().map_or(0, Vec::len);
     let mut body = Vec::with_capacity(patch_len + 1024);
     response
         .write(api_version, &mut body)
@@ -335,7 +334,7 @@ struct Answer {
     /// Set when the Pod is denied.
     denial: Option<StatusOut>,
     /// The JSON patch, base64-encoded.
-    patch: Option<String>,
+    patch: Option<Vec<u8>>,
     warnings: Vec<String>,
     applied: Vec<Applied>,
     denied_by: Vec<String>,
@@ -469,10 +468,9 @@ fn answer_pod(
 }
 
 /// The patch's JSON, base64-encoded.
-fn encode_patch(patch: &Patch<'_>) -> Result<String, serde_json::Error> {
-    let json = patch.to_json()?;
-    let mut encoded = String::with_capacity(json.len().div_ceil(3) * 4);
-    base64::engine::general_purpose::STANDARD.encode_string(&json, &mut encoded);
+fn encode_patch(patch: &Patch<'_>) -> Result<Vec<u8>, serde_json::Error> {
+    let mut encoded = Vec::with_capacity(8192);
+    patch.write_base64(&mut encoded)?;
     Ok(encoded)
 }
 
