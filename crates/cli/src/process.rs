@@ -21,7 +21,7 @@ impl Cli {
             Command::Render(args) => {
                 let rendered = render(&args.into_request())?;
                 eprint!("{}", rendered.stderr);
-                print!("{}", rendered.stdout);
+                print_out(&rendered.stdout)?;
                 if let Some(denied) = rendered.denied {
                     eprintln!("denied: {denied}");
                     return Ok(ExitCode::from(EXIT_DENIED));
@@ -45,23 +45,31 @@ impl Cli {
                     .enable_all()
                     .build()
                     .context("cannot start the async runtime")?;
-                print!("{}", runtime.block_on(args.execute())?);
+                print_out(&runtime.block_on(args.execute())?)?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Policy(args) => {
                 let output = crate::policy::policy(&args.into_request())?;
                 eprint!("{}", output.stderr);
-                print!("{}", output.stdout);
+                print_out(&output.stdout)?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Crd => {
-                print!(
-                    "{}",
-                    injector_api::crd_yaml().context("cannot print the CRD")?
-                );
+                print_out(&injector_api::crd_yaml().context("cannot print the CRD")?)?;
                 Ok(ExitCode::SUCCESS)
             }
         }
+    }
+}
+
+/// Writes `text` to standard output. A reader that went away (`sidecar-injector crd | head`)
+/// is no error: the rest is not wanted (`print!` would panic).
+fn print_out(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written.context("cannot write to standard output"),
     }
 }
 

@@ -321,6 +321,25 @@ fn the_binary_exits_non_zero_with_a_message_and_never_panics() {
 }
 
 #[test]
+fn a_reader_that_goes_away_is_no_panic() {
+    use std::io::Read as _;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+        .arg("crd")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // As `| head -c 16` does: read a little, then close the pipe.
+    let mut first = [0; 16];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}
+
+#[test]
 fn the_crd_command_prints_what_crds_holds() {
     let output = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
         .arg("crd")
