@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 mod one_pass;
+mod quick_json;
 
 /// The annotation key (prefixed by the API server with the webhook's name) under which the
 /// audit log records the templates applied.

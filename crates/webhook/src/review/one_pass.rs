@@ -3,7 +3,9 @@
 //! server writes them: the request's kind and operation before its object, keys without
 //! escapes, no key twice. Anything else fails here and is read the other way (the derived
 //! `Deserialize` of [`ReviewIn`], then `pod_json::decode_pod_among`), which also gives each
-//! error its message; so a decision never depends on which way its review was read.
+//! error its message; so a decision never depends on which way its review was read. The one
+//! pass is made by the quick reader ([`super::quick_json`]), or by `serde_json` where that
+//! refuses the text.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -13,6 +15,7 @@ use injector_core::{MalformedPod, Pod, Snapshot};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use super::quick_json::{Reader, Refused};
 use super::{GroupVersionKind, RequestIn, ReviewIn};
 
 /// How to decode a Pod met in the review: within this allowance, among these templates.
@@ -29,9 +32,20 @@ pub(super) fn read<'a>(
 ) -> Result<ReviewIn<'a>, serde_json::Error> {
     // Checked as a whole at once, the text need not be checked string by string.
     let text = std::str::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
+    if let Ok(review) = read_quickly(text, pod) {
+        return Ok(review);
+    }
     let mut parser = serde_json::Deserializer::from_str(text);
     let review = parser.deserialize_map(ReviewVisitor { pod })?;
     parser.end()?;
+    Ok(review)
+}
+
+/// Reads `text` with the quick reader, which refuses what it might not read as `serde_json`.
+fn read_quickly<'a>(text: &'a str, pod: Option<PodContext<'_>>) -> Result<ReviewIn<'a>, Refused> {
+    let mut reader = Reader::new(text);
+    let review = (&mut reader).deserialize_map(ReviewVisitor { pod })?;
+    reader.end()?;
     Ok(review)
 }
 

@@ -1,0 +1,647 @@
+//! A JSON reader for the reviews the API server writes, quicker than `serde_json` where the
+//! webhook spends its time: scanning strings eight bytes at a time, and skipping what is not
+//! read (most of a Pod) with a loop that checks the syntax but builds nothing.
+//!
+//! It refuses what it is not sure to read exactly as `serde_json` does: numbers with a
+//! fraction or an exponent, beyond 64 bits, or `-0`; nesting deeper than [`MAX_DEPTH`];
+//! `serde_json`'s own types (`RawValue`); structs written as arrays, enums and bytes; and any
+//! error a visitor raises. A refused review is read again by `serde_json`, which answers it or
+//! says what is wrong; so what this reader accepts it reads as `serde_json` would (the tests
+//! compare the two on generated JSON), and it never needs an error message of its own.
+//! `serde_json` has no hook for a faster skip or scan, and the faster parsers measured slower
+//! through `serde` or need memory per value of the body (BENCHMARKS.md).
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+
+/// Nesting deeper than this is refused (`serde_json` reads up to 127 levels).
+const MAX_DEPTH: u32 = 100;
+
+/// The body is left to `serde_json`.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Refused;
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("left to serde_json")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+impl de::Error for Refused {
+    fn custom<T: fmt::Display>(_: T) -> Self {
+        Refused
+    }
+}
+
+type Result<T> = std::result::Result<T, Refused>;
+
+/// Reads one JSON text; deserialize from `&mut Reader`, then call [`Reader::end`].
+pub(super) struct Reader<'de> {
+    text: &'de str,
+    at: usize,
+    /// How many objects and arrays are open.
+    depth: u32,
+}
+
+/// A string read: borrowed from the text, or unescaped.
+enum Str<'de> {
+    Borrowed(&'de str),
+    Unescaped(String),
+}
+
+/// A number read: one of those `serde_json` gives as an integer.
+enum Integer {
+    Unsigned(u64),
+    Negative(i64),
+}
+
+impl<'de> Reader<'de> {
+    pub(super) fn new(text: &'de str) -> Self {
+        Reader {
+            text,
+            at: 0,
+            depth: 0,
+        }
+    }
+
+    /// Checks that only whitespace follows what was read.
+    pub(super) fn end(&mut self) -> Result<()> {
+        self.skip_whitespace();
+        if self.at == self.text.len() {
+            Ok(())
+        } else {
+            Err(Refused)
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    fn skip_whitespace(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// The first byte of the next value.
+    fn peek_value(&mut self) -> Result<u8> {
+        self.skip_whitespace();
+        self.peek().ok_or(Refused)
+    }
+
+    fn eat(&mut self, byte: u8) -> Result<()> {
+        if self.peek() == Some(byte) {
+            self.at += 1;
+            Ok(())
+        } else {
+            Err(Refused)
+        }
+    }
+
+    fn eat_literal(&mut self, literal: &[u8]) -> Result<()> {
+        let rest = self.text.as_bytes().get(self.at..).unwrap_or_default();
+        if rest.starts_with(literal) {
+            self.at += literal.len();
+            Ok(())
+        } else {
+            Err(Refused)
+        }
+    }
+
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(Refused);
+        }
+        Ok(())
+    }
+
+    /// Reads a string whose opening quote was read.
+    fn read_str(&mut self) -> Result<Str<'de>> {
+        let start = self.at;
+        let end = scan_string(self.text.as_bytes(), start);
+        match self.text.as_bytes().get(end) {
+            Some(b'"') => {
+                self.at = end + 1;
+                self.text.get(start..end).map(Str::Borrowed).ok_or(Refused)
+            }
+            Some(b'\\') => {
+                self.skip_string()?;
+                // Escapes are rare in what the API server writes: `serde_json` unescapes them,
+                // so that surrogates and the rest are read as it reads them.
+                let quoted = self
+                    .text
+                    .get(start.saturating_sub(1)..self.at)
+                    .ok_or(Refused)?;
+                serde_json::from_str(quoted)
+                    .map(Str::Unescaped)
+                    .map_err(|_| Refused)
+            }
+            _ => Err(Refused),
+        }
+    }
+
+    /// Skips a string whose opening quote was read, checking its escapes as `serde_json` does
+    /// when it skips one (four hex digits after `\u`, surrogates unchecked).
+    fn skip_string(&mut self) -> Result<()> {
+        let bytes = self.text.as_bytes();
+        let mut at = self.at;
+        loop {
+            at = scan_string(bytes, at);
+            match bytes.get(at) {
+                Some(b'"') => {
+                    self.at = at + 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    at = match bytes.get(at + 1) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at + 2,
+                        Some(b'u') => match bytes.get(at + 2..at + 6) {
+                            Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => at + 6,
+                            _ => return Err(Refused),
+                        },
+                        _ => return Err(Refused),
+                    };
+                }
+                // A control character, or the end of the text.
+                _ => return Err(Refused),
+            }
+        }
+    }
+
+    /// Reads an integer as `serde_json` gives it; anything else it would read as a float is
+    /// refused.
+    fn read_integer(&mut self) -> Result<Integer> {
+        let negative = self.peek() == Some(b'-');
+        if negative {
+            self.at += 1;
+        }
+        let digits = self.at;
+        self.skip_digits_of_integer()?;
+        if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
+            return Err(Refused);
+        }
+        let magnitude: u64 = self
+            .text
+            .get(digits..self.at)
+            .and_then(|digits| digits.parse().ok())
+            .ok_or(Refused)?;
+        if negative {
+            match i64::try_from(magnitude) {
+                Ok(magnitude) if magnitude > 0 => Ok(Integer::Negative(-magnitude)),
+                _ => Err(Refused),
+            }
+        } else {
+            Ok(Integer::Unsigned(magnitude))
+        }
+    }
+
+    /// `0` or a digit from 1 to 9 and more digits; a digit after a leading zero is refused.
+    fn skip_digits_of_integer(&mut self) -> Result<()> {
+        match self.peek() {
+            Some(b'0') => self.at += 1,
+            Some(b'1'..=b'9') => self.skip_digits(),
+            _ => return Err(Refused),
+        }
+        if matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(Refused);
+        }
+        Ok(())
+    }
+
+    fn skip_digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// Skips a number, checking it is one.
+    fn skip_number(&mut self) -> Result<()> {
+        if self.peek() == Some(b'-') {
+            self.at += 1;
+        }
+        self.skip_digits_of_integer()?;
+        if self.peek() == Some(b'.') {
+            self.at += 1;
+            self.one_or_more_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.at += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.at += 1;
+            }
+            self.one_or_more_digits()?;
+        }
+        Ok(())
+    }
+
+    fn one_or_more_digits(&mut self) -> Result<()> {
+        if !matches!(self.peek(), Some(b'0'..=b'9')) {
+            return Err(Refused);
+        }
+        self.skip_digits();
+        Ok(())
+    }
+
+    /// Skips a key and its colon, at the key's opening quote.
+    fn skip_key(&mut self) -> Result<()> {
+        self.eat(b'"')?;
+        self.skip_string()?;
+        self.skip_whitespace();
+        self.eat(b':')
+    }
+
+    /// Skips one value, checking its syntax, without recursion: the containers open inside
+    /// it are bits of a `u128`, the innermost lowest (1 an object, 0 an array).
+    fn skip_value(&mut self) -> Result<()> {
+        let mut open: u128 = 0;
+        let mut depth = 0;
+        'value: loop {
+            match self.peek_value()? {
+                b'"' => {
+                    self.at += 1;
+                    self.skip_string()?;
+                }
+                opening @ (b'{' | b'[') => {
+                    depth += 1;
+                    if self.depth + depth > MAX_DEPTH {
+                        return Err(Refused);
+                    }
+                    let object = opening == b'{';
+                    open = open << 1 | u128::from(object);
+                    self.at += 1;
+                    self.skip_whitespace();
+                    if self.peek() == Some(if object { b'}' } else { b']' }) {
+                        self.at += 1;
+                        open >>= 1;
+                        depth -= 1;
+                    } else {
+                        if object {
+                            self.skip_key()?;
+                        }
+                        continue 'value;
+                    }
+                }
+                b't' => self.eat_literal(b"true")?,
+                b'f' => self.eat_literal(b"false")?,
+                b'n' => self.eat_literal(b"null")?,
+                b'-' | b'0'..=b'9' => self.skip_number()?,
+                _ => return Err(Refused),
+            }
+            // A value ended: close the containers that end with it, up to the next value.
+            while depth > 0 {
+                self.skip_whitespace();
+                let object = open & 1 == 1;
+                match (self.peek(), object) {
+                    (Some(b','), true) => {
+                        self.at += 1;
+                        self.skip_whitespace();
+                        self.skip_key()?;
+                        continue 'value;
+                    }
+                    (Some(b','), false) => {
+                        self.at += 1;
+                        continue 'value;
+                    }
+                    (Some(b'}'), true) | (Some(b']'), false) => {
+                        self.at += 1;
+                        open >>= 1;
+                        depth -= 1;
+                    }
+                    _ => return Err(Refused),
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    fn visit_str<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value> {
+        match self.read_str()? {
+            Str::Borrowed(text) => visitor.visit_borrowed_str(text),
+            Str::Unescaped(text) => visitor.visit_str(&text),
+        }
+    }
+
+    fn visit_map<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value> {
+        self.enter()?;
+        self.at += 1;
+        let value = visitor.visit_map(Entries {
+            reader: self,
+            first: true,
+        })?;
+        self.skip_whitespace();
+        self.eat(b'}')?;
+        self.depth -= 1;
+        Ok(value)
+    }
+
+    fn visit_seq<V: Visitor<'de>>(&mut self, visitor: V) -> Result<V::Value> {
+        self.enter()?;
+        self.at += 1;
+        let value = visitor.visit_seq(Elements {
+            reader: self,
+            first: true,
+        })?;
+        self.skip_whitespace();
+        self.eat(b']')?;
+        self.depth -= 1;
+        Ok(value)
+    }
+}
+
+/// From `at`, the index of the first quote, backslash or control character (or the end).
+fn scan_string(bytes: &[u8], mut at: usize) -> usize {
+    const ONES: u64 = u64::MAX / 255;
+    const HIGH: u64 = ONES << 7;
+    while let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<8>) {
+        let word = u64::from_le_bytes(*chunk);
+        // The high bit of each byte that is below 0x20, a quote or a backslash: a byte's own
+        // high bit masks out bytes from 0x80, and a borrow can only mark bytes after a marked
+        // one, so the lowest mark is exact.
+        let control = word.wrapping_sub(ONES * 0x20);
+        let quote = (word ^ (ONES * u64::from(b'"'))).wrapping_sub(ONES);
+        let backslash = (word ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES);
+        let marks = (control | quote | backslash) & !word & HIGH;
+        if marks != 0 {
+            return at + marks.trailing_zeros() as usize / 8;
+        }
+        at += 8;
+    }
+    while let Some(&byte) = bytes.get(at) {
+        if byte == b'"' || byte == b'\\' || byte < 0x20 {
+            break;
+        }
+        at += 1;
+    }
+    at
+}
+
+impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
+    type Error = Refused;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        match self.peek_value()? {
+            b'"' => {
+                self.at += 1;
+                self.visit_str(visitor)
+            }
+            b'{' => self.visit_map(visitor),
+            b'[' => self.visit_seq(visitor),
+            b't' => {
+                self.eat_literal(b"true")?;
+                visitor.visit_bool(true)
+            }
+            b'f' => {
+                self.eat_literal(b"false")?;
+                visitor.visit_bool(false)
+            }
+            b'n' => {
+                self.eat_literal(b"null")?;
+                visitor.visit_unit()
+            }
+            b'-' | b'0'..=b'9' => match self.read_integer()? {
+                Integer::Unsigned(n) => visitor.visit_u64(n),
+                Integer::Negative(n) => visitor.visit_i64(n),
+            },
+            _ => Err(Refused),
+        }
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.skip_value()?;
+        visitor.visit_unit()
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        if self.peek_value()? == b'n' {
+            self.eat_literal(b"null")?;
+            visitor.visit_none()
+        } else {
+            visitor.visit_some(self)
+        }
+    }
+
+    fn deserialize_str<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.eat_opening(b'"')?;
+        self.visit_str(visitor)
+    }
+
+    fn deserialize_string<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.deserialize_str(visitor)
+    }
+
+    fn deserialize_identifier<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.deserialize_str(visitor)
+    }
+
+    fn deserialize_char<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.deserialize_str(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        if self.peek_value()? != b'{' {
+            return Err(Refused);
+        }
+        self.visit_map(visitor)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value> {
+        self.deserialize_map(visitor)
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        if self.peek_value()? != b'[' {
+            return Err(Refused);
+        }
+        self.visit_seq(visitor)
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_unit<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.skip_whitespace();
+        self.eat_literal(b"null")?;
+        visitor.visit_unit()
+    }
+
+    fn deserialize_unit_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value> {
+        self.deserialize_unit(visitor)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value> {
+        // `serde_json`'s own types (`RawValue`) are read by `serde_json`.
+        if name.starts_with("$serde_json::") {
+            return Err(Refused);
+        }
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_bytes<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64
+    }
+}
+
+impl Reader<'_> {
+    /// Eats the byte that opens the next value, which must be `byte`.
+    fn eat_opening(&mut self, byte: u8) -> Result<()> {
+        self.skip_whitespace();
+        self.eat(byte)
+    }
+}
+
+/// The entries of an object, as `serde_json` reads them.
+struct Entries<'r, 'de> {
+    reader: &'r mut Reader<'de>,
+    first: bool,
+}
+
+impl<'de> MapAccess<'de> for Entries<'_, 'de> {
+    type Error = Refused;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>> {
+        let reader = &mut *self.reader;
+        reader.skip_whitespace();
+        match reader.peek() {
+            Some(b'}') => return Ok(None),
+            Some(b',') if !self.first => {
+                reader.at += 1;
+                reader.skip_whitespace();
+            }
+            _ if self.first => {}
+            _ => return Err(Refused),
+        }
+        self.first = false;
+        reader.eat(b'"')?;
+        seed.deserialize(Key { reader }).map(Some)
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value> {
+        self.reader.skip_whitespace();
+        self.reader.eat(b':')?;
+        seed.deserialize(&mut *self.reader)
+    }
+}
+
+/// The elements of an array, as `serde_json` reads them.
+struct Elements<'r, 'de> {
+    reader: &'r mut Reader<'de>,
+    first: bool,
+}
+
+impl<'de> SeqAccess<'de> for Elements<'_, 'de> {
+    type Error = Refused;
+
+    fn next_element_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<Option<T::Value>> {
+        let reader = &mut *self.reader;
+        reader.skip_whitespace();
+        match reader.peek() {
+            Some(b']') => return Ok(None),
+            Some(b',') if !self.first => reader.at += 1,
+            _ if self.first => {}
+            _ => return Err(Refused),
+        }
+        self.first = false;
+        seed.deserialize(&mut *reader).map(Some)
+    }
+}
+
+/// A key, whose opening quote was read: a string whatever is asked of it.
+struct Key<'r, 'de> {
+    reader: &'r mut Reader<'de>,
+}
+
+impl<'de> de::Deserializer<'de> for Key<'_, 'de> {
+    type Error = Refused;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.reader.visit_str(visitor)
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        self.reader.skip_string()?;
+        visitor.visit_unit()
+    }
+
+    fn deserialize_bytes<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_byte_buf<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _variants: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _visitor: V,
+    ) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    fn deserialize_option<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        unit unit_struct seq tuple tuple_struct map struct identifier
+    }
+}
+
+#[cfg(test)]
+#[path = "quick_json/tests.rs"]
+mod tests;
