@@ -172,12 +172,62 @@ impl Serialize for PatchValue<'_> {
     }
 }
 
+/// Where an operation adds: an RFC 6901 JSON pointer, escaped as it is built from its tokens.
+/// Not a `PointerBuf`, which checks again the text it is given (a share of each patch's
+/// cost); it is made one to apply the patch ([`Patch::to_json_patch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PatchPath(String);
+
+impl PatchPath {
+    /// The pointer to `tokens`, each escaped (`~` as `~0`, `/` as `~1`).
+    pub fn from_tokens<'a, I>(tokens: I) -> Self
+    where
+        I: IntoIterator<Item = &'a str>,
+        I::IntoIter: Clone,
+    {
+        let tokens = tokens.into_iter();
+        // Room for the separators and a few escapes.
+        let mut path =
+            String::with_capacity(tokens.clone().map(|t| t.len() + 1).sum::<usize>() + 8);
+        for token in tokens {
+            path.push('/');
+            if token.bytes().any(|b| b == b'~' || b == b'/') {
+                for c in token.chars() {
+                    match c {
+                        '~' => path.push_str("~0"),
+                        '/' => path.push_str("~1"),
+                        c => path.push(c),
+                    }
+                }
+            } else {
+                path.push_str(token);
+            }
+        }
+        PatchPath(path)
+    }
+
+    /// The pointer's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The same pointer as a `PointerBuf`.
+    pub fn to_pointer(&self) -> PointerBuf {
+        PointerBuf::from_tokens(
+            self.0
+                .split('/')
+                .skip(1)
+                .map(|token| token.replace("~1", "/").replace("~0", "~")),
+        )
+    }
+}
+
 /// One RFC 6902 `add` operation (the only kind the injector needs: it never removes or
 /// overwrites what the Pod has).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AddOperation<'t> {
-    /// Where, escaped per RFC 6901.
-    pub path: PointerBuf,
+    /// Where.
+    pub path: PatchPath,
     /// What.
     pub value: PatchValue<'t>,
 }
@@ -463,7 +513,7 @@ impl Patch<'_> {
                 .iter()
                 .map(|op| {
                     json_patch::PatchOperation::Add(json_patch::AddOperation {
-                        path: op.path.clone(),
+                        path: op.path.to_pointer(),
                         value: op.value.to_value(),
                     })
                 })
@@ -484,15 +534,31 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn a_patch_path_is_the_pointer_jsonptr_makes_of_its_tokens() {
+        for tokens in [
+            vec![],
+            vec![""],
+            vec!["spec", "containers", "-"],
+            vec!["metadata", "annotations", "a/b"],
+            vec!["~", "/", "~1", "~0/", "a~b/c~", "é/ü~", "", "x"],
+        ] {
+            let path = PatchPath::from_tokens(tokens.iter().copied());
+            let expected = PointerBuf::from_tokens(tokens.iter().copied());
+            assert_eq!(path.as_str(), expected.as_str());
+            assert_eq!(path.to_pointer(), expected);
+        }
+    }
+
+    #[test]
     fn serializes_as_rfc_6902_and_converts_to_json_patch() {
         let fixed = Fixed::new(json!({"name": "proxy", "image": "envoy"}));
         let patch = Patch(vec![
             AddOperation {
-                path: PointerBuf::from_tokens(["spec", "containers", "-"]),
+                path: PatchPath::from_tokens(["spec", "containers", "-"]),
                 value: PatchValue::Fixed(&fixed),
             },
             AddOperation {
-                path: PointerBuf::from_tokens(["metadata", "annotations", "a/b"]),
+                path: PatchPath::from_tokens(["metadata", "annotations", "a/b"]),
                 value: PatchValue::Object(vec![
                     ("k", PatchValue::String("v".into())),
                     ("n", PatchValue::Array(vec![PatchValue::Owned(json!(1))])),
@@ -544,13 +610,17 @@ mod tests {
         for prefix in 0..7 {
             for text in ["", "x", "\"", "caf\u{e9}"] {
                 let mut operations = vec![AddOperation {
-                    path: PointerBuf::from_tokens(["metadata", "annotations", &"p".repeat(prefix)]),
+                    path: PatchPath::from_tokens([
+                        "metadata",
+                        "annotations",
+                        "p".repeat(prefix).as_str(),
+                    ]),
                     value: PatchValue::String(text.repeat(prefix)),
                 }];
                 // Enough operations to flush the pending text more than once in between.
                 for i in 0..40 {
                     operations.push(AddOperation {
-                        path: PointerBuf::from_tokens(["spec", "containers", "-"]),
+                        path: PatchPath::from_tokens(["spec", "containers", "-"]),
                         value: if i % 3 == 0 {
                             PatchValue::Fixed(&escaped)
                         } else {

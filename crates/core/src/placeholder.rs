@@ -690,7 +690,7 @@ mod tests {
         );
         let op = |value| {
             crate::patch::Patch(vec![crate::patch::AddOperation {
-                path: json_patch::jsonptr::PointerBuf::from_tokens(["spec"]),
+                path: crate::patch::PatchPath::from_tokens(["spec"]),
                 value,
             }])
         };

@@ -16,13 +16,12 @@ use injector_api::names::{
     ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
     INJECTION_LABEL, TEMPLATES_ANNOTATION,
 };
-use json_patch::jsonptr::PointerBuf;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::defaulted::{ItemKind, Surroundings, difference};
 use crate::fingerprint::Fingerprint;
-use crate::patch::{AddOperation, Patch, PatchValue};
+use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, PodFacts};
 use crate::pod::{Container, Pod, Strings, mount_path, name_of};
 use crate::selector::Labels;
@@ -1494,27 +1493,9 @@ fn add<'t>(tokens: &[&str], value: PatchValue<'t>) -> AddOperation<'t> {
     }
 }
 
-/// The JSON pointer to `tokens` (then `last`), escaped per RFC 6901, written into one buffer
-/// (`PointerBuf::from_tokens` grows its buffer token by token).
-fn pointer(tokens: &[&str], last: Option<&str>) -> PointerBuf {
-    let tokens = || tokens.iter().copied().chain(last);
-    // Room for the separators and a few escapes.
-    let mut path = String::with_capacity(tokens().map(|t| t.len() + 1).sum::<usize>() + 8);
-    for token in tokens() {
-        path.push('/');
-        let mut rest = token;
-        while let Some(at) = rest.find(['~', '/']) {
-            path.push_str(&rest[..at]);
-            path.push_str(if rest[at..].starts_with('~') {
-                "~0"
-            } else {
-                "~1"
-            });
-            rest = &rest[at + 1..];
-        }
-        path.push_str(rest);
-    }
-    PointerBuf::parse(path).unwrap_or_else(|_| PointerBuf::from_tokens(tokens()))
+/// The JSON pointer to `tokens`, then `last`.
+fn pointer(tokens: &[&str], last: Option<&str>) -> PatchPath {
+    PatchPath::from_tokens(tokens.iter().copied().chain(last))
 }
 
 /// Appends `items` to the list at `tokens`: one `add …/-` each when the list exists, else one
