@@ -32,8 +32,11 @@ pub(super) fn read<'a>(
 ) -> Result<ReviewIn<'a>, serde_json::Error> {
     // Checked as a whole at once, the text need not be checked string by string.
     let text = std::str::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
-    if let Ok(review) = read_quickly(text, pod) {
-        return Ok(review);
+    match read_quickly(text, pod) {
+        Ok(review) => return Ok(review),
+        // Through `serde_json`, the visitor would refuse the same: left to the other way.
+        Err(Refused::ByVisitor) => return Err(de::Error::custom("refused in one pass")),
+        Err(Refused::Unsure) => {}
     }
     let mut parser = serde_json::Deserializer::from_str(text);
     let review = parser.deserialize_map(ReviewVisitor { pod })?;

@@ -8,8 +8,9 @@
 //! error a visitor raises. A refused review is read again by `serde_json`, which answers it or
 //! says what is wrong; so what this reader accepts it reads as `serde_json` would (the tests
 //! compare the two on generated JSON), and it never needs an error message of its own.
-//! `serde_json` has no hook for a faster skip or scan, and the faster parsers measured slower
-//! through `serde` or need memory per value of the body (BENCHMARKS.md).
+//! `serde_json` has no hook for a faster skip or scan, and the faster parsers are slower
+//! through `serde` or need memory for every value of the body (docs/architecture.md,
+//! decision 21).
 
 use std::fmt;
 
@@ -18,9 +19,15 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 /// Nesting deeper than this is refused (`serde_json` reads up to 127 levels).
 const MAX_DEPTH: u32 = 100;
 
-/// The body is left to `serde_json`.
+/// Why the body is left to `serde_json`.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Refused;
+pub(super) enum Refused {
+    /// The reader is not sure to read it as `serde_json` does.
+    Unsure,
+    /// A visitor refused what it was given: through `serde_json` it is given the same, and
+    /// refuses it the same.
+    ByVisitor,
+}
 
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -32,7 +39,7 @@ impl std::error::Error for Refused {}
 
 impl de::Error for Refused {
     fn custom<T: fmt::Display>(_: T) -> Self {
-        Refused
+        Refused::ByVisitor
     }
 }
 
@@ -73,7 +80,7 @@ impl<'de> Reader<'de> {
         if self.at == self.text.len() {
             Ok(())
         } else {
-            Err(Refused)
+            Err(Refused::Unsure)
         }
     }
 
@@ -90,7 +97,7 @@ impl<'de> Reader<'de> {
     /// The first byte of the next value.
     fn peek_value(&mut self) -> Result<u8> {
         self.skip_whitespace();
-        self.peek().ok_or(Refused)
+        self.peek().ok_or(Refused::Unsure)
     }
 
     fn eat(&mut self, byte: u8) -> Result<()> {
@@ -98,7 +105,7 @@ impl<'de> Reader<'de> {
             self.at += 1;
             Ok(())
         } else {
-            Err(Refused)
+            Err(Refused::Unsure)
         }
     }
 
@@ -108,14 +115,14 @@ impl<'de> Reader<'de> {
             self.at += literal.len();
             Ok(())
         } else {
-            Err(Refused)
+            Err(Refused::Unsure)
         }
     }
 
     fn enter(&mut self) -> Result<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         Ok(())
     }
@@ -127,7 +134,10 @@ impl<'de> Reader<'de> {
         match self.text.as_bytes().get(end) {
             Some(b'"') => {
                 self.at = end + 1;
-                self.text.get(start..end).map(Str::Borrowed).ok_or(Refused)
+                self.text
+                    .get(start..end)
+                    .map(Str::Borrowed)
+                    .ok_or(Refused::Unsure)
             }
             Some(b'\\') => {
                 self.skip_string()?;
@@ -136,12 +146,12 @@ impl<'de> Reader<'de> {
                 let quoted = self
                     .text
                     .get(start.saturating_sub(1)..self.at)
-                    .ok_or(Refused)?;
+                    .ok_or(Refused::Unsure)?;
                 serde_json::from_str(quoted)
                     .map(Str::Unescaped)
-                    .map_err(|_| Refused)
+                    .map_err(|_| Refused::Unsure)
             }
-            _ => Err(Refused),
+            _ => Err(Refused::Unsure),
         }
     }
 
@@ -162,13 +172,13 @@ impl<'de> Reader<'de> {
                         Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at + 2,
                         Some(b'u') => match bytes.get(at + 2..at + 6) {
                             Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => at + 6,
-                            _ => return Err(Refused),
+                            _ => return Err(Refused::Unsure),
                         },
-                        _ => return Err(Refused),
+                        _ => return Err(Refused::Unsure),
                     };
                 }
                 // A control character, or the end of the text.
-                _ => return Err(Refused),
+                _ => return Err(Refused::Unsure),
             }
         }
     }
@@ -183,17 +193,17 @@ impl<'de> Reader<'de> {
         let digits = self.at;
         self.skip_digits_of_integer()?;
         if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         let magnitude: u64 = self
             .text
             .get(digits..self.at)
             .and_then(|digits| digits.parse().ok())
-            .ok_or(Refused)?;
+            .ok_or(Refused::Unsure)?;
         if negative {
             match i64::try_from(magnitude) {
                 Ok(magnitude) if magnitude > 0 => Ok(Integer::Negative(-magnitude)),
-                _ => Err(Refused),
+                _ => Err(Refused::Unsure),
             }
         } else {
             Ok(Integer::Unsigned(magnitude))
@@ -205,10 +215,10 @@ impl<'de> Reader<'de> {
         match self.peek() {
             Some(b'0') => self.at += 1,
             Some(b'1'..=b'9') => self.skip_digits(),
-            _ => return Err(Refused),
+            _ => return Err(Refused::Unsure),
         }
         if matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         Ok(())
     }
@@ -241,7 +251,7 @@ impl<'de> Reader<'de> {
 
     fn one_or_more_digits(&mut self) -> Result<()> {
         if !matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         self.skip_digits();
         Ok(())
@@ -269,7 +279,7 @@ impl<'de> Reader<'de> {
                 opening @ (b'{' | b'[') => {
                     depth += 1;
                     if self.depth + depth > MAX_DEPTH {
-                        return Err(Refused);
+                        return Err(Refused::Unsure);
                     }
                     let object = opening == b'{';
                     open = open << 1 | u128::from(object);
@@ -290,7 +300,7 @@ impl<'de> Reader<'de> {
                 b'f' => self.eat_literal(b"false")?,
                 b'n' => self.eat_literal(b"null")?,
                 b'-' | b'0'..=b'9' => self.skip_number()?,
-                _ => return Err(Refused),
+                _ => return Err(Refused::Unsure),
             }
             // A value ended: close the containers that end with it, up to the next value.
             while depth > 0 {
@@ -312,7 +322,7 @@ impl<'de> Reader<'de> {
                         open >>= 1;
                         depth -= 1;
                     }
-                    _ => return Err(Refused),
+                    _ => return Err(Refused::Unsure),
                 }
             }
             return Ok(());
@@ -407,7 +417,7 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
                 Integer::Unsigned(n) => visitor.visit_u64(n),
                 Integer::Negative(n) => visitor.visit_i64(n),
             },
-            _ => Err(Refused),
+            _ => Err(Refused::Unsure),
         }
     }
 
@@ -444,7 +454,7 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         if self.peek_value()? != b'{' {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         self.visit_map(visitor)
     }
@@ -460,7 +470,7 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
 
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
         if self.peek_value()? != b'[' {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         self.visit_seq(visitor)
     }
@@ -499,7 +509,7 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
     ) -> Result<V::Value> {
         // `serde_json`'s own types (`RawValue`) are read by `serde_json`.
         if name.starts_with("$serde_json::") {
-            return Err(Refused);
+            return Err(Refused::Unsure);
         }
         visitor.visit_newtype_struct(self)
     }
@@ -510,15 +520,15 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
         _variants: &'static [&'static str],
         _visitor: V,
     ) -> Result<V::Value> {
-        Err(Refused)
+        Err(Refused::Unsure)
     }
 
     fn deserialize_bytes<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Refused)
+        Err(Refused::Unsure)
     }
 
     fn deserialize_byte_buf<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Refused)
+        Err(Refused::Unsure)
     }
 
     serde::forward_to_deserialize_any! {
@@ -553,7 +563,7 @@ impl<'de> MapAccess<'de> for Entries<'_, 'de> {
                 reader.skip_whitespace();
             }
             _ if self.first => {}
-            _ => return Err(Refused),
+            _ => return Err(Refused::Unsure),
         }
         self.first = false;
         reader.eat(b'"')?;
@@ -583,16 +593,28 @@ impl<'de> SeqAccess<'de> for Elements<'_, 'de> {
             Some(b']') => return Ok(None),
             Some(b',') if !self.first => reader.at += 1,
             _ if self.first => {}
-            _ => return Err(Refused),
+            _ => return Err(Refused::Unsure),
         }
         self.first = false;
         seed.deserialize(&mut *reader).map(Some)
     }
 }
 
-/// A key, whose opening quote was read: a string whatever is asked of it.
+/// A key, whose opening quote was read: a string, or refused when asked for anything else
+/// (`serde_json` reads a number or a bool written as a key).
 struct Key<'r, 'de> {
     reader: &'r mut Reader<'de>,
+}
+
+/// Methods of a deserializer that refuse.
+macro_rules! refuse {
+    ($($method:ident($($arg:ident: $ty:ty),*)),* $(,)?) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, $(_: $ty,)* _visitor: V) -> Result<V::Value> {
+                Err(Refused::Unsure)
+            }
+        )*
+    };
 }
 
 impl<'de> de::Deserializer<'de> for Key<'_, 'de> {
@@ -607,38 +629,20 @@ impl<'de> de::Deserializer<'de> for Key<'_, 'de> {
         visitor.visit_unit()
     }
 
-    fn deserialize_bytes<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Refused)
-    }
+    serde::forward_to_deserialize_any! { str string identifier }
 
-    fn deserialize_byte_buf<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Refused)
-    }
-
-    fn deserialize_enum<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        _variants: &'static [&'static str],
-        _visitor: V,
-    ) -> Result<V::Value> {
-        Err(Refused)
-    }
-
-    fn deserialize_newtype_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        _visitor: V,
-    ) -> Result<V::Value> {
-        Err(Refused)
-    }
-
-    fn deserialize_option<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
-        Err(Refused)
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
-        unit unit_struct seq tuple tuple_struct map struct identifier
+    refuse! {
+        deserialize_bool(), deserialize_i8(), deserialize_i16(), deserialize_i32(),
+        deserialize_i64(), deserialize_i128(), deserialize_u8(), deserialize_u16(),
+        deserialize_u32(), deserialize_u64(), deserialize_u128(), deserialize_f32(),
+        deserialize_f64(), deserialize_char(), deserialize_bytes(), deserialize_byte_buf(),
+        deserialize_option(), deserialize_unit(), deserialize_seq(), deserialize_map(),
+        deserialize_unit_struct(name: &'static str),
+        deserialize_newtype_struct(name: &'static str),
+        deserialize_tuple(len: usize),
+        deserialize_tuple_struct(name: &'static str, len: usize),
+        deserialize_struct(name: &'static str, fields: &'static [&'static str]),
+        deserialize_enum(name: &'static str, variants: &'static [&'static str]),
     }
 }
 

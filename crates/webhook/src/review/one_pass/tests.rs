@@ -159,15 +159,17 @@ fn what_the_api_server_does_not_write_is_left_to_the_other_way() {
     let escaped_key = TYPICAL.replacen(r#""uid":"#, r#""u\u0069d":"#, 1);
     let as_a_list = r#"["admission.k8s.io/v1", "AdmissionReview", null]"#.to_owned();
     let trailing = format!("{TYPICAL} x");
-    for body in [
-        duplicate_uid,
-        duplicate_object,
-        escaped_key,
-        as_a_list,
-        trailing,
+    for (body, refused) in [
+        (duplicate_uid, Refused::ByVisitor),
+        (duplicate_object, Refused::ByVisitor),
+        (escaped_key, Refused::ByVisitor),
+        (as_a_list, Refused::Unsure),
+        (trailing, Refused::Unsure),
     ] {
         assert_ne!(body, TYPICAL);
         assert!(read(body.as_bytes(), context).is_err(), "{body}");
+        // What a visitor refused is not read again by serde_json's one pass.
+        assert_eq!(read_quickly(&body, context).err(), Some(refused), "{body}");
     }
     // A container named after its other fields, for a template's container: decoded again.
     let proxy_late = TYPICAL.replacen(
@@ -177,4 +179,12 @@ fn what_the_api_server_does_not_write_is_left_to_the_other_way() {
     );
     assert_ne!(proxy_late, TYPICAL);
     assert!(read(proxy_late.as_bytes(), context).is_err());
+    assert_eq!(
+        read_quickly(&proxy_late, context).err(),
+        Some(Refused::ByVisitor)
+    );
+    // A float the Pod decoder reads: serde_json's one pass reads it.
+    let float = TYPICAL.replacen(r#""labels":{"#, r#""labels":{"x":1.5,"#, 1);
+    assert_ne!(float, TYPICAL);
+    assert_eq!(read_quickly(&float, context).err(), Some(Refused::Unsure));
 }

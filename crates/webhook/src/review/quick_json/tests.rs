@@ -171,6 +171,13 @@ fn serde_json_types_and_what_serde_json_reads_otherwise_are_refused() {
     }
     assert!(serde_json::from_str::<Pair>("[1,2]").is_ok());
     assert!(Pair::deserialize(&mut Reader::new("[1,2]")).is_err());
+    // A key read as a number (serde_json reads it).
+    type Numbered = std::collections::BTreeMap<u64, u64>;
+    assert!(serde_json::from_str::<Numbered>(r#"{"1":2}"#).is_ok());
+    assert_eq!(
+        Numbered::deserialize(&mut Reader::new(r#"{"1":2}"#)).err(),
+        Some(Refused::Unsure)
+    );
     let mut reader = Reader::new(r#"{"b":2,"a":1}"#);
     let pair = Pair::deserialize(&mut reader).unwrap();
     assert_eq!((pair.a, pair.b), (1, 2));
