@@ -390,6 +390,21 @@ fn scan_string(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
+/// Methods that read a number, refusing anything else before the visitor sees it (as
+/// `serde_json` does).
+macro_rules! number {
+    ($($method:ident)*) => {
+        $(
+            fn $method<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+                match self.peek_value()? {
+                    b'-' | b'0'..=b'9' => self.deserialize_any(visitor),
+                    _ => Err(Refused::Unsure),
+                }
+            }
+        )*
+    };
+}
+
 impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
     type Error = Refused;
 
@@ -531,9 +546,24 @@ impl<'de> de::Deserializer<'de> for &mut Reader<'de> {
         Err(Refused::Unsure)
     }
 
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
+        // As `serde_json`, refused before the visitor sees anything else.
+        match self.peek_value()? {
+            b't' | b'f' => self.deserialize_any(visitor),
+            _ => Err(Refused::Unsure),
+        }
     }
+
+    fn deserialize_i128<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused::Unsure)
+    }
+
+    fn deserialize_u128<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value> {
+        Err(Refused::Unsure)
+    }
+
+    number! { deserialize_i8 deserialize_i16 deserialize_i32 deserialize_i64 deserialize_u8
+    deserialize_u16 deserialize_u32 deserialize_u64 deserialize_f32 deserialize_f64 }
 }
 
 impl Reader<'_> {
@@ -591,7 +621,13 @@ impl<'de> SeqAccess<'de> for Elements<'_, 'de> {
         reader.skip_whitespace();
         match reader.peek() {
             Some(b']') => return Ok(None),
-            Some(b',') if !self.first => reader.at += 1,
+            Some(b',') if !self.first => {
+                reader.at += 1;
+                // A seed may read nothing: a trailing comma is refused here.
+                if reader.peek_value()? == b']' {
+                    return Err(Refused::Unsure);
+                }
+            }
             _ if self.first => {}
             _ => return Err(Refused::Unsure),
         }
@@ -625,7 +661,8 @@ impl<'de> de::Deserializer<'de> for Key<'_, 'de> {
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value> {
-        self.reader.skip_string()?;
+        // `serde_json` reads an ignored key as a string, refusing a lone surrogate.
+        self.reader.read_str()?;
         visitor.visit_unit()
     }
 

@@ -79,6 +79,7 @@ fn what_it_is_not_sure_of_is_refused() {
         "1e3",
         "-0",
         "18446744073709551616",
+        // Read by serde_json as i64::MIN: refused all the same.
         "-9223372036854775808",
         // Not JSON.
         "",
@@ -156,6 +157,106 @@ fn nesting_is_refused_beyond_its_limit_read_or_skipped() {
     };
     assert!(only(limit - 1));
     assert!(!only(limit));
+}
+
+/// Skips each entry of an object, key and value, as `pod_json` does with a map it does not
+/// read.
+struct Entries;
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: de::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Skip;
+        impl<'de> Visitor<'de> for Skip {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Entries, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Entries)
+            }
+        }
+        deserializer.deserialize_map(Skip)
+    }
+}
+
+/// Reads nothing of an element.
+struct Nothing;
+
+impl<'de> Deserialize<'de> for Nothing {
+    fn deserialize<D: de::Deserializer<'de>>(_: D) -> std::result::Result<Self, D::Error> {
+        Ok(Nothing)
+    }
+}
+
+#[test]
+fn what_serde_json_checks_before_a_visitor_sees_it_is_checked_too() {
+    // An ignored key is read as a string: a lone surrogate is refused (found by review).
+    for text in [r#"{"\ud800":0}"#, r#"{"a":0,"\udc00x":1}"#] {
+        assert!(serde_json::from_str::<Entries>(text).is_err());
+        assert!(
+            Entries::deserialize(&mut Reader::new(text)).is_err(),
+            "{text}"
+        );
+    }
+    let text = r#"{"\u00e9":0,"b":[1.5]}"#;
+    assert!(serde_json::from_str::<Entries>(text).is_ok());
+    assert!(Entries::deserialize(&mut Reader::new(text)).is_ok());
+    // A trailing comma, also before an element that reads nothing.
+    assert!(serde_json::from_str::<Vec<Nothing>>("[1,]").is_err());
+    assert!(<Vec<Nothing>>::deserialize(&mut Reader::new("[1,]")).is_err());
+    assert!(<Vec<Nothing>>::deserialize(&mut Reader::new("[ ]")).is_ok());
+    // A number or a bool asked for: anything else is refused before a visitor sees it.
+    for (text, wanted) in [
+        (r#""x""#, "u64"),
+        ("1", "bool"),
+        ("null", "f64"),
+        ("true", "i8"),
+    ] {
+        let mut reader = Reader::new(text);
+        let refused = match wanted {
+            "u64" => de::Deserializer::deserialize_u64(&mut reader, AnyStr).err(),
+            "bool" => de::Deserializer::deserialize_bool(&mut reader, AnyStr).err(),
+            "f64" => de::Deserializer::deserialize_f64(&mut reader, AnyStr).err(),
+            _ => de::Deserializer::deserialize_i8(&mut reader, AnyStr).err(),
+        };
+        assert_eq!(refused, Some(Refused::Unsure), "{text} as {wanted}");
+    }
+    // 128-bit integers are read by serde_json with visit_i128: left to it.
+    assert!(serde_json::from_str::<i128>("5").is_ok());
+    assert_eq!(
+        i128::deserialize(&mut Reader::new("5")).err(),
+        Some(Refused::Unsure)
+    );
+    assert_eq!(u64::deserialize(&mut Reader::new("5")), Ok(5));
+    assert_eq!(bool::deserialize(&mut Reader::new(" true")), Ok(true));
+}
+
+/// Accepts anything it is given.
+struct AnyStr;
+
+impl<'de> Visitor<'de> for AnyStr {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("anything")
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
 }
 
 #[test]
