@@ -68,6 +68,26 @@ pub fn wait_served(cp: &ControlPlane, name: &str, configuration: &str) -> anyhow
     Ok(entry)
 }
 
+/// Waits until the entry `entry` of the operator's webhook configuration skips the Pods the
+/// policy served (its `not-injected-by-policy` match condition); up to 30 s.
+pub fn wait_entry_skips_policy_served(cp: &ControlPlane, entry: &str) -> anyhow::Result<()> {
+    poll(
+        Duration::from_secs(30),
+        &format!("entry {entry} to skip the Pods the policy served"),
+        || {
+            let configuration = cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
+            Ok(configuration["webhooks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|w| w["name"] == entry)
+                .flat_map(|w| w["matchConditions"].as_array().into_iter().flatten())
+                .any(|c| c["name"] == "not-injected-by-policy")
+                .then_some(()))
+        },
+    )
+}
+
 /// Creates Pods with a server-side dry run (admission runs, nothing is stored) until one gets
 /// the container or init container `container`; returns that Pod. Up to 30 s.
 pub fn wait_injected(

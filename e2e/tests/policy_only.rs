@@ -4,7 +4,9 @@
 //! Where the API server serves MutatingAdmissionPolicies (1.36+: `just e2e-next` runs this on
 //! v1.37.2), a required template's Pods are injected by the API server, with the operator
 //! running and stopped; it gets the warnings the webhook would give (from the warnings policy);
-//! a best-effort template a Pod conflicts with is left out with a warning; a look-alike of the
+//! a best-effort template a Pod conflicts with is left out with a warning; a best-effort
+//! template that takes the required one's container name first has the Pods it selects
+//! refused and leaves the others to the required one; a look-alike of the
 //! required sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
 //! with one version or the other. Where it does not (v1.34), the required template's Pods are
 //! refused, saying why, and the template's status says so.
@@ -50,6 +52,20 @@ spec:
   namespaceSelector: {matchLabels: {guard: "on"}}
   podSelector: {matchLabels: {app: extra}}
   containers: [{name: extra-agent, image: "extra.invalid/agent:1"}]
+"#;
+
+/// Best-effort, applied before `guarded` (a lower priority), and adding a container of the
+/// same name: on the Pods it selects, `guarded` cannot be injected.
+const SHADOW: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: shadow}
+spec:
+  priority: 1
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {guard: "on"}}
+  podSelector: {matchLabels: {app: shadow}}
+  containers: [{name: guarded-agent, image: "shadow.invalid/agent:1"}]
 "#;
 
 /// The guard's name beside the operator's default policy name.
@@ -289,6 +305,38 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
     })
     .unwrap();
     cp.kubectl_ok(&["delete", "sidecartemplate", "extra"])
+        .unwrap();
+
+    // A best-effort template that takes the required one's container name first: the Pods it
+    // selects are refused (without the required sidecar), the others still get it. The proof
+    // once showed the shadow's container in the required one's place, so the guard took the
+    // shadow's container for the required one: it admitted the first and refused the others.
+    cp.apply_yaml(SHADOW).unwrap();
+    wait_condition(
+        &cp,
+        "shadow",
+        ("PolicyServed", "True", "Served"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let mut shadowed = pod("shadowed", app.clone());
+    shadowed["metadata"]["labels"] = json!({"app": "shadow"});
+    let refusal = poll(
+        Duration::from_secs(30),
+        "the guard to refuse a shadowed Pod",
+        || Ok(create(&cp, &guarded_ns, &shadowed, true)?.err()),
+    )
+    .unwrap();
+    eprintln!("[policy-only] shadowed: {refusal}");
+    assert!(refusal.contains("\"guarded\" is required"), "{refusal}");
+    let beside = create(&cp, &guarded_ns, &pod("beside-shadow", app.clone()), true)
+        .unwrap()
+        .expect("a Pod the shadow does not select is admitted");
+    assert_eq!(
+        container_image(&beside, "guarded-agent").as_deref(),
+        Some("guarded.invalid/agent:1")
+    );
+    cp.kubectl_ok(&["delete", "sidecartemplate", "shadow"])
         .unwrap();
 
     let look_alike = pod(

@@ -23,7 +23,8 @@ use anyhow::{Context, bail, ensure};
 use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, policy_served, ready_condition, wait_crd_established,
-    wait_injected, wait_invalid_event, wait_policy_holds, webhook_names,
+    wait_entry_skips_policy_served, wait_injected, wait_invalid_event, wait_policy_holds,
+    webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, run_scenario, workspace_root};
 use libtest_mimic::{Arguments, Failed, Trial};
@@ -492,27 +493,7 @@ fn operator_down_then_back(env: &mut Env<'_>) -> anyhow::Result<()> {
     let required_by_policy = policy_served(cp, "security-agent")?;
     if required_by_policy {
         let entry = injector_e2e::steps::wait_served(cp, "security-agent", CONFIGURATION)?;
-        poll(
-            Duration::from_secs(30),
-            "the entry to skip Pods the policy served",
-            || {
-                let configuration =
-                    cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
-                Ok(configuration["webhooks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|w| w["name"] == entry.as_str())
-                    .filter(|w| {
-                        w["matchConditions"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .any(|c| c["name"] == "not-injected-by-policy")
-                    })
-                    .map(|_| ()))
-            },
-        )?;
+        wait_entry_skips_policy_served(cp, &entry)?;
     }
 
     let status = env.operator.stop()?;
@@ -837,20 +818,36 @@ spec:
         template(loser, 20, "alpine:3.20")
     ))?;
     let result = (|| {
-        wait_served(cp, winner)?;
+        let entry = wait_served(cp, winner)?;
         wait_served(cp, loser)?;
         let ns = cp.namespace("conflict", &[("e2e.sidecar.dev/scenario", "conflict")])?;
-        // Until the API server has both entries, a Pod could get the loser's container alone.
-        poll(
-            Duration::from_secs(30),
-            "both conflicting templates in use (dry run)",
-            || {
+        // A dry-run Pod gets the winner's container and the warning naming the loser.
+        let probe = |waiting_for: &str| {
+            let mut last = String::new();
+            poll(Duration::from_secs(30), waiting_for, || {
                 let (pod, warnings) = create_pod(cp, &ns, "probe", &[], &[], true)?;
-                Ok((container_image(&pod, "helper") == Some("busybox:1.36")
-                    && warnings.contains(loser))
-                .then_some(()))
-            },
-        )?;
+                let image = container_image(&pod, "helper");
+                last = format!(
+                    "helper image {image:?}, {INJECTED} {:?}, warnings {:?}",
+                    annotation(&pod, INJECTED),
+                    warnings.trim()
+                );
+                Ok((image == Some("busybox:1.36") && warnings.contains(loser)).then_some(()))
+            })
+            .with_context(|| format!("the last dry run: {last}"))
+        };
+        // Until the API server has both entries, a Pod could get the loser's container alone.
+        probe("both conflicting templates in use (dry run)")?;
+        if cp.serves_mutating_admission_policies()? {
+            // Once the policy serves both, the entry skips the Pods it served: not this one,
+            // which lacks the loser. (The loser's presence was once learned from the winner's
+            // container, which the proof Pod held in its place: the entry then skipped the
+            // Pod, and the warning was lost.)
+            wait_policy_holds(cp, winner, Some(1))?;
+            wait_policy_holds(cp, loser, Some(1))?;
+            wait_entry_skips_policy_served(cp, &entry)?;
+            probe("the conflict warned about behind the policy (dry run)")?;
+        }
         let out = cp.kubectl(&kubectl_run_args("app", &ns, &[], &[]))?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         eprintln!("[e2e] kubectl run stderr: {}", stderr.trim());

@@ -51,5 +51,9 @@ pub const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 /// only the proof policy of that hash applies to it.
 pub const POLICY_PROOF_ANNOTATION: &str = "sidecar.dev/policy-proof";
 
+/// On a proof Pod: which round of the proof it is (absent: the first). Templates that add
+/// items of the same name cannot show on one Pod, so each round's Pod shows some of them.
+pub const POLICY_PROOF_ROUND_ANNOTATION: &str = "sidecar.dev/policy-proof-round";
+
 /// Written on the proof Pod by the proof policy's last mutation: that policy ran to the end.
 pub const POLICY_PROVEN_ANNOTATION: &str = "sidecar.dev/policy-proven";

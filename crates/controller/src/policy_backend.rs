@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use injector_core::policy::{
     CompiledGuard, CompiledPolicy, POLICY_API_VERSION, guard_in_force, guard_in_force_of,
-    guard_name, guard_probe_pod, proof_pod, proof_problem, runs_live, warnings_name,
+    guard_name, guard_probe_pod, proof_pod, proof_problem, proof_round_pod, runs_live,
+    warnings_name,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -149,36 +150,47 @@ async fn apply(
     Ok(())
 }
 
-/// Proves `compiled` with its proof policy and a dry-run Pod in `namespace`; returns the proof
-/// Pod as the API server stored it. The policy in force is not touched.
+/// Proves `compiled` with its proof policy and a dry-run Pod in `namespace` per round of the
+/// proof; returns the proof Pods as the API server stored them, in round order. The policy in
+/// force is not touched.
 pub async fn prove(
     client: &Client,
     compiled: &CompiledPolicy,
     namespace: &str,
     owner: Option<&OwnerReference>,
-) -> Result<Value, PolicyBackendError> {
+) -> Result<Vec<Value>, PolicyBackendError> {
     let Some((proof, proof_binding)) = &compiled.proof else {
-        return Ok(Value::Null);
+        return Ok(Vec::new());
     };
     apply(&policies(client), proof.clone(), owner).await?;
     apply(&bindings(client), proof_binding.clone(), owner).await?;
-    dry_run_until(client, namespace, &proof_pod(compiled, false), |answer| {
-        let Answer::Stored(stored) = answer else {
-            return Check::NotYet(answer.refusal());
-        };
-        let marked = stored
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
-            .is_some();
-        match proof_problem(compiled, stored) {
-            None => Check::Done,
-            // Marked by this version, and still wrong: final.
-            Some(problem) if marked => Check::Failed(problem),
-            // Not marked: the API server has not loaded this version yet.
-            Some(problem) => Check::NotYet(problem),
-        }
-    })
-    .await
+    let mut proven = Vec::new();
+    for round in 0..compiled.proof_round_count() {
+        let stored = dry_run_until(
+            client,
+            namespace,
+            &proof_round_pod(compiled, round),
+            |answer| {
+                let Answer::Stored(stored) = answer else {
+                    return Check::NotYet(answer.refusal());
+                };
+                let marked = stored
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(injector_api::names::POLICY_PROVEN_ANNOTATION))
+                    .is_some();
+                match proof_problem(compiled, round, stored) {
+                    None => Check::Done,
+                    // Marked by this version, and still wrong: final.
+                    Some(problem) if marked => Check::Failed(problem),
+                    // Not marked: the API server has not loaded this version yet.
+                    Some(problem) => Check::NotYet(problem),
+                }
+            },
+        )
+        .await?;
+        proven.push(stored);
+    }
+    Ok(proven)
 }
 
 /// Applies the proven policy of `compiled` and its binding, and waits until the API server

@@ -23,8 +23,8 @@ use std::sync::Arc;
 
 use injector_api::names::{
     ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
-    INJECTION_LABEL, NAMESPACE_NAME_LABEL, POLICY_PROOF_ANNOTATION, POLICY_PROVEN_ANNOTATION,
-    TEMPLATES_ANNOTATION,
+    INJECTION_LABEL, NAMESPACE_NAME_LABEL, POLICY_PROOF_ANNOTATION, POLICY_PROOF_ROUND_ANNOTATION,
+    POLICY_PROVEN_ANNOTATION, TEMPLATES_ANNOTATION,
 };
 use injector_api::{FailurePolicy, Injection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -127,6 +127,16 @@ pub struct CompiledPolicy {
     /// The proof policy and binding: the same mutations without the selection, applied only to
     /// a Pod of the operator's namespace annotated with the hash (see [`proof_pod`]).
     pub proof: Option<(Value, Value)>,
+    /// Per template served (in the order of `served`), the round of the proof whose Pod shows
+    /// it (see [`proof_rounds`]).
+    pub proof_rounds: Vec<usize>,
+}
+
+impl CompiledPolicy {
+    /// How many proof Pods the proof takes: one per round.
+    pub fn proof_round_count(&self) -> usize {
+        self.proof_rounds.iter().max().map_or(0, |last| last + 1)
+    }
 }
 
 /// Compiles `templates` (every template in force) into one policy for those a policy can serve.
@@ -160,6 +170,7 @@ pub fn compile_policy(
             webhook_only,
             hash: String::new(),
             proof: None,
+            proof_rounds: Vec::new(),
         };
     }
 
@@ -169,16 +180,20 @@ pub fn compile_policy(
         .iter()
         .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
         .collect();
+    let rounds = proof_rounds(&served);
+    let several_rounds = rounds.iter().any(|&round| round > 0);
     let mut earlier_init: Vec<&str> = Vec::new();
     let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
-    for template in &served {
-        for (selection, list) in [(true, &mut mutations), (false, &mut proof_mutations)] {
-            list.push(json!({
-                "patchType": "JSONPatch",
-                "jsonPatch": {"expression": mutation(template, &injected, &earlier_init, selection)},
-            }));
-        }
+    for (template, &round) in served.iter().zip(&rounds) {
+        let patch = |expression: String| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}});
+        mutations.push(patch(mutation(template, &injected, &earlier_init, true)));
+        let proof = mutation(template, &injected, &earlier_init, false);
+        proof_mutations.push(patch(if several_rounds {
+            format!("{}\n? ({proof})\n: []", proof_round_condition(round))
+        } else {
+            proof
+        }));
         earlier_init.extend(template.init_containers.iter().map(|i| i.key.as_str()));
     }
     let required = served
@@ -223,7 +238,57 @@ pub fn compile_policy(
         webhook_only,
         hash,
         proof: Some(proof),
+        proof_rounds: rounds,
     }
+}
+
+/// Per template of `served` (in application order), the round of the proof that shows it.
+///
+/// The proof runs every template's mutation on one Pod, without their selection, and a
+/// mutation adds nothing where an item of its name is already there: a template that adds a
+/// container, init container or volume named like one an earlier template adds would show the
+/// earlier one's item in its place, and its presence would be learned from another template's
+/// content (a Pod carrying the earlier one would pass for carrying it, and skip the webhook or
+/// the guard). So it goes to the first round where its names are free, a dry-run Pod of its own.
+fn proof_rounds(served: &[Arc<CompiledTemplate>]) -> Vec<usize> {
+    // Per round, the container (and init container) names and the volume names taken.
+    let mut taken: Vec<(BTreeSet<&str>, BTreeSet<&str>)> = Vec::new();
+    served
+        .iter()
+        .map(|template| {
+            let containers: Vec<&str> = template
+                .containers
+                .iter()
+                .chain(&template.init_containers)
+                .map(|i| i.key.as_str())
+                .collect();
+            let volumes: Vec<&str> = template.volumes.iter().map(|i| i.key.as_str()).collect();
+            let free = |(c, v): &(BTreeSet<&str>, BTreeSet<&str>)| {
+                !containers.iter().any(|n| c.contains(n)) && !volumes.iter().any(|n| v.contains(n))
+            };
+            let round = match taken.iter().position(free) {
+                Some(round) => round,
+                None => {
+                    taken.push(Default::default());
+                    taken.len() - 1
+                }
+            };
+            if let Some((c, v)) = taken.get_mut(round) {
+                c.extend(&containers);
+                v.extend(&volumes);
+            }
+            round
+        })
+        .collect()
+}
+
+/// The CEL condition that the proof Pod at hand is the one of `round`.
+fn proof_round_condition(round: usize) -> String {
+    format!(
+        "{ANNOTATIONS}[?{}].orValue(\"0\") == {}",
+        cel_string(POLICY_PROOF_ROUND_ANNOTATION),
+        cel_string(&round.to_string())
+    )
 }
 
 /// 16 hex digits of a SHA-256 naming a version of what the operator applies: its `rules`
@@ -404,6 +469,22 @@ pub fn proof_pod(compiled: &CompiledPolicy, live: bool) -> Value {
     })
 }
 
+/// The dry-run Pod of round `round` of the proof of `compiled` (see [`proof_rounds`]).
+pub fn proof_round_pod(compiled: &CompiledPolicy, round: usize) -> Value {
+    let mut pod = proof_pod(compiled, false);
+    if round > 0
+        && let Some(annotations) = pod
+            .pointer_mut("/metadata/annotations")
+            .and_then(Value::as_object_mut)
+    {
+        annotations.insert(
+            POLICY_PROOF_ROUND_ANNOTATION.to_owned(),
+            Value::from(round.to_string()),
+        );
+    }
+    pod
+}
+
 /// Whether the live dry-run Pod `stored` shows the API server running the policy of
 /// `compiled`.
 pub fn runs_live(compiled: &CompiledPolicy, stored: &Value) -> bool {
@@ -414,9 +495,10 @@ pub fn runs_live(compiled: &CompiledPolicy, stored: &Value) -> bool {
         == Some(live_token(&compiled.hash).as_str())
 }
 
-/// Why the dry-run Pod `stored` does not prove `compiled`: the proof policy did not run to its
-/// end, or a template's containers or volumes are not there. `None` when it proves it.
-pub fn proof_problem(compiled: &CompiledPolicy, stored: &Value) -> Option<String> {
+/// Why the dry-run Pod `stored`, of round `round`, does not prove `compiled`: the proof policy
+/// did not run to its end, or the containers or volumes of a template of that round are not
+/// there. `None` when it proves it.
+pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) -> Option<String> {
     let proven = stored
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(POLICY_PROVEN_ANNOTATION))
@@ -441,7 +523,12 @@ pub fn proof_problem(compiled: &CompiledPolicy, stored: &Value) -> Option<String
         names("initContainers"),
         names("volumes"),
     );
-    for template in &compiled.served {
+    let of_round = compiled
+        .served
+        .iter()
+        .zip(&compiled.proof_rounds)
+        .filter(|&(_, &r)| r == round);
+    for (template, _) in of_round {
         let missing = template
             .containers
             .iter()
@@ -538,7 +625,8 @@ const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 
 /// CEL conditions, per template the policy serves, that hold when the Pod carries the
 /// template's containers, init containers and volumes exactly as the API server stores what the
-/// policy adds: `proven` is the proof's dry-run Pod, so the API server's defaults are learned
+/// policy adds: `proven` holds the proof's dry-run Pods, one per round (each template is read
+/// from its round's, where its items are its own), so the API server's defaults are learned
 /// from the API server itself rather than guessed. A placeholder's string stays a CEL
 /// expression, evaluated on the Pod at hand. Only the ServiceAccount token's mounts are
 /// allowed beside the template's; any other difference (an extra field, another image, one
@@ -548,9 +636,15 @@ const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 /// `webhook_config`): a content check, never a claim, so a look-alike still reaches the
 /// webhook. Templates that add no container and no volume get none (nothing to recognise them
 /// by), and neither does a template whose stored items cannot be matched to its own.
-pub fn presence_conditions(compiled: &CompiledPolicy, proven: &Value) -> BTreeMap<String, String> {
+pub fn presence_conditions(
+    compiled: &CompiledPolicy,
+    proven: &[Value],
+) -> BTreeMap<String, String> {
     let mut conditions = BTreeMap::new();
-    'templates: for template in &compiled.served {
+    'templates: for (template, &round) in compiled.served.iter().zip(&compiled.proof_rounds) {
+        let Some(proven) = proven.get(round) else {
+            continue;
+        };
         let mut terms = Vec::new();
         for (list, items, container) in [
             ("containers", &template.containers, true),

@@ -273,7 +273,7 @@ fn presence_is_learned_from_the_stored_proof_pod() {
         ],
         "volumes": [{"name": "proxy-certs", "emptyDir": {}}, {"name": "kube-api-access-abcde", "projected": {}}],
     }});
-    let present = presence_conditions(&compiled, &proven);
+    let present = presence_conditions(&compiled, std::slice::from_ref(&proven));
     let agent = &present["agent"];
     // Every stored field is expected, the default included; nothing else is allowed but the
     // token's mounts.
@@ -299,8 +299,130 @@ fn presence_is_learned_from_the_stored_proof_pod() {
     // A template whose items the stored Pod lacks gets no condition.
     let mut lacking = proven.clone();
     lacking["spec"]["volumes"] = json!([]);
-    let present = presence_conditions(&compiled, &lacking);
+    let present = presence_conditions(&compiled, &[lacking]);
     assert!(present.contains_key("agent") && !present.contains_key("proxy"));
+}
+
+/// Two templates that add a container of the same name, the second also a volume named like
+/// the first's: `winner` applies first.
+fn same_names() -> [Arc<CompiledTemplate>; 3] {
+    let named = |name: &str, priority: u32, image: &str, volume: &str| {
+        template(&format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {{name: {name}}}
+spec:
+  priority: {priority}
+  failurePolicy: Fail
+  containers: [{{name: helper, image: "{image}"}}]
+  volumes: [{{name: {volume}, emptyDir: {{}}}}]
+"#
+        ))
+    };
+    [
+        named("winner", 10, "busybox:1.36", "winner-data"),
+        named("loser", 20, "alpine:3.20", "loser-data"),
+        // Shares no container with the winner, but the loser's volume: a third round.
+        template(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: third}
+spec:
+  priority: 30
+  containers: [{name: third, image: "third:1"}]
+  volumes: [{name: loser-data, emptyDir: {}}, {name: winner-data, emptyDir: {}}]
+"#,
+        ),
+    ]
+}
+
+#[test]
+fn templates_adding_the_same_names_are_proven_on_pods_of_their_own() {
+    let compiled = compile_policy(&same_names(), &options());
+    assert_eq!(compiled.proof_rounds, [0, 1, 2]);
+    assert_eq!(compiled.proof_round_count(), 3);
+    // Each proof mutation runs on its round's Pod only; the policy itself knows no rounds.
+    let (proof, _) = compiled.proof.clone().unwrap();
+    let proof = expressions(&proof);
+    assert!(proof[0].starts_with(r#"object.metadata.?annotations.orValue({})[?"sidecar.dev/policy-proof-round"].orValue("0") == "0""#), "{}", proof[0]);
+    assert!(proof[1].contains(r#".orValue("0") == "1""#), "{}", proof[1]);
+    assert!(proof[2].contains(r#".orValue("0") == "2""#), "{}", proof[2]);
+    let policy = compiled.policy.clone().unwrap();
+    assert!(
+        expressions(&policy)
+            .iter()
+            .all(|e| !e.contains("policy-proof-round"))
+    );
+    // The first round's Pod carries no round; the others say theirs.
+    let round = |pod: &Value| {
+        pod["metadata"]["annotations"]
+            .get(POLICY_PROOF_ROUND_ANNOTATION)
+            .cloned()
+    };
+    assert_eq!(round(&proof_round_pod(&compiled, 0)), None);
+    assert_eq!(round(&proof_round_pod(&compiled, 2)), Some(json!("2")));
+
+    // Each round's Pod as the API server stores it: only that round's templates ran.
+    let pod = |containers: Value, volumes: Value| {
+        json!({
+            "metadata": {"annotations": {POLICY_PROVEN_ANNOTATION: compiled.hash}},
+            "spec": {"containers": containers, "volumes": volumes},
+        })
+    };
+    let proven = [
+        pod(
+            json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "helper", "image": "busybox:1.36"}]),
+            json!([{"name": "winner-data", "emptyDir": {}}]),
+        ),
+        pod(
+            json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "helper", "image": "alpine:3.20"}]),
+            json!([{"name": "loser-data", "emptyDir": {}}]),
+        ),
+        pod(
+            json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "third", "image": "third:1"}]),
+            json!([{"name": "loser-data", "emptyDir": {}}, {"name": "winner-data", "emptyDir": {}}]),
+        ),
+    ];
+    for (round, stored) in proven.iter().enumerate() {
+        assert_eq!(
+            proof_problem(&compiled, round, stored),
+            None,
+            "round {round}"
+        );
+    }
+    // The first round's Pod does not prove the second round's template.
+    assert!(
+        proof_problem(&compiled, 1, &proven[0])
+            .is_some_and(|p| p.contains("loser") && p.contains("loser-data"))
+    );
+    // The loser's presence is its own content, not the winner's: a Pod with the winner's
+    // container does not pass for carrying the loser.
+    let present = presence_conditions(&compiled, &proven);
+    assert!(present["winner"].contains("busybox:1.36") && !present["winner"].contains("alpine"));
+    assert!(
+        present["loser"].contains("alpine:3.20") && !present["loser"].contains("busybox"),
+        "{}",
+        present["loser"]
+    );
+    assert!(present["third"].contains("third:1"));
+    // Without the later rounds' Pods, their templates get no condition rather than a wrong one.
+    let present = presence_conditions(&compiled, &proven[..1]);
+    assert_eq!(present.keys().collect::<Vec<_>>(), ["winner"]);
+}
+
+#[test]
+fn templates_with_distinct_names_take_one_proof_pod() {
+    let compiled = compile_policy(&[template(AGENT), template(PROXY)], &options());
+    assert_eq!(compiled.proof_rounds, [0, 0]);
+    assert_eq!(compiled.proof_round_count(), 1);
+    let (proof, _) = compiled.proof.clone().unwrap();
+    assert!(
+        expressions(&proof)
+            .iter()
+            .all(|e| !e.contains("policy-proof-round"))
+    );
 }
 
 #[test]
@@ -316,7 +438,7 @@ spec:
 "#,
     );
     let compiled = compile_policy(&[env_only], &options());
-    assert!(presence_conditions(&compiled, &json!({"spec": {"containers": []}})).is_empty());
+    assert!(presence_conditions(&compiled, &[json!({"spec": {"containers": []}})]).is_empty());
 }
 
 const REQUIRED_ENV_FROM: &str = r#"
