@@ -1,7 +1,8 @@
 //! The policy backend against the webhook backend, on a real API server that serves
 //! MutatingAdmissionPolicies (Kubernetes 1.36+: `just e2e-next` runs it on v1.37.2).
 //!
-//! Templates that interact (priorities, a native sidecar before the Pod's own init containers,
+//! Templates that interact (priorities, a best-effort template taking a required one's
+//! container name first, a native sidecar before the Pod's own init containers,
 //! env into app containers, a label one template adds and another selects on, placeholders,
 //! `OnRequest`, the opt-out, a namespace selector) are compiled by `sidecar-injector policy`
 //! and the policy is applied. Then, for generated Pods in two namespaces, the Pod the API
@@ -48,6 +49,15 @@ spec:
   metadata:
     labels: {agent.example/injected: "true"}
     annotations: {agent.example/team: "{{ pod.annotations['team'] }}"}
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: agent-lite}
+spec:
+  priority: 8
+  failurePolicy: Ignore
+  podSelector: {matchLabels: {tier: frontend}}
+  containers: [{name: agent, image: "agent.invalid/lite:1"}]
 ---
 apiVersion: sidecar.dev/v1alpha1
 kind: SidecarTemplate
@@ -415,14 +425,17 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     // policy backend below.
     let mut baseline: Vec<(usize, Value, Value)> = Vec::new();
     let mut denied = 0;
+    let mut refused: Vec<(usize, Value)> = Vec::new();
     let mut applied: std::collections::BTreeMap<String, usize> = Default::default();
     let cases = 40;
     for index in 0..cases {
         let pod = generated_pod(index, &mut random);
         let team = ["a", "b"][index % 2];
         let Ok(through_webhook) = dry_run_create(&cp, &format!("webhook-{team}"), &pod) else {
-            // A required template the webhook denies (readably) is not the policy's to decide.
+            // A required template the webhook denies (readably) is not the policy's to decide;
+            // the auto backend, where the webhook stays behind the policy, must deny it too.
             denied += 1;
+            refused.push((index, pod));
             continue;
         };
         let expected = stored_view(&through_webhook, &format!("webhook-{team}"));
@@ -465,7 +478,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     operator.stop().unwrap();
     drop(operator);
     let operator = Operator::start(&cp, OperatorOptions::default()).expect("the operator starts");
-    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+    for name in ["agent", "agent-lite", "proxy", "meshed", "setup", "tracing"] {
         wait_condition(
             &cp,
             name,
@@ -510,10 +523,30 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
             ));
         }
     }
+    // The required agent cannot be injected where agent-lite (applied first) took its
+    // container's name: the webhook alone denies those Pods, and so must the auto backend.
+    // (The proof once learned agent's presence from agent-lite's container, and the entry
+    // skipped those Pods: admitted without the required agent.)
+    for (index, pod) in &refused {
+        let team = ["a", "b"][index % 2];
+        if let Ok(stored) = dry_run_create(&cp, &format!("webhook-{team}"), pod) {
+            auto_failures.push(format!(
+                "Pod {index}, denied by the webhook alone, admitted through the auto backend:\n    {pod}\n  stored as\n    {}",
+                stored_view(&stored, &format!("webhook-{team}"))
+            ));
+        }
+    }
     eprintln!(
-        "[policy] the auto backend: {} Pods, {} different, {calls} webhook calls, {without_call} Pods without one",
+        "[policy] the auto backend: {} Pods, {} different, {calls} webhook calls, {without_call} Pods without one, {} denied Pods tried",
         baseline.len(),
-        auto_failures.len()
+        auto_failures.len(),
+        refused.len()
+    );
+    assert!(
+        refused
+            .iter()
+            .any(|(_, pod)| pod["metadata"]["labels"]["tier"] == "frontend"),
+        "no generated Pod had agent-lite take the required agent's name"
     );
     failures.extend(auto_failures);
     assert!(
