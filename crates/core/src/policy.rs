@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::placeholder::{Node, Part, TemplateString};
-use crate::plan::Applied;
+use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{CompiledTemplate, Item, Text};
 
@@ -199,9 +199,11 @@ pub fn compile_policy(
     let required = served
         .iter()
         .any(|t| t.failure_policy == FailurePolicy::Fail);
-    // The hash names this version: of everything the policy does, before the parts that
-    // carry it.
-    let hash = version_hash(options, &mutations);
+    // The hash names this version: of everything the policy and its proof do, before the
+    // parts that carry it. The proof's own mutations count: a proof policy of an operator
+    // that proved otherwise (in one round, say), still loaded by the API server, must not
+    // answer for this one.
+    let hash = version_hash(options, &[mutations.as_slice(), &proof_mutations].concat());
     let reinvoke = webhook_only
         .iter()
         .any(|(t, _)| !t.labels.is_empty() || !t.annotations.is_empty());
@@ -523,12 +525,27 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
         names("initContainers"),
         names("volumes"),
     );
-    let of_round = compiled
+    let of_round: Vec<&Arc<CompiledTemplate>> = compiled
         .served
         .iter()
         .zip(&compiled.proof_rounds)
-        .filter(|&(_, &r)| r == round);
-    for (template, _) in of_round {
+        .filter(|&(_, &r)| r == round)
+        .map(|(template, _)| template)
+        .collect();
+    // Each mutation records its template: exactly this round's must have run.
+    let recorded: BTreeSet<&str> = stored
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(INJECTED_ANNOTATION))
+        .and_then(Value::as_str)
+        .map(|record| injected_names(record).collect())
+        .unwrap_or_default();
+    let expected: BTreeSet<&str> = of_round.iter().map(|t| t.name.as_str()).collect();
+    if recorded != expected {
+        return Some(format!(
+            "the dry-run Pod of round {round} of the proof records the templates {recorded:?}, want {expected:?}"
+        ));
+    }
+    for template in of_round {
         let missing = template
             .containers
             .iter()

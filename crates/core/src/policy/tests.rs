@@ -365,22 +365,28 @@ fn templates_adding_the_same_names_are_proven_on_pods_of_their_own() {
     assert_eq!(round(&proof_round_pod(&compiled, 2)), Some(json!("2")));
 
     // Each round's Pod as the API server stores it: only that round's templates ran.
-    let pod = |containers: Value, volumes: Value| {
+    let pod = |record: &str, containers: Value, volumes: Value| {
         json!({
-            "metadata": {"annotations": {POLICY_PROVEN_ANNOTATION: compiled.hash}},
+            "metadata": {"annotations": {
+                POLICY_PROVEN_ANNOTATION: compiled.hash,
+                INJECTED_ANNOTATION: record,
+            }},
             "spec": {"containers": containers, "volumes": volumes},
         })
     };
     let proven = [
         pod(
+            "winner@1#00",
             json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "helper", "image": "busybox:1.36"}]),
             json!([{"name": "winner-data", "emptyDir": {}}]),
         ),
         pod(
+            "loser@1#00",
             json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "helper", "image": "alpine:3.20"}]),
             json!([{"name": "loser-data", "emptyDir": {}}]),
         ),
         pod(
+            "third@1#00",
             json!([{"name": "policy-proof-0", "image": "none:1"}, {"name": "third", "image": "third:1"}]),
             json!([{"name": "loser-data", "emptyDir": {}}, {"name": "winner-data", "emptyDir": {}}]),
         ),
@@ -392,9 +398,22 @@ fn templates_adding_the_same_names_are_proven_on_pods_of_their_own() {
             "round {round}"
         );
     }
-    // The first round's Pod does not prove the second round's template.
+    // A proof that ran another round's templates too (a proof policy that knew no rounds,
+    // still loaded): its Pod proves nothing.
+    let mut mixed = proven[1].clone();
+    mixed["metadata"]["annotations"][INJECTED_ANNOTATION] = json!("winner@1#00,loser@1#00");
+    assert!(
+        proof_problem(&compiled, 1, &mixed).is_some_and(|p| p.contains("records the templates"))
+    );
+    // The first round's Pod does not prove the second round's template, whatever it records.
     assert!(
         proof_problem(&compiled, 1, &proven[0])
+            .is_some_and(|p| p.contains("records the templates"))
+    );
+    let mut first = proven[0].clone();
+    first["metadata"]["annotations"][INJECTED_ANNOTATION] = json!("loser@1#00");
+    assert!(
+        proof_problem(&compiled, 1, &first)
             .is_some_and(|p| p.contains("loser") && p.contains("loser-data"))
     );
     // The loser's presence is its own content, not the winner's: a Pod with the winner's
