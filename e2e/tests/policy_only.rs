@@ -4,7 +4,8 @@
 //! Where the API server serves MutatingAdmissionPolicies (1.36+: `just e2e-next` runs this on
 //! v1.37.2), a required template's Pods are injected by the API server, with the operator
 //! running and stopped; it gets the warnings the webhook would give (from the warnings policy);
-//! a best-effort template a Pod conflicts with is left out with a warning; a best-effort
+//! a best-effort template a Pod conflicts with is left out with a warning; a Pod whose
+//! annotation a placeholder reads (empty on the proof Pod) is recognised as injected; a best-effort
 //! template that takes the required one's container name first has the Pods it selects
 //! refused and leaves the others to the required one; a look-alike of the
 //! required sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
@@ -36,7 +37,9 @@ spec:
   containers:
   - name: guarded-agent
     image: "guarded.invalid/agent:IMAGE_TAG"
-    env: [{name: POD, value: "{{ pod.name }}"}]
+    env:
+    - {name: POD, value: "{{ pod.name }}"}
+    - {name: OWNER, value: "{{ pod.annotations['owner'] }}"}
   appContainers:
     env: [{name: MODE, value: guarded}]
   metadata:
@@ -254,6 +257,8 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         "warned",
         json!([{"name": "app", "image": "app.invalid/app:1", "env": [{"name": "MODE", "value": "other"}]}]),
     );
+    // Its `owner` annotation also gives OWNER a value, which the proof Pod (without it) left
+    // out: the guard must still recognise the template (it once refused this Pod).
     warned["metadata"]["annotations"] =
         json!({"sidecar.dev/inject": "false", "owner": "not a label value!"});
     let expected = render_warnings(&guarded("1"), &warned, &guarded_ns);

@@ -726,7 +726,18 @@ fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String>
     if !stored.contains_key("volumeMounts") {
         terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
     }
-    for (key, value) in &expected {
+    for (key, expected) in &expected {
+        let value = match expected {
+            Expected::Value(value) => value,
+            Expected::Text(text) => {
+                // Present when the text is not empty, else left out (see `Expected::Text`).
+                let key = cel_string(key);
+                terms.push(format!(
+                    "({text} != \"\" ? ({key} in c && c[{key}] == {text}) : !({key} in c))"
+                ));
+                continue;
+            }
+        };
         if key == "volumeMounts" {
             terms.push(format!(
                 "c.?volumeMounts.orValue([]).filter(m, !m.name.startsWith({})) == {value}",
@@ -745,40 +756,69 @@ fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String>
     ))
 }
 
-/// Each top-level field of a stored container, as a CEL literal: the stored value, except
-/// where the template's string holds placeholders (a CEL expression over the Pod).
+/// What a field of a stored item is expected to be.
+enum Expected {
+    /// Equal to this CEL value.
+    Value(String),
+    /// A string a placeholder renders (this CEL expression): the field holds it, or, when it
+    /// renders empty, is not there. The API server leaves an empty optional string out of
+    /// what it stores (`omitempty`), so whether the field is there follows the Pod at hand,
+    /// not the proof Pod: the proof rendered `{{ pod.annotations['team'] }}` empty, and a Pod
+    /// with that annotation, injected by the policy, no longer passed for carrying the
+    /// template (the guard refused it).
+    Text(String),
+}
+
+/// Each top-level field of a stored container, as expected: the stored value, except where
+/// the template's string holds placeholders (a CEL expression over the Pod).
 fn expected_fields(
     body: &Node,
     stored: &serde_json::Map<String, Value>,
-) -> Option<Vec<(String, String)>> {
-    let fields: Vec<(&str, Option<&Node>)> = match body {
-        Node::Fixed(_) => stored.keys().map(|k| (k.as_str(), None)).collect(),
-        Node::Object(fields) => stored
-            .keys()
-            .map(|k| {
-                (
-                    k.as_str(),
-                    fields.iter().find(|(f, _)| f == k).map(|(_, n)| n),
-                )
-            })
-            .collect(),
+) -> Option<Vec<(String, Expected)>> {
+    let mut expected = Vec::new();
+    match body {
+        Node::Fixed(_) => {
+            for (key, value) in stored {
+                expected.push((key.clone(), Expected::Value(cel_json(value))));
+            }
+        }
+        Node::Object(fields) => {
+            for (key, value) in stored {
+                let node = fields.iter().find(|(f, _)| f == key).map(|(_, n)| n);
+                let field = match node {
+                    Some(Node::Text(text)) if value.as_str().is_some_and(|v| !v.is_empty()) => {
+                        Expected::Text(cel_text(text))
+                    }
+                    Some(node) => Expected::Value(merged(node, value)?),
+                    None => Expected::Value(cel_json(value)),
+                };
+                expected.push((key.clone(), field));
+            }
+            expected.extend(
+                texts_left_out(fields, stored)
+                    .map(|(key, text)| (key.to_owned(), Expected::Text(text))),
+            );
+        }
         _ => return None,
-    };
-    fields
-        .into_iter()
-        .map(|(key, node)| {
-            let value = stored.get(key)?;
-            let literal = match node {
-                Some(node) => merged(node, value)?,
-                None => cel_json(value),
-            };
-            Some((key.to_owned(), literal))
-        })
-        .collect()
+    }
+    Some(expected)
+}
+
+/// The fields of `fields` whose placeholders the proof rendered empty, so that `stored` lacks
+/// them, with their CEL text.
+fn texts_left_out<'a>(
+    fields: &'a [(String, Node)],
+    stored: &'a serde_json::Map<String, Value>,
+) -> impl Iterator<Item = (&'a str, String)> {
+    fields.iter().filter_map(|(key, node)| match node {
+        Node::Text(text) if !stored.contains_key(key) => Some((key.as_str(), cel_text(text))),
+        _ => None,
+    })
 }
 
 /// `stored` as a CEL literal with the template's placeholder expressions where `node` has
-/// them; `None` when their shapes differ (the comparison could not be exact).
+/// them; `None` when their shapes differ (the comparison could not be exact). A field whose
+/// placeholders may render empty is an optional entry (see [`Expected::Text`]).
 fn merged(node: &Node, stored: &Value) -> Option<String> {
     match (node, stored) {
         (Node::Fixed(_), _) => Some(cel_json(stored)),
@@ -792,17 +832,21 @@ fn merged(node: &Node, stored: &Value) -> Option<String> {
             Some(cel_array(merged?.into_iter()))
         }
         (Node::Object(fields), Value::Object(values)) => {
-            let merged: Option<Vec<(&str, String)>> = values
-                .iter()
-                .map(|(key, value)| {
-                    let literal = match fields.iter().find(|(f, _)| f == key) {
-                        Some((_, node)) => merged(node, value)?,
-                        None => cel_json(value),
-                    };
-                    Some((key.as_str(), literal))
-                })
-                .collect();
-            Some(cel_object(merged?.into_iter()))
+            let mut entries = Vec::new();
+            for (key, value) in values {
+                let entry = match fields.iter().find(|(f, _)| f == key).map(|(_, n)| n) {
+                    Some(Node::Text(text)) if value.as_str().is_some_and(|v| !v.is_empty()) => {
+                        cel_optional_entry(key, &cel_text(text))
+                    }
+                    Some(node) => cel_entry(key, &merged(node, value)?),
+                    None => cel_entry(key, &cel_json(value)),
+                };
+                entries.push(entry);
+            }
+            entries.extend(
+                texts_left_out(fields, values).map(|(key, text)| cel_optional_entry(key, &text)),
+            );
+            Some(format!("{{{}}}", entries.join(", ")))
         }
         _ => None,
     }
@@ -1144,10 +1188,21 @@ fn cel_array(items: impl Iterator<Item = String>) -> String {
 
 /// A CEL map, its values in `dyn` as list items are.
 fn cel_object<'k>(fields: impl Iterator<Item = (&'k str, String)>) -> String {
-    let fields: Vec<String> = fields
-        .map(|(key, value)| format!("{}: dyn({value})", cel_string(key)))
-        .collect();
+    let fields: Vec<String> = fields.map(|(key, value)| cel_entry(key, &value)).collect();
     format!("{{{}}}", fields.join(", "))
+}
+
+/// One entry of a CEL map literal.
+fn cel_entry(key: &str, value: &str) -> String {
+    format!("{}: dyn({value})", cel_string(key))
+}
+
+/// An optional entry of a CEL map literal: there when the string `text` is not empty.
+fn cel_optional_entry(key: &str, text: &str) -> String {
+    format!(
+        "?{}: ({text} != \"\" ? optional.of(dyn({text})) : optional.none())",
+        cel_string(key)
+    )
 }
 
 /// `{{ pod.name }}` as mutating admission sees the Pod: its name, or, since the API server

@@ -445,6 +445,51 @@ fn templates_with_distinct_names_take_one_proof_pod() {
 }
 
 #[test]
+fn a_placeholder_that_may_render_empty_makes_its_field_optional() {
+    let team = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: team}
+spec:
+  containers:
+  - name: team
+    image: "team:1"
+    workingDir: "{{ pod.labels['dir'] }}"
+    env:
+    - {name: TEAM, value: "{{ pod.annotations['team'] }}"}
+    - {name: POD, value: "{{ pod.name }}"}
+"#,
+    );
+    let compiled = compile_policy(&[team], &options());
+    // The proof Pod had neither the label nor the annotation: the API server left
+    // `workingDir` and TEAM's value out.
+    let proven = json!({"spec": {"containers": [
+        {"name": "policy-proof-0", "image": "none:1"},
+        {"name": "team", "image": "team:1",
+         "env": [{"name": "TEAM"}, {"name": "POD", "value": "sidecar-injector-policy-proof-"}]},
+    ]}});
+    let present = &presence_conditions(&compiled, &[proven])["team"];
+    let team_value = r#"?"value": ((object.metadata.?annotations.orValue({})[?"team"].orValue("")) != "" ? optional.of(dyn((object.metadata.?annotations.orValue({})[?"team"].orValue("")))) : optional.none())"#;
+    assert!(present.contains(team_value), "{present}");
+    // POD's value was stored, and may still be left out where a Pod's name renders empty.
+    assert!(
+        present.contains(r#"?"value": ((object.metadata"#),
+        "{present}"
+    );
+    // A top-level field: there when its text is not empty, else not.
+    assert!(
+        present.contains(r#""workingDir" in c && c["workingDir"] =="#),
+        "{present}"
+    );
+    assert!(present.contains(r#": !("workingDir" in c))"#), "{present}");
+    assert!(
+        present.contains(r#"k in ["env", "image", "name", "workingDir"]"#),
+        "{present}"
+    );
+}
+
+#[test]
 fn a_template_with_nothing_to_recognise_it_by_gets_no_presence() {
     let env_only = template(
         r#"
