@@ -55,7 +55,8 @@ post() { # PORT OUTPUT: posts the typical review once
 start_server() {
     port=$(free_port)
     admin=$(free_port)
-    "$binary" serve --templates "$1" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
+    # MIMALLOC_PURGE_DELAY as the chart sets it.
+    MIMALLOC_PURGE_DELAY=0 "$binary" serve --templates "$1" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
         --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --log "$log_filter" --drain-period 0s \
         2>"$work/server.log" &
     server_pid=$!
