@@ -37,6 +37,7 @@ spec:
   containers:
   - name: guarded-agent
     image: "guarded.invalid/agent:IMAGE_TAG"
+    workingDir: "{{ pod.labels['dir'] }}"
     env:
     - {name: POD, value: "{{ pod.name }}"}
     - {name: OWNER, value: "{{ pod.annotations['owner'] }}"}

@@ -730,11 +730,8 @@ fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String>
         let value = match expected {
             Expected::Value(value) => value,
             Expected::Text(text) => {
-                // Present when the text is not empty, else left out (see `Expected::Text`).
-                let key = cel_string(key);
-                terms.push(format!(
-                    "({text} != \"\" ? ({key} in c && c[{key}] == {text}) : !({key} in c))"
-                ));
+                // Rendered empty, the field is left out or kept empty (see `Expected::Text`).
+                terms.push(format!("c[?{}].orValue(\"\") == {text}", cel_string(key)));
                 continue;
             }
         };
@@ -761,11 +758,13 @@ enum Expected {
     /// Equal to this CEL value.
     Value(String),
     /// A string a placeholder renders (this CEL expression): the field holds it, or, when it
-    /// renders empty, is not there. The API server leaves an empty optional string out of
-    /// what it stores (`omitempty`), so whether the field is there follows the Pod at hand,
-    /// not the proof Pod: the proof rendered `{{ pod.annotations['team'] }}` empty, and a Pod
-    /// with that annotation, injected by the policy, no longer passed for carrying the
-    /// template (the guard refused it).
+    /// renders empty, is not there (or, at a container's top level, is empty). The API server
+    /// leaves most empty optional strings out of what it stores (`omitempty`), so whether the
+    /// field is there follows the Pod at hand, not the proof Pod: the proof rendered
+    /// `{{ pod.annotations['team'] }}` empty, and a Pod with that annotation, injected by the
+    /// policy, no longer passed for carrying the template (the guard refused it). Nested in
+    /// an object compared whole, a string the API server keeps when empty is expected absent
+    /// (a false negative: the webhook is called, or the guard refuses).
     Text(String),
 }
 

@@ -278,7 +278,28 @@ fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Op
 fn subset(node: &Node, value: &str) -> String {
     match node {
         Node::Object(fields) => {
-            fields_subset(fields.iter().map(|(k, n)| (k.as_str(), n)), value, subset)
+            let terms: Vec<String> = fields
+                .iter()
+                .map(|(key, node)| {
+                    let key = cel_string(key);
+                    match node {
+                        // Rendered empty, the field is not stored (`omitempty`) or stored
+                        // empty: either way what the template set.
+                        Node::Text(template) => {
+                            format!("{value}[?{key}].orValue(\"\") == {}", cel_text(template))
+                        }
+                        node => format!(
+                            "({key} in {value} && {})",
+                            subset(node, &format!("{value}[{key}]"))
+                        ),
+                    }
+                })
+                .collect();
+            if terms.is_empty() {
+                "true".to_owned()
+            } else {
+                terms.join(" && ")
+            }
         }
         Node::Fixed(fixed) => fixed_subset(fixed.value(), value),
         Node::Text(template) => format!("{value} == {}", cel_text(template)),
