@@ -295,11 +295,7 @@ fn subset(node: &Node, value: &str) -> String {
                     }
                 })
                 .collect();
-            if terms.is_empty() {
-                "true".to_owned()
-            } else {
-                terms.join(" && ")
-            }
+            all_of(terms)
         }
         Node::Fixed(fixed) => fixed_subset(fixed.value(), value),
         Node::Text(template) => format!("{value} == {}", cel_text(template)),
@@ -309,30 +305,24 @@ fn subset(node: &Node, value: &str) -> String {
 
 fn fixed_subset(fixed: &Value, value: &str) -> String {
     match fixed {
-        Value::Object(fields) => fields_subset(
-            fields.iter().map(|(k, v)| (k.as_str(), v)),
-            value,
-            fixed_subset,
+        Value::Object(fields) => all_of(
+            fields
+                .iter()
+                .map(|(key, fixed)| {
+                    let key = cel_string(key);
+                    format!(
+                        "({key} in {value} && {})",
+                        fixed_subset(fixed, &format!("{value}[{key}]"))
+                    )
+                })
+                .collect(),
         ),
         other => format!("{value} == {}", cel_json(other)),
     }
 }
 
-/// Every field is in `value` and passes `child`'s test.
-fn fields_subset<'a, T: 'a>(
-    fields: impl Iterator<Item = (&'a str, T)>,
-    value: &str,
-    child: fn(T, &str) -> String,
-) -> String {
-    let terms: Vec<String> = fields
-        .map(|(key, node)| {
-            let key = cel_string(key);
-            format!(
-                "({key} in {value} && {})",
-                child(node, &format!("{value}[{key}]"))
-            )
-        })
-        .collect();
+/// Every term holds (`true` when there is none).
+fn all_of(terms: Vec<String>) -> String {
     if terms.is_empty() {
         "true".to_owned()
     } else {
