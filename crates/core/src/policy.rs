@@ -774,45 +774,46 @@ fn expected_fields(
     body: &Node,
     stored: &serde_json::Map<String, Value>,
 ) -> Option<Vec<(String, Expected)>> {
-    let mut expected = Vec::new();
     match body {
-        Node::Fixed(_) => {
-            for (key, value) in stored {
-                expected.push((key.clone(), Expected::Value(cel_json(value))));
-            }
-        }
-        Node::Object(fields) => {
-            for (key, value) in stored {
-                let node = fields.iter().find(|(f, _)| f == key).map(|(_, n)| n);
-                let field = match node {
-                    Some(Node::Text(text)) if value.as_str().is_some_and(|v| !v.is_empty()) => {
-                        Expected::Text(cel_text(text))
-                    }
-                    Some(node) => Expected::Value(merged(node, value)?),
-                    None => Expected::Value(cel_json(value)),
-                };
-                expected.push((key.clone(), field));
-            }
-            expected.extend(
-                texts_left_out(fields, stored)
-                    .map(|(key, text)| (key.to_owned(), Expected::Text(text))),
-            );
-        }
-        _ => return None,
+        Node::Fixed(_) => Some(
+            stored
+                .iter()
+                .map(|(key, value)| (key.clone(), Expected::Value(cel_json(value))))
+                .collect(),
+        ),
+        Node::Object(fields) => object_fields(fields, stored),
+        _ => None,
     }
-    Some(expected)
 }
 
-/// The fields of `fields` whose placeholders the proof rendered empty, so that `stored` lacks
-/// them, with their CEL text.
-fn texts_left_out<'a>(
-    fields: &'a [(String, Node)],
-    stored: &'a serde_json::Map<String, Value>,
-) -> impl Iterator<Item = (&'a str, String)> {
-    fields.iter().filter_map(|(key, node)| match node {
-        Node::Text(text) if !stored.contains_key(key) => Some((key.as_str(), cel_text(text))),
-        _ => None,
-    })
+/// The fields of a template's object (`fields`) as the API server stored it (`stored`), each
+/// as expected: the stored value, with the template's placeholder expressions where it has
+/// them; the fields whose placeholders the proof rendered empty, which `stored` lacks, as
+/// texts too. `None` when their shapes differ.
+fn object_fields(
+    fields: &[(String, Node)],
+    stored: &serde_json::Map<String, Value>,
+) -> Option<Vec<(String, Expected)>> {
+    let mut expected = Vec::new();
+    for (key, value) in stored {
+        let node = fields.iter().find(|(f, _)| f == key).map(|(_, n)| n);
+        let field = match node {
+            Some(Node::Text(text)) if value.as_str().is_some_and(|v| !v.is_empty()) => {
+                Expected::Text(cel_text(text))
+            }
+            Some(node) => Expected::Value(merged(node, value)?),
+            None => Expected::Value(cel_json(value)),
+        };
+        expected.push((key.clone(), field));
+    }
+    for (key, node) in fields {
+        if let Node::Text(text) = node
+            && !stored.contains_key(key)
+        {
+            expected.push((key.clone(), Expected::Text(cel_text(text))));
+        }
+    }
+    Some(expected)
 }
 
 /// `stored` as a CEL literal with the template's placeholder expressions where `node` has
@@ -831,20 +832,13 @@ fn merged(node: &Node, stored: &Value) -> Option<String> {
             Some(cel_array(merged?.into_iter()))
         }
         (Node::Object(fields), Value::Object(values)) => {
-            let mut entries = Vec::new();
-            for (key, value) in values {
-                let entry = match fields.iter().find(|(f, _)| f == key).map(|(_, n)| n) {
-                    Some(Node::Text(text)) if value.as_str().is_some_and(|v| !v.is_empty()) => {
-                        cel_optional_entry(key, &cel_text(text))
-                    }
-                    Some(node) => cel_entry(key, &merged(node, value)?),
-                    None => cel_entry(key, &cel_json(value)),
-                };
-                entries.push(entry);
-            }
-            entries.extend(
-                texts_left_out(fields, values).map(|(key, text)| cel_optional_entry(key, &text)),
-            );
+            let entries: Vec<String> = object_fields(fields, values)?
+                .iter()
+                .map(|(key, expected)| match expected {
+                    Expected::Value(value) => cel_entry(key, value),
+                    Expected::Text(text) => cel_optional_entry(key, text),
+                })
+                .collect();
             Some(format!("{{{}}}", entries.join(", ")))
         }
         _ => None,
