@@ -4,6 +4,7 @@
 pub mod args;
 pub mod documents;
 pub mod kubectl;
+pub mod log_format;
 pub mod log_output;
 pub mod policy;
 pub mod process;

@@ -7,6 +7,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Cli, Command, LogFormat, LogOptions};
+use crate::log_format::TextLines;
 use crate::log_output::{self, BatchedStderr};
 use crate::render::render;
 use crate::serve::serve;
@@ -84,7 +85,7 @@ fn init_logging(options: &LogOptions) -> anyhow::Result<FlushLogs> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(output);
     let result = match options.log_format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.event_format(TextLines::new()).try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;

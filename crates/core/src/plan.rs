@@ -63,7 +63,12 @@ impl Applied {
 impl std::fmt::Display for Applied {
     /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}#{}", self.name, self.generation, self.fingerprint)
+        // Piece by piece rather than through `write!`: it is written on every admission.
+        f.write_str(&self.name)?;
+        f.write_str("@")?;
+        fmt::Display::fmt(&self.generation, f)?;
+        f.write_str("#")?;
+        fmt::Display::fmt(&self.fingerprint, f)
     }
 }
 

@@ -369,24 +369,26 @@ fn respond(
             );
             match decision.outcome {
                 Outcome::UnknownGroup => tracing::warn!(
-                    uid = %decision.uid,
+                    uid = decision.uid.as_str(),
                     path = %path,
                     "admission request for a best-effort selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
                 ),
                 Outcome::UnknownRequiredGroup => tracing::warn!(
-                    uid = %decision.uid,
+                    uid = decision.uid.as_str(),
                     path = %path,
                     "admission request for a required selector group this replica does not know; denied (this replica is not in sync with the cluster's templates)"
                 ),
                 _ => {}
             }
+            // Strings rather than `%` values: they are quoted and escaped, so that text from
+            // the request cannot forge a line.
             tracing::info!(
-                uid = %decision.uid,
-                namespace = %decision.namespace,
-                pod = %decision.pod,
+                uid = decision.uid.as_str(),
+                namespace = decision.namespace.as_str(),
+                pod = decision.pod.as_str(),
                 group = decision.group,
                 outcome = decision.outcome.as_str(),
-                templates = %decision.applied_record,
+                templates = decision.applied_record.as_str(),
                 warnings = decision.warnings,
                 duration_us = (seconds * 1e6) as u64,
                 "admission"

@@ -69,3 +69,16 @@ fn it_reads_back_what_it_writes() {
         assert_eq!(Fingerprint::parse(bad), None, "{bad}");
     }
 }
+
+#[test]
+fn is_written_as_sixteen_hex_digits_of_its_two_halves() {
+    for (shape, images) in [
+        (0, 0),
+        (1, 0xabc),
+        (0xdead_beef, 0x0012_3400),
+        (u32::MAX, 7),
+    ] {
+        let fingerprint = Fingerprint { shape, images };
+        assert_eq!(fingerprint.to_string(), format!("{shape:08x}{images:08x}"));
+    }
+}
