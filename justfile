@@ -129,6 +129,10 @@ demo: node-packages
 bench-webhook:
     bench/webhook-load.sh
 
+# Instructions per admission of the whole webhook server under callgrind (user space; steady where load-test times on a shared VM are not; BIN=... to compare a build)
+bench-webhook-instructions:
+    bench/webhook-callgrind.sh
+
 # End-to-end figures against a local control plane: template apply to first injection, Pod CREATE latency with and without the webhook, operator start to ready (figures go in BENCHMARKS.md)
 bench-e2e:
     cargo build --release --quiet -p injector-cli --bin sidecar-injector
