@@ -3,7 +3,7 @@
 # (`just bench-webhook-instructions`).
 #
 # Runs `sidecar-injector serve` (release build, the templates of bench/fixtures/templates, log
-# level info as in production) under callgrind on 127.0.0.1, posts the typical review N times
+# level info as in production, LOG_FORMAT text or json) under callgrind on 127.0.0.1, posts the typical review N times
 # (default 600) over 8 TLS keep-alive connections with oha, stops the server and prints the
 # instructions of its user space per request and of the parts that matter. Unlike times on a
 # shared VM, instruction counts move only with the code: compare two builds with BIN. The
@@ -41,7 +41,7 @@ admin=$(free_port)
 MIMALLOC_PURGE_DELAY=0 valgrind --tool=callgrind --callgrind-out-file="$work/callgrind.out" \
     "$binary" serve --templates bench/fixtures/templates --tls-cert "$work/tls.crt" \
     --tls-key "$work/tls.key" --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" \
-    --log info --drain-period 0s 2>"$work/server.log" &
+    --log info --log-format "${LOG_FORMAT:-text}" --drain-period 0s 2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 1 200); do
     if curl -fsS "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1; then break; fi

@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Cli, Command, LogFormat, LogOptions};
-use crate::log_format::TextLines;
+use crate::log_format::{JsonLines, TextLines};
 use crate::log_output::{self, BatchedStderr};
 use crate::render::render;
 use crate::serve::serve;
@@ -86,7 +86,11 @@ fn init_logging(options: &LogOptions) -> anyhow::Result<FlushLogs> {
         .with_writer(output);
     let result = match options.log_format {
         LogFormat::Text => builder.event_format(TextLines::new()).try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .event_format(JsonLines::new())
+            .try_init(),
     };
     result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
     Ok(FlushLogs)

@@ -93,6 +93,48 @@ fn lines_of(quick: bool) -> Vec<String> {
     text.lines().map(str::to_owned).collect()
 }
 
+fn json_lines_of(quick: bool) -> Vec<String> {
+    let captured = Captured::default();
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(Level::TRACE)
+        .with_writer(captured.clone())
+        .json()
+        .flatten_event(true);
+    if quick {
+        tracing::subscriber::with_default(
+            builder.event_format(JsonLines::new()).finish(),
+            log_events,
+        );
+    } else {
+        tracing::subscriber::with_default(builder.finish(), log_events);
+    }
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    text.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn json_lines_are_tracing_subscribers_but_for_the_instant() {
+    let quick = json_lines_of(true);
+    let json = json_lines_of(false);
+    assert_eq!(quick.len(), 8, "{quick:#?}");
+    assert_eq!(quick.len(), json.len());
+    let prefix = r#"{"timestamp":""#.len();
+    for (quick, json) in quick.iter().zip(&json) {
+        // The instant: 27 characters after the prefix.
+        assert_eq!(quick[..prefix], json[..prefix]);
+        assert_eq!(quick[prefix + 27..], json[prefix + 27..], "{quick}\n{json}");
+        let line: serde_json::Value = serde_json::from_str(quick).unwrap();
+        assert!(
+            line["timestamp"].as_str().unwrap().ends_with('Z'),
+            "{quick}"
+        );
+    }
+    let admission: serde_json::Value = serde_json::from_str(&quick[0]).unwrap();
+    assert_eq!(admission["message"], "admission");
+    assert_eq!(admission["uid"], "0d9e1f0a-5c1b");
+    assert_eq!(admission["duration_us"], 42);
+}
+
 #[test]
 fn lines_are_the_default_formats_but_for_the_instant() {
     let quick = lines_of(true);
@@ -102,6 +144,7 @@ fn lines_are_the_default_formats_but_for_the_instant() {
     for (quick, full) in quick.iter().zip(&full) {
         let (quick_time, quick_rest) = quick.split_at(27);
         let (full_time, full_rest) = full.split_at(27);
+        assert!(quick_rest.starts_with(' '), "{quick}");
         assert_eq!(quick_rest, full_rest);
         for time in [quick_time, full_time] {
             assert!(time.ends_with('Z') && time.as_bytes()[10] == b'T', "{time}");
@@ -127,16 +170,16 @@ fn the_instant_is_written_in_utc_as_the_default_format_writes_it() {
         .unwrap();
         line
     };
-    assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000Z ");
-    assert_eq!(at(951_868_800, 7), "2000-03-01T00:00:00.000007Z ");
-    assert_eq!(at(951_868_799, 999_999), "2000-02-29T23:59:59.999999Z ");
+    assert_eq!(at(0, 0), "1970-01-01T00:00:00.000000Z");
+    assert_eq!(at(951_868_800, 7), "2000-03-01T00:00:00.000007Z");
+    assert_eq!(at(951_868_799, 999_999), "2000-02-29T23:59:59.999999Z");
     assert_eq!(
         at(1_709_164_800 + 3_723, 120_000),
-        "2024-02-29T01:02:03.120000Z "
+        "2024-02-29T01:02:03.120000Z"
     );
-    assert_eq!(at(1_795_655_928, 123_456), "2026-11-26T01:18:48.123456Z ");
-    assert_eq!(at(4_102_444_799, 1), "2099-12-31T23:59:59.000001Z ");
-    assert_eq!(at(253_402_300_799, 0), "9999-12-31T23:59:59.000000Z ");
+    assert_eq!(at(1_795_655_928, 123_456), "2026-11-26T01:18:48.123456Z");
+    assert_eq!(at(4_102_444_799, 1), "2099-12-31T23:59:59.000001Z");
+    assert_eq!(at(253_402_300_799, 0), "9999-12-31T23:59:59.000000Z");
     // Past 9999, the default format writes it.
     let mut line = String::new();
     assert!(
