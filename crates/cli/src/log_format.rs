@@ -93,8 +93,11 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        // The spans tracing-subscriber's JSON format writes: the event's parent, else the
+        // current span (also for an event given no parent).
         if event.metadata().target() != "log"
-            && ctx.event_scope().is_none()
+            && event.parent().is_none()
+            && ctx.lookup_current().is_none()
             && let Some(line) = quick_json_line(SystemTime::now(), event)
         {
             return writer.write_str(&line);
@@ -177,7 +180,11 @@ impl Visit for JsonFields {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.entry(field.name(), &format_args!("{value:?}"));
+        // Formatted first: `serde_json` panics on a `Debug` that fails (tracing-subscriber's
+        // own JSON format does), where this writes what it wrote before failing.
+        let mut text = String::new();
+        let _ = write!(text, "{value:?}");
+        self.entry(field.name(), text.as_str());
     }
 }
 
@@ -290,32 +297,45 @@ impl Fields {
 
 impl Visit for Fields {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.separate();
         if field.name() == "message" {
+            self.separate();
             push_sanitized(&mut self.line, value);
-        } else {
+        } else if !is_log_metadata(field) {
+            self.separate();
             self.name(field);
             push_quoted(&mut self.line, value);
         }
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.separate();
-        self.name(field);
-        // Writing to a `String` does not fail.
-        let _ = write!(self.line, "{value}");
+        if is_plain(field) {
+            self.separate();
+            self.name(field);
+            // Writing to a `String` does not fail.
+            let _ = write!(self.line, "{value}");
+        } else {
+            self.record_debug(field, &value);
+        }
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.separate();
-        self.name(field);
-        let _ = write!(self.line, "{value}");
+        if is_plain(field) {
+            self.separate();
+            self.name(field);
+            let _ = write!(self.line, "{value}");
+        } else {
+            self.record_debug(field, &value);
+        }
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.separate();
-        self.name(field);
-        self.line.push_str(if value { "true" } else { "false" });
+        if is_plain(field) {
+            self.separate();
+            self.name(field);
+            self.line.push_str(if value { "true" } else { "false" });
+        } else {
+            self.record_debug(field, &value);
+        }
     }
 
     fn record_error(&mut self, _: &Field, _: &(dyn std::error::Error + 'static)) {
@@ -323,21 +343,34 @@ impl Visit for Fields {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        if field.name().starts_with("log.") {
-            self.unsupported = true;
+        if is_log_metadata(field) {
             return;
         }
         self.separate();
-        if field.name() == "message" {
+        // A `Debug` that fails leaves the line to tracing-subscriber, which says so.
+        let written = if field.name() == "message" {
             // A message is a `format_args!`, whose `Debug` is its text.
             let mut text = String::new();
-            let _ = write!(text, "{value:?}");
+            let written = write!(text, "{value:?}");
             push_sanitized(&mut self.line, &text);
+            written
         } else {
             self.name(field);
-            let _ = write!(self.line, "{value:?}");
-        }
+            write!(self.line, "{value:?}")
+        };
+        self.unsupported |= written.is_err();
     }
+}
+
+/// Neither the message nor a field the text format leaves out: written as `name=value`.
+fn is_plain(field: &Field) -> bool {
+    field.name() != "message" && !is_log_metadata(field)
+}
+
+/// What a `log` record carries besides its message (its target, file, line), which the text
+/// format leaves out.
+fn is_log_metadata(field: &Field) -> bool {
+    field.name().starts_with("log.")
 }
 
 /// `value` as `{:?}` writes a `str`: quoted, with escapes.

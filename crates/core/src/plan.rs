@@ -63,11 +63,10 @@ impl Applied {
 impl std::fmt::Display for Applied {
     /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Piece by piece rather than through `write!`: it is written on every admission.
+        // Written on every admission: the name and fingerprint straight, the generation
+        // through `write!`, so that a caller's width or sign flags reach none of it.
         f.write_str(&self.name)?;
-        f.write_str("@")?;
-        fmt::Display::fmt(&self.generation, f)?;
-        f.write_str("#")?;
+        write!(f, "@{}#", self.generation)?;
         fmt::Display::fmt(&self.fingerprint, f)
     }
 }
@@ -1530,6 +1529,27 @@ fn append<'t>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_entry_takes_no_format_flags() {
+        let applied = Applied {
+            name: "proxy".into(),
+            generation: 3,
+            fingerprint: Fingerprint::of(&Default::default()),
+        };
+        let entry = applied.to_string();
+        assert!(
+            entry.starts_with("proxy@3#") && entry.len() == 24,
+            "{entry}"
+        );
+        for flagged in [
+            format!("{applied:>40}"),
+            format!("{applied:+}"),
+            format!("{applied:04}"),
+        ] {
+            assert_eq!(flagged, entry);
+        }
+    }
 
     #[test]
     fn paths_escape_slash_and_tilde_per_rfc_6901() {

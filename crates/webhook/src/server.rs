@@ -370,18 +370,18 @@ fn respond(
             match decision.outcome {
                 Outcome::UnknownGroup => tracing::warn!(
                     uid = decision.uid.as_str(),
-                    path = %path,
+                    path = path,
                     "admission request for a best-effort selector group this replica does not know; allowed unchanged (stale webhook configuration?)"
                 ),
                 Outcome::UnknownRequiredGroup => tracing::warn!(
                     uid = decision.uid.as_str(),
-                    path = %path,
+                    path = path,
                     "admission request for a required selector group this replica does not know; denied (this replica is not in sync with the cluster's templates)"
                 ),
                 _ => {}
             }
-            // Strings rather than `%` values: they are quoted and escaped, so that text from
-            // the request cannot forge a line.
+            // Strings rather than `%` values (here and for the path): they are quoted and
+            // escaped, so that text from the request cannot forge a line.
             tracing::info!(
                 uid = decision.uid.as_str(),
                 namespace = decision.namespace.as_str(),
@@ -399,7 +399,7 @@ fn respond(
             // The body was not read as far as the target: this is its one lookup.
             let group = Route::resolve(target, &snapshot).label();
             webhook.metrics.record(group, Outcome::BadRequest, seconds);
-            tracing::info!(path = %path, error = %bad, "bad admission request");
+            tracing::info!(path = path, error = %bad, "bad admission request");
             text(StatusCode::BAD_REQUEST, bad.to_string())
         }
     }

@@ -45,6 +45,12 @@ impl std::error::Error for Failed {
 
 /// Logs a variety of events, the admission line among them.
 fn log_events() {
+    log_events_json_can_write();
+    info!(failing = ?Failing, "a Debug that fails");
+}
+
+/// The same but for the failing `Debug`, on which tracing-subscriber's JSON format panics.
+fn log_events_json_can_write() {
     info!(
         uid = "0d9e1f0a-5c1b",
         namespace = "shop",
@@ -73,6 +79,26 @@ fn log_events() {
     );
     let span = info_span!("reconcile", template = "a");
     span.in_scope(|| info!(done = true, "inside a span"));
+    span.in_scope(|| info!(parent: None, root = true, "a root event inside a span"));
+    info!(parent: &span, "an event given its parent");
+    info!(message = 5u64);
+    info!(message = true, after = -1i64);
+    warn!(
+        "log.target" = "not a log record",
+        "log.line" = 3u64,
+        "x.y" = true,
+        "with log fields"
+    );
+}
+
+/// A value whose `Debug` fails.
+struct Failing;
+
+impl fmt::Debug for Failing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("partial")?;
+        Err(fmt::Error)
+    }
 }
 
 fn lines_of(quick: bool) -> Vec<String> {
@@ -103,10 +129,10 @@ fn json_lines_of(quick: bool) -> Vec<String> {
     if quick {
         tracing::subscriber::with_default(
             builder.event_format(JsonLines::new()).finish(),
-            log_events,
+            log_events_json_can_write,
         );
     } else {
-        tracing::subscriber::with_default(builder.finish(), log_events);
+        tracing::subscriber::with_default(builder.finish(), log_events_json_can_write);
     }
     let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     text.lines().map(str::to_owned).collect()
@@ -116,7 +142,7 @@ fn json_lines_of(quick: bool) -> Vec<String> {
 fn json_lines_are_tracing_subscribers_but_for_the_instant() {
     let quick = json_lines_of(true);
     let json = json_lines_of(false);
-    assert_eq!(quick.len(), 8, "{quick:#?}");
+    assert_eq!(quick.len(), 13, "{quick:#?}");
     assert_eq!(quick.len(), json.len());
     let prefix = r#"{"timestamp":""#.len();
     for (quick, json) in quick.iter().zip(&json) {
@@ -139,9 +165,14 @@ fn json_lines_are_tracing_subscribers_but_for_the_instant() {
 fn lines_are_the_default_formats_but_for_the_instant() {
     let quick = lines_of(true);
     let full = lines_of(false);
-    assert_eq!(quick.len(), 8, "{quick:#?}");
+    assert_eq!(quick.len(), 14, "{quick:#?}");
     assert_eq!(quick.len(), full.len());
     for (quick, full) in quick.iter().zip(&full) {
+        // A `Debug` that fails: tracing-subscriber's notice, without an instant.
+        if full.starts_with("Unable to format") {
+            assert_eq!(quick, full);
+            continue;
+        }
         let (quick_time, quick_rest) = quick.split_at(27);
         let (full_time, full_rest) = full.split_at(27);
         assert!(quick_rest.starts_with(' '), "{quick}");
