@@ -11,6 +11,13 @@ use super::*;
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
 
+impl Captured {
+    fn lines(&self) -> Vec<String> {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines().map(str::to_owned).collect()
+    }
+}
+
 impl std::io::Write for Captured {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(bytes);
@@ -115,8 +122,7 @@ fn lines_of(quick: bool) -> Vec<String> {
     } else {
         tracing::subscriber::with_default(builder.finish(), log_events);
     }
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    text.lines().map(str::to_owned).collect()
+    captured.lines()
 }
 
 fn json_lines_of(quick: bool) -> Vec<String> {
@@ -134,8 +140,7 @@ fn json_lines_of(quick: bool) -> Vec<String> {
     } else {
         tracing::subscriber::with_default(builder.finish(), log_events_json_can_write);
     }
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
-    text.lines().map(str::to_owned).collect()
+    captured.lines()
 }
 
 #[test]
