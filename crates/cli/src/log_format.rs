@@ -114,7 +114,6 @@ fn quick_json_line(now: SystemTime, event: &Event<'_>) -> Option<String> {
     write_timestamp(&mut timestamp, now)?;
     let mut fields = JsonFields {
         line: Vec::with_capacity(320),
-        failed: false,
     };
     fields.line.push(b'{');
     fields.entry("timestamp", &timestamp);
@@ -130,9 +129,6 @@ fn quick_json_line(now: SystemTime, event: &Event<'_>) -> Option<String> {
     );
     event.record(&mut fields);
     fields.entry("target", meta.target());
-    if fields.failed {
-        return None;
-    }
     fields.line.extend_from_slice(b"}\n");
     String::from_utf8(fields.line).ok()
 }
@@ -141,8 +137,6 @@ fn quick_json_line(now: SystemTime, event: &Event<'_>) -> Option<String> {
 /// them.
 struct JsonFields {
     line: Vec<u8>,
-    /// A value `serde_json` would not write.
-    failed: bool,
 }
 
 impl JsonFields {
@@ -150,11 +144,11 @@ impl JsonFields {
         if self.line.len() > 1 {
             self.line.push(b',');
         }
-        let written = serde_json::to_writer(&mut self.line, name).and_then(|()| {
-            self.line.push(b':');
-            serde_json::to_writer(&mut self.line, value)
-        });
-        self.failed |= written.is_err();
+        // Strings, numbers and booleans written into a `Vec` do not fail (a float that is not
+        // a number is written `null`).
+        let _ = serde_json::to_writer(&mut self.line, name);
+        self.line.push(b':');
+        let _ = serde_json::to_writer(&mut self.line, value);
     }
 }
 
@@ -275,7 +269,8 @@ fn push_digits(line: &mut String, value: u64, width: u32) {
 struct Fields {
     line: String,
     first: bool,
-    /// A field the default format writes its own way (an error and its sources).
+    /// A field the default format writes its own way: an error and its sources, or a `Debug`
+    /// that fails.
     unsupported: bool,
 }
 
