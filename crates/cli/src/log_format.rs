@@ -12,7 +12,7 @@ use std::fmt::{self, Write as _};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
+use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{Format, Full, Json, Writer};
 use tracing_subscriber::fmt::time::SystemTime as DefaultTime;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -117,16 +117,7 @@ fn quick_json_line(now: SystemTime, event: &Event<'_>) -> Option<String> {
     };
     fields.line.push(b'{');
     fields.entry("timestamp", &timestamp);
-    fields.entry(
-        "level",
-        match *meta.level() {
-            Level::TRACE => "TRACE",
-            Level::DEBUG => "DEBUG",
-            Level::INFO => "INFO",
-            Level::WARN => "WARN",
-            Level::ERROR => "ERROR",
-        },
-    );
+    fields.entry("level", meta.level().as_str());
     event.record(&mut fields);
     fields.entry("target", meta.target());
     fields.line.extend_from_slice(b"}\n");
@@ -187,13 +178,11 @@ fn quick_line(now: SystemTime, event: &Event<'_>) -> Option<String> {
     let mut line = String::with_capacity(256);
     write_timestamp(&mut line, now)?;
     let meta = event.metadata();
-    line.push_str(match *meta.level() {
-        Level::TRACE => " TRACE ",
-        Level::DEBUG => " DEBUG ",
-        Level::INFO => "  INFO ",
-        Level::WARN => "  WARN ",
-        Level::ERROR => " ERROR ",
-    });
+    // The level right-aligned in five characters.
+    let level = meta.level().as_str();
+    line.push_str(if level.len() < 5 { "  " } else { " " });
+    line.push_str(level);
+    line.push(' ');
     line.push_str(meta.target());
     line.push_str(": ");
     let mut fields = Fields {
@@ -283,6 +272,19 @@ impl Fields {
         }
     }
 
+    /// A number or boolean: `name=value`, but for the message and `log.*` fields, which
+    /// take the `Debug` path as in the default format.
+    fn scalar<V: fmt::Display + fmt::Debug>(&mut self, field: &Field, value: V) {
+        if is_plain(field) {
+            self.separate();
+            self.name(field);
+            // Writing to a `String` does not fail.
+            let _ = write!(self.line, "{value}");
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+
     fn name(&mut self, field: &Field) {
         let name = field.name();
         self.line.push_str(name.strip_prefix("r#").unwrap_or(name));
@@ -303,34 +305,15 @@ impl Visit for Fields {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if is_plain(field) {
-            self.separate();
-            self.name(field);
-            // Writing to a `String` does not fail.
-            let _ = write!(self.line, "{value}");
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.scalar(field, value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        if is_plain(field) {
-            self.separate();
-            self.name(field);
-            let _ = write!(self.line, "{value}");
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.scalar(field, value);
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        if is_plain(field) {
-            self.separate();
-            self.name(field);
-            self.line.push_str(if value { "true" } else { "false" });
-        } else {
-            self.record_debug(field, &value);
-        }
+        self.scalar(field, value);
     }
 
     fn record_error(&mut self, _: &Field, _: &(dyn std::error::Error + 'static)) {
