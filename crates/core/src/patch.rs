@@ -355,40 +355,13 @@ fn write_owned<O: JsonOut + ?Sized>(value: &Value, out: &mut O) -> Result<(), se
 
 /// Writes a JSON string as `serde_json` does.
 fn write_str<O: JsonOut + ?Sized>(text: &str, out: &mut O) {
-    if needs_no_escape(text.as_bytes()) {
+    if crate::json_scan::is_plain(text.as_bytes()) {
         out.text(b"\"");
         out.text(text.as_bytes());
         out.text(b"\"");
     } else {
         out.text(&escaped(text));
     }
-}
-
-/// Whether `bytes` hold no control character, quote or backslash: a JSON string of them is
-/// written as it is. Eight bytes at a time (a byte-by-byte check was most of writing a patch's
-/// strings).
-fn needs_no_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
-    // Whether a byte of `x` is zero, or below `n` (n <= 0x80).
-    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH != 0;
-    let mut chunks = bytes.chunks_exact(8);
-    for chunk in &mut chunks {
-        let Ok(chunk) = <[u8; 8]>::try_from(chunk) else {
-            return false;
-        };
-        let x = u64::from_ne_bytes(chunk);
-        if below(x, 0x20)
-            || below(x ^ (ONES * u64::from(b'"')), 1)
-            || below(x ^ (ONES * u64::from(b'\\')), 1)
-        {
-            return false;
-        }
-    }
-    chunks
-        .remainder()
-        .iter()
-        .all(|&b| b >= 0x20 && b != b'"' && b != b'\\')
 }
 
 /// `text` as a JSON string, with escapes, as `serde_json` writes it.
@@ -581,23 +554,6 @@ mod tests {
             patch.to_json().unwrap(),
             serde_json::to_vec(&patch).unwrap()
         );
-    }
-
-    #[test]
-    fn strings_needing_no_escape_are_told_apart_at_every_offset() {
-        let naive = |bytes: &[u8]| !bytes.iter().any(|&b| b < 0x20 || b == b'"' || b == b'\\');
-        for len in 1..20 {
-            for at in 0..len {
-                for byte in 0..=u8::MAX {
-                    let mut bytes = vec![b'a'; len];
-                    bytes[at] = byte;
-                    assert_eq!(needs_no_escape(&bytes), naive(&bytes), "{bytes:?}");
-                    // Beside a byte with its high bit set (UTF-8).
-                    bytes[(at + 1) % len] = 0xc3;
-                    assert_eq!(needs_no_escape(&bytes), naive(&bytes), "{bytes:?}");
-                }
-            }
-        }
     }
 
     #[test]
