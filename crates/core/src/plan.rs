@@ -236,6 +236,10 @@ pub trait KnownTemplates {
     /// Whether one mounts a volume at `path` in the Pod's own containers (planning then
     /// compares the Pod's mount there whole).
     fn adds_app_mount(&self, path: &str) -> bool;
+
+    /// Whether one adds envFrom sources to the Pod's own containers (planning then compares
+    /// the sources the Pod's containers have).
+    fn adds_app_env_from(&self) -> bool;
 }
 
 impl KnownTemplates for [Arc<CompiledTemplate>] {
@@ -264,6 +268,12 @@ impl KnownTemplates for [Arc<CompiledTemplate>] {
             .filter_map(|t| t.app.as_ref())
             .any(|app| app.volume_mounts.iter().any(|item| item.key == path))
     }
+
+    fn adds_app_env_from(&self) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| !app.env_from.is_empty())
+    }
 }
 
 impl KnownTemplates for crate::registry::Snapshot {
@@ -283,6 +293,10 @@ impl KnownTemplates for crate::registry::Snapshot {
 
     fn adds_app_mount(&self, path: &str) -> bool {
         crate::registry::Snapshot::adds_app_mount(self, path)
+    }
+
+    fn adds_app_env_from(&self) -> bool {
+        crate::registry::Snapshot::adds_app_env_from(self)
     }
 }
 

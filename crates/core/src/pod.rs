@@ -54,7 +54,9 @@ pub struct Container<'a> {
     pub(crate) whole: Option<Whole<'a>>,
     /// `env`, when a list.
     pub(crate) env: Option<Vec<EnvVar<'a>>>,
-    /// `envFrom`, when a list.
+    /// `envFrom`, when a list. Decoded from JSON among templates none of which adds envFrom
+    /// sources to the Pod's containers, it is an empty list: planning then only reads that
+    /// there is one.
     pub(crate) env_from: Option<Whole<'a>>,
     /// `volumeMounts`, when a list.
     pub(crate) volume_mounts: Option<Vec<Mount<'a>>>,

@@ -75,6 +75,9 @@ pub enum Named {
     /// A volume mount of a container, by its path (of the Pod's own, unless the container is
     /// kept whole).
     Mount,
+    /// The envFrom sources of a container (of the Pod's own, unless the container is kept
+    /// whole), asked with an empty name: without them the list is kept empty.
+    EnvFrom,
 }
 
 /// Which named items are kept whole: `None` every one, else those of the names it says.
@@ -180,6 +183,7 @@ fn adds(known: &(impl KnownTemplates + ?Sized), named: Named, name: &str) -> boo
         Named::Volume => known.adds_volume(name),
         Named::Env => known.adds_app_env(name),
         Named::Mount => known.adds_app_mount(name),
+        Named::EnvFrom => known.adds_app_env_from(),
     }
 }
 
@@ -726,6 +730,23 @@ impl<'de> Expect<'de> for IsTrue {
     }
 }
 
+/// Whether a value is a list; its items are skipped.
+#[derive(Clone, Copy)]
+struct IsList;
+
+impl<'de> Expect<'de> for IsList {
+    type Out = bool;
+
+    fn other(self) -> bool {
+        false
+    }
+
+    fn seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<bool, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(true)
+    }
+}
+
 /// Labels or annotations: an object of strings.
 struct StringMap<'s, 'w> {
     state: &'s State<'w>,
@@ -953,9 +974,14 @@ impl<'de> Expect<'de> for ContainerItem<'_, '_> {
                     container.name = name;
                 }
                 "env" => container.env = list_of(state, EnvItem { state }, &mut map)?,
-                "envFrom" => {
+                "envFrom" if state.wants(Named::EnvFrom, "") => {
                     let env_from = map.next_value_seed(WholeValue { state })?;
                     container.env_from = env_from.is_array().then_some(Cow::Owned(env_from));
+                }
+                "envFrom" => {
+                    // Planning reads only whether there is a list: an empty one stands for it.
+                    let is_list = map.next_value_seed(Seed(IsList))?;
+                    container.env_from = is_list.then_some(Cow::Owned(Value::Array(Vec::new())));
                 }
                 "volumeMounts" => {
                     container.volume_mounts = list_of(state, MountItem { state }, &mut map)?

@@ -31,6 +31,9 @@ pub struct Snapshot {
     app_env: HashSet<String, Hasher>,
     /// The paths templates mount in the Pod's own containers.
     app_mounts: HashSet<String, Hasher>,
+    /// Whether a template adds envFrom sources to the Pod's own containers: only then are
+    /// theirs compared, so decoded.
+    app_env_from: bool,
 }
 
 impl Snapshot {
@@ -89,6 +92,10 @@ impl Snapshot {
             .flat_map(|app| &app.volume_mounts)
             .map(|item| item.key.clone())
             .collect();
+        let app_env_from = templates
+            .iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| !app.env_from.is_empty());
         Snapshot {
             templates,
             groups,
@@ -97,6 +104,7 @@ impl Snapshot {
             volumes,
             app_env,
             app_mounts,
+            app_env_from,
         }
     }
 
@@ -123,6 +131,11 @@ impl Snapshot {
     /// Whether a template mounts a volume at `path` in the Pod's own containers.
     pub fn adds_app_mount(&self, path: &str) -> bool {
         self.app_mounts.contains(path)
+    }
+
+    /// Whether a template adds envFrom sources to the Pod's own containers.
+    pub fn adds_app_env_from(&self) -> bool {
+        self.app_env_from
     }
 
     /// The template called `name`.

@@ -141,7 +141,8 @@ fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
     assert_eq!((env[0].name.as_ref(), env[0].whole.as_ref()), ("A", None));
     assert_eq!(env[1].name, "B");
     assert_eq!(env[1].whole.as_deref(), Some(&app_value["env"][1]));
-    assert_eq!(app.env_from.as_deref(), Some(&app_value["envFrom"]));
+    // No template adds envFrom sources: only that there is a list is kept.
+    assert_eq!(app.env_from.as_deref(), Some(&Value::Array(Vec::new())));
     let mounts = app.volume_mounts.as_ref().unwrap();
     assert_eq!(mounts[0].path, "/d");
     assert_eq!(
@@ -164,6 +165,39 @@ fn named_items_are_kept_whole_only_when_a_template_adds_one_of_their_name() {
     assert_eq!(volumes[2].name, "token");
     assert!(volumes[2].holds_token && volumes[2].whole.is_none());
     assert_eq!(decoded.token_volumes(), ["token"]);
+}
+
+#[test]
+fn env_from_sources_are_kept_only_when_a_template_adds_some() {
+    let json = r#"{"spec":{"containers":[
+        {"name":"app","envFrom":[{"configMapRef":{"name":"c"}}]},
+        {"name":"other","envFrom":{"configMapRef":{"name":"c"}}},
+        {"name":"none"}
+    ]}}"#;
+    let value: Value = serde_json::from_str(json).unwrap();
+    let env_from = |pod: &Pod<'_>| -> Vec<Option<Value>> {
+        pod.containers
+            .iter()
+            .map(|c| c.env_from.as_deref().cloned())
+            .collect()
+    };
+    let adds = |named: Named, _: &str| named == Named::EnvFrom;
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&adds)).unwrap().pod;
+    assert_eq!(
+        env_from(&decoded),
+        [
+            Some(value["spec"]["containers"][0]["envFrom"].clone()),
+            None,
+            None
+        ]
+    );
+    let decoded = decode(json, MIN_ALLOWANCE, Some(&|_, _| false))
+        .unwrap()
+        .pod;
+    assert_eq!(
+        env_from(&decoded),
+        [Some(Value::Array(Vec::new())), None, None]
+    );
 }
 
 #[test]
