@@ -10,13 +10,13 @@
 //! made once. [`Patch::to_json_patch`] gives an owned `json_patch::Patch` where one is needed
 //! (to apply it in `render` and in tests).
 
-use base64::Engine as _;
 use json_patch::jsonptr::PointerBuf;
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use crate::placeholder::{Fixed, JsonText, Node, Piece};
+use crate::standard_base64;
 
 /// A JSON value in a patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -290,14 +290,14 @@ impl<'o> Base64Out<'o> {
     /// Encodes the pending text's whole groups of 3, keeping the rest.
     fn flush_groups(&mut self) {
         let whole = self.pending.len() / 3 * 3;
-        encode_into(&self.pending[..whole], self.out);
+        standard_base64::append(&self.pending[..whole], self.out);
         self.pending.drain(..whole);
     }
 
     /// Encodes what is left, with padding.
     pub fn finish(mut self) {
         let pending = std::mem::take(&mut self.pending);
-        encode_into(&pending, self.out);
+        standard_base64::append(&pending, self.out);
     }
 }
 
@@ -326,19 +326,6 @@ impl JsonOut for Base64Out<'_> {
         let copied = skip + (text.len() - skip) / 3 * 3;
         self.pending.extend_from_slice(&text[copied..]);
     }
-}
-
-/// Appends the base64 of `bytes` (padded) to `out`.
-fn encode_into(bytes: &[u8], out: &mut Vec<u8>) {
-    if bytes.is_empty() {
-        return;
-    }
-    let start = out.len();
-    out.resize(start + bytes.len().div_ceil(3) * 4, 0);
-    let written = base64::engine::general_purpose::STANDARD
-        .encode_slice(bytes, &mut out[start..])
-        .unwrap_or(0);
-    out.truncate(start + written);
 }
 
 /// Writes a value made for this Pod.
@@ -558,6 +545,7 @@ mod tests {
 
     #[test]
     fn base64_copies_fixed_parts_at_every_alignment_and_matches_encoding_the_json() {
+        use base64::Engine as _;
         use base64::engine::general_purpose::STANDARD;
         let long = Fixed::new(
             json!({"name": "proxy", "image": "registry.example.com/proxy:1.0", "args": ["a"]}),

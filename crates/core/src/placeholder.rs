@@ -7,7 +7,6 @@
 
 use std::sync::OnceLock;
 
-use base64::Engine as _;
 use serde_json::Value;
 
 use crate::error::FieldError;
@@ -260,9 +259,7 @@ impl JsonText {
         Some(slot.get_or_init(|| {
             let tail = self.json.as_bytes().get(skip..).unwrap_or_default();
             let whole = tail.len() / 3 * 3;
-            base64::engine::general_purpose::STANDARD
-                .encode(&tail[..whole])
-                .into_boxed_str()
+            crate::standard_base64::encode(&tail[..whole]).into_boxed_str()
         }))
     }
 }
