@@ -8,10 +8,63 @@
 /// `bytes.len()` when there is none (also when `at` is past the end).
 #[inline]
 pub fn plain_end(bytes: &[u8], at: usize) -> usize {
+    // Most strings end within their first block: that one is looked at inline, the rest of a
+    // longer string in a call.
+    match first_block(bytes, at) {
+        Some(found) => found,
+        None => plain_end_after(bytes, at),
+    }
+}
+
+/// [`plain_end`] past the first block.
+#[inline(never)]
+fn plain_end_after(bytes: &[u8], at: usize) -> usize {
     match blocks(bytes, at.min(bytes.len())) {
         Ok(found) => found,
-        Err(rest) => words(bytes, rest),
+        Err(rest) => last_words(bytes, rest),
     }
+}
+
+/// [`words`], out of line: on x86-64 only the last fifteen bytes of a text are left to it.
+#[inline(never)]
+fn last_words(bytes: &[u8], at: usize) -> usize {
+    words(bytes, at)
+}
+
+/// Where the first mark of the block at `at` is; `None` when there is none or there are fewer
+/// than sixteen bytes.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline]
+fn first_block(bytes: &[u8], at: usize) -> Option<usize> {
+    let chunk = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>)?;
+    let marks = block_marks(chunk);
+    (marks != 0).then(|| at + marks.trailing_zeros() as usize)
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
+#[inline]
+fn first_block(_bytes: &[u8], _at: usize) -> Option<usize> {
+    None
+}
+
+/// A bit for each byte of `chunk` that is a quote, a backslash or below 0x20, the first byte's
+/// lowest.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline]
+fn block_marks(chunk: &[u8; 16]) -> i32 {
+    use safe_arch::{
+        bitor_m128i, cmp_eq_mask_i8_m128i, m128i, max_u8_m128i, move_mask_i8_m128i,
+        set_splat_i8_m128i,
+    };
+    let block = m128i::from(*chunk);
+    let below_space = set_splat_i8_m128i(0x1f);
+    // A byte is below 0x20 when its unsigned maximum with 0x1f is 0x1f.
+    let control = cmp_eq_mask_i8_m128i(max_u8_m128i(block, below_space), below_space);
+    let special = bitor_m128i(
+        cmp_eq_mask_i8_m128i(block, set_splat_i8_m128i(b'"' as i8)),
+        cmp_eq_mask_i8_m128i(block, set_splat_i8_m128i(b'\\' as i8)),
+    );
+    move_mask_i8_m128i(bitor_m128i(special, control))
 }
 
 /// Whether `bytes` hold no quote, backslash or control character: a JSON string of them is
@@ -26,22 +79,8 @@ pub fn is_plain(bytes: &[u8]) -> bool {
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline]
 fn blocks(bytes: &[u8], mut at: usize) -> Result<usize, usize> {
-    use safe_arch::{
-        bitor_m128i, cmp_eq_mask_i8_m128i, m128i, max_u8_m128i, move_mask_i8_m128i,
-        set_splat_i8_m128i,
-    };
-    let quote = set_splat_i8_m128i(b'"' as i8);
-    let backslash = set_splat_i8_m128i(b'\\' as i8);
-    let below_space = set_splat_i8_m128i(0x1f);
     while let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
-        let block = m128i::from(*chunk);
-        // A byte is below 0x20 when its unsigned maximum with 0x1f is 0x1f.
-        let control = cmp_eq_mask_i8_m128i(max_u8_m128i(block, below_space), below_space);
-        let special = bitor_m128i(
-            cmp_eq_mask_i8_m128i(block, quote),
-            cmp_eq_mask_i8_m128i(block, backslash),
-        );
-        let marks = move_mask_i8_m128i(bitor_m128i(special, control));
+        let marks = block_marks(chunk);
         if marks != 0 {
             return Ok(at + marks.trailing_zeros() as usize);
         }

@@ -130,38 +130,59 @@ impl<'de> Reader<'de> {
     }
 
     /// Reads a string whose opening quote was read.
+    #[inline]
     fn read_str(&mut self) -> Result<Str<'de>> {
         let start = self.at;
         let end = plain_end(self.text.as_bytes(), start);
-        match self.text.as_bytes().get(end) {
-            Some(b'"') => {
-                self.at = end + 1;
-                self.text
-                    .get(start..end)
-                    .map(Str::Borrowed)
-                    .ok_or(Refused::Unsure)
-            }
-            Some(b'\\') => {
-                self.skip_string()?;
-                // Escapes are rare in what the API server writes: `serde_json` unescapes them,
-                // so that surrogates and the rest are read as it reads them.
-                let quoted = self
-                    .text
-                    .get(start.saturating_sub(1)..self.at)
-                    .ok_or(Refused::Unsure)?;
-                serde_json::from_str(quoted)
-                    .map(Str::Unescaped)
-                    .map_err(|_| Refused::Unsure)
-            }
-            _ => Err(Refused::Unsure),
+        if self.text.as_bytes().get(end) == Some(&b'"') {
+            self.at = end + 1;
+            return self
+                .text
+                .get(start..end)
+                .map(Str::Borrowed)
+                .ok_or(Refused::Unsure);
         }
+        self.read_escaped_str(start, end)
+    }
+
+    /// Reads a string from `start`, whose plain text ends at `end` with an escape (or what
+    /// ends it otherwise).
+    #[cold]
+    #[inline(never)]
+    fn read_escaped_str(&mut self, start: usize, end: usize) -> Result<Str<'de>> {
+        if self.text.as_bytes().get(end) != Some(&b'\\') {
+            return Err(Refused::Unsure);
+        }
+        self.skip_escaped_string(end)?;
+        // Escapes are rare in what the API server writes: `serde_json` unescapes them, so that
+        // surrogates and the rest are read as it reads them.
+        let quoted = self
+            .text
+            .get(start.saturating_sub(1)..self.at)
+            .ok_or(Refused::Unsure)?;
+        serde_json::from_str(quoted)
+            .map(Str::Unescaped)
+            .map_err(|_| Refused::Unsure)
     }
 
     /// Skips a string whose opening quote was read, checking its escapes as `serde_json` does
     /// when it skips one (four hex digits after `\u`, surrogates unchecked).
+    #[inline]
     fn skip_string(&mut self) -> Result<()> {
         let bytes = self.text.as_bytes();
-        let mut at = self.at;
+        let end = plain_end(bytes, self.at);
+        if bytes.get(end) == Some(&b'"') {
+            self.at = end + 1;
+            return Ok(());
+        }
+        self.skip_escaped_string(end)
+    }
+
+    /// Skips the rest of a string from `at`, at an escape (or what ends it otherwise).
+    #[cold]
+    #[inline(never)]
+    fn skip_escaped_string(&mut self, mut at: usize) -> Result<()> {
+        let bytes = self.text.as_bytes();
         loop {
             at = plain_end(bytes, at);
             match bytes.get(at) {
