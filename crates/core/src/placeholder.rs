@@ -185,20 +185,27 @@ impl TemplateString {
 
     /// The string with every placeholder replaced; a missing label or annotation is empty.
     pub fn render(&self, pod: &PodFacts<'_>) -> String {
-        let mut out = String::new();
+        // Sized first: rendered on every admission, grown piece by piece it was copied over.
+        let len = self.segments.iter().map(|s| s.rendered(pod).len()).sum();
+        let mut out = String::with_capacity(len);
         for segment in &self.segments {
-            match segment {
-                Segment::Literal(text) => out.push_str(text),
-                Segment::Field(Field::Name) => out.push_str(pod.name),
-                Segment::Field(Field::Namespace) => out.push_str(pod.namespace),
-                Segment::Field(Field::ServiceAccountName) => out.push_str(pod.service_account_name),
-                Segment::Field(Field::Label(key)) => out.push_str(lookup(pod.labels, key)),
-                Segment::Field(Field::Annotation(key)) => {
-                    out.push_str(lookup(pod.annotations, key))
-                }
-            }
+            out.push_str(segment.rendered(pod));
         }
         out
+    }
+}
+
+impl Segment {
+    /// The text it stands for in `pod`.
+    fn rendered<'a>(&'a self, pod: &PodFacts<'a>) -> &'a str {
+        match self {
+            Segment::Literal(text) => text,
+            Segment::Field(Field::Name) => pod.name,
+            Segment::Field(Field::Namespace) => pod.namespace,
+            Segment::Field(Field::ServiceAccountName) => pod.service_account_name,
+            Segment::Field(Field::Label(key)) => lookup(pod.labels, key),
+            Segment::Field(Field::Annotation(key)) => lookup(pod.annotations, key),
+        }
     }
 }
 

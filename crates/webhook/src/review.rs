@@ -289,12 +289,7 @@ pub fn decide<'s>(
         .or_else(|| request.name.as_deref().map(str::to_owned))
         .unwrap_or_default();
 
-    let applied_record = answer
-        .applied
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+    let applied_record = record_of(&answer.applied);
     let mut response = ResponseOut {
         uid: request.uid.clone().into_owned(),
         allowed: answer.denial.is_none(),
@@ -382,6 +377,22 @@ enum Object<'a> {
     Decoded(Result<Pod<'a>, MalformedPod>),
     /// As it was sent, if it was.
     Raw(Option<&'a RawValue>),
+}
+
+/// The applied templates' entries (`name@generation#fingerprint`), comma-separated, as the
+/// audit annotation and the log line record them.
+fn record_of(applied: &[Applied]) -> String {
+    use std::fmt::Write as _;
+    // One string sized for the entries, not one per entry joined.
+    let mut record = String::with_capacity(applied.iter().map(|a| a.name.len() + 32).sum());
+    for (i, entry) in applied.iter().enumerate() {
+        if i > 0 {
+            record.push(',');
+        }
+        // Writing into a `String` cannot fail.
+        let _ = write!(record, "{entry}");
+    }
+    record
 }
 
 fn answer_pod(
