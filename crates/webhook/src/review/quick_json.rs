@@ -91,9 +91,7 @@ impl<'de> Reader<'de> {
     }
 
     fn skip_whitespace(&mut self) {
-        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
-            self.at += 1;
-        }
+        self.at = past_whitespace(self.text.as_bytes(), self.at);
     }
 
     /// The first byte of the next value.
@@ -112,13 +110,8 @@ impl<'de> Reader<'de> {
     }
 
     fn eat_literal(&mut self, literal: &[u8]) -> Result<()> {
-        let rest = self.text.as_bytes().get(self.at..).unwrap_or_default();
-        if rest.starts_with(literal) {
-            self.at += literal.len();
-            Ok(())
-        } else {
-            Err(Refused::Unsure)
-        }
+        self.at = literal_end(self.text.as_bytes(), self.at, literal)?;
+        Ok(())
     }
 
     fn enter(&mut self) -> Result<()> {
@@ -153,7 +146,7 @@ impl<'de> Reader<'de> {
         if self.text.as_bytes().get(end) != Some(&b'\\') {
             return Err(Refused::Unsure);
         }
-        self.skip_escaped_string(end)?;
+        self.at = escaped_string_end(self.text.as_bytes(), end)?;
         // Escapes are rare in what the API server writes: `serde_json` unescapes them, so that
         // surrogates and the rest are read as it reads them.
         let quoted = self
@@ -165,56 +158,13 @@ impl<'de> Reader<'de> {
             .map_err(|_| Refused::Unsure)
     }
 
-    /// Skips a string whose opening quote was read, checking its escapes as `serde_json` does
-    /// when it skips one (four hex digits after `\u`, surrogates unchecked).
-    #[inline]
-    fn skip_string(&mut self) -> Result<()> {
-        let bytes = self.text.as_bytes();
-        let end = plain_end(bytes, self.at);
-        if bytes.get(end) == Some(&b'"') {
-            self.at = end + 1;
-            return Ok(());
-        }
-        self.skip_escaped_string(end)
-    }
-
-    /// Skips the rest of a string from `at`, at an escape (or what ends it otherwise).
-    #[cold]
-    #[inline(never)]
-    fn skip_escaped_string(&mut self, mut at: usize) -> Result<()> {
-        let bytes = self.text.as_bytes();
-        loop {
-            at = plain_end(bytes, at);
-            match bytes.get(at) {
-                Some(b'"') => {
-                    self.at = at + 1;
-                    return Ok(());
-                }
-                Some(b'\\') => {
-                    at = match bytes.get(at + 1) {
-                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at + 2,
-                        Some(b'u') => match bytes.get(at + 2..at + 6) {
-                            Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => at + 6,
-                            _ => return Err(Refused::Unsure),
-                        },
-                        _ => return Err(Refused::Unsure),
-                    };
-                }
-                // A control character, or the end of the text.
-                _ => return Err(Refused::Unsure),
-            }
-        }
-    }
-
     /// Reads an integer as `serde_json` gives it; anything else it would read as a float is
     /// refused.
     fn read_integer(&mut self) -> Result<Integer> {
+        let bytes = self.text.as_bytes();
         let negative = self.peek() == Some(b'-');
-        if negative {
-            self.at += 1;
-        }
-        let digits = self.at;
-        self.skip_digits_of_integer()?;
+        let digits = self.at + usize::from(negative);
+        self.at = integer_end(bytes, digits)?;
         if matches!(self.peek(), Some(b'.' | b'e' | b'E')) {
             return Err(Refused::Unsure);
         }
@@ -233,121 +183,65 @@ impl<'de> Reader<'de> {
         }
     }
 
-    /// `0` or a digit from 1 to 9 and more digits; a digit after a leading zero is refused.
-    fn skip_digits_of_integer(&mut self) -> Result<()> {
-        match self.peek() {
-            Some(b'0') => self.at += 1,
-            Some(b'1'..=b'9') => self.skip_digits(),
-            _ => return Err(Refused::Unsure),
-        }
-        if matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(Refused::Unsure);
-        }
-        Ok(())
-    }
-
-    fn skip_digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.at += 1;
-        }
-    }
-
-    /// Skips a number, checking it is one.
-    fn skip_number(&mut self) -> Result<()> {
-        if self.peek() == Some(b'-') {
-            self.at += 1;
-        }
-        self.skip_digits_of_integer()?;
-        if self.peek() == Some(b'.') {
-            self.at += 1;
-            self.one_or_more_digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.at += 1;
-            }
-            self.one_or_more_digits()?;
-        }
-        Ok(())
-    }
-
-    fn one_or_more_digits(&mut self) -> Result<()> {
-        if !matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(Refused::Unsure);
-        }
-        self.skip_digits();
-        Ok(())
-    }
-
-    /// Skips a key and its colon, at the key's opening quote.
-    fn skip_key(&mut self) -> Result<()> {
-        self.eat(b'"')?;
-        self.skip_string()?;
-        self.skip_whitespace();
-        self.eat(b':')
-    }
-
     /// Skips one value, checking its syntax, without recursion: the containers open inside
-    /// it are bits of a `u128`, the innermost lowest (1 an object, 0 an array).
+    /// it are bits of a `u128`, the innermost lowest (1 an object, 0 an array). The position is
+    /// kept in a local, not in `self`, as the loop runs over most of a Pod.
     fn skip_value(&mut self) -> Result<()> {
+        let bytes = self.text.as_bytes();
+        let mut at = self.at;
         let mut open: u128 = 0;
         let mut depth = 0;
         'value: loop {
-            match self.peek_value()? {
-                b'"' => {
-                    self.at += 1;
-                    self.skip_string()?;
-                }
-                opening @ (b'{' | b'[') => {
+            at = past_whitespace(bytes, at);
+            match bytes.get(at) {
+                Some(b'"') => at = string_end(bytes, at + 1)?,
+                Some(&opening @ (b'{' | b'[')) => {
                     depth += 1;
                     if self.depth + depth > MAX_DEPTH {
                         return Err(Refused::Unsure);
                     }
                     let object = opening == b'{';
                     open = open << 1 | u128::from(object);
-                    self.at += 1;
-                    self.skip_whitespace();
-                    if self.peek() == Some(if object { b'}' } else { b']' }) {
-                        self.at += 1;
+                    at = past_whitespace(bytes, at + 1);
+                    if bytes.get(at) == Some(if object { &b'}' } else { &b']' }) {
+                        at += 1;
                         open >>= 1;
                         depth -= 1;
                     } else {
                         if object {
-                            self.skip_key()?;
+                            at = key_end(bytes, at)?;
                         }
                         continue 'value;
                     }
                 }
-                b't' => self.eat_literal(b"true")?,
-                b'f' => self.eat_literal(b"false")?,
-                b'n' => self.eat_literal(b"null")?,
-                b'-' | b'0'..=b'9' => self.skip_number()?,
+                Some(b't') => at = literal_end(bytes, at, b"true")?,
+                Some(b'f') => at = literal_end(bytes, at, b"false")?,
+                Some(b'n') => at = literal_end(bytes, at, b"null")?,
+                Some(b'-' | b'0'..=b'9') => at = number_end(bytes, at)?,
                 _ => return Err(Refused::Unsure),
             }
             // A value ended: close the containers that end with it, up to the next value.
             while depth > 0 {
-                self.skip_whitespace();
+                at = past_whitespace(bytes, at);
                 let object = open & 1 == 1;
-                match (self.peek(), object) {
+                match (bytes.get(at), object) {
                     (Some(b','), true) => {
-                        self.at += 1;
-                        self.skip_whitespace();
-                        self.skip_key()?;
+                        at = key_end(bytes, past_whitespace(bytes, at + 1))?;
                         continue 'value;
                     }
                     (Some(b','), false) => {
-                        self.at += 1;
+                        at += 1;
                         continue 'value;
                     }
                     (Some(b'}'), true) | (Some(b']'), false) => {
-                        self.at += 1;
+                        at += 1;
                         open >>= 1;
                         depth -= 1;
                     }
                     _ => return Err(Refused::Unsure),
                 }
             }
+            self.at = at;
             return Ok(());
         }
     }
@@ -384,6 +278,124 @@ impl<'de> Reader<'de> {
         self.depth -= 1;
         Ok(value)
     }
+}
+
+/// From `at`, past any whitespace.
+#[inline]
+fn past_whitespace(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\t' | b'\r') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// Past the end of the string whose opening quote is just before `at`, checking its escapes
+/// as `serde_json` does when it skips one (four hex digits after `\u`, surrogates unchecked).
+/// Most strings end within their first sixteen bytes without an escape: that case is inline.
+#[inline]
+fn string_end(bytes: &[u8], at: usize) -> Result<usize> {
+    let end = plain_end(bytes, at);
+    if bytes.get(end) == Some(&b'"') {
+        return Ok(end + 1);
+    }
+    escaped_string_end(bytes, end)
+}
+
+/// [`string_end`] from `at`, where its plain text stopped: at an escape, or what ends it
+/// otherwise.
+#[cold]
+#[inline(never)]
+fn escaped_string_end(bytes: &[u8], mut at: usize) -> Result<usize> {
+    loop {
+        match bytes.get(at) {
+            Some(b'"') => return Ok(at + 1),
+            Some(b'\\') => {
+                at = match bytes.get(at + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at + 2,
+                    Some(b'u') => match bytes.get(at + 2..at + 6) {
+                        Some(hex) if hex.iter().all(u8::is_ascii_hexdigit) => at + 6,
+                        _ => return Err(Refused::Unsure),
+                    },
+                    _ => return Err(Refused::Unsure),
+                };
+            }
+            // A control character, or the end of the text.
+            _ => return Err(Refused::Unsure),
+        }
+        at = plain_end(bytes, at);
+    }
+}
+
+/// Past a key and its colon, from the key's opening quote at `at`.
+#[inline]
+fn key_end(bytes: &[u8], at: usize) -> Result<usize> {
+    if bytes.get(at) != Some(&b'"') {
+        return Err(Refused::Unsure);
+    }
+    let at = past_whitespace(bytes, string_end(bytes, at + 1)?);
+    if bytes.get(at) != Some(&b':') {
+        return Err(Refused::Unsure);
+    }
+    Ok(at + 1)
+}
+
+/// Past `literal` (`true`, `false`, `null`) at `at`.
+fn literal_end(bytes: &[u8], at: usize, literal: &[u8]) -> Result<usize> {
+    let rest = bytes.get(at..).unwrap_or_default();
+    if rest.starts_with(literal) {
+        Ok(at + literal.len())
+    } else {
+        Err(Refused::Unsure)
+    }
+}
+
+/// Past the digits of an integer at `at`: `0`, or a digit from 1 to 9 and more digits; a digit
+/// after a leading zero is refused.
+fn integer_end(bytes: &[u8], at: usize) -> Result<usize> {
+    let end = match bytes.get(at) {
+        Some(b'0') => at + 1,
+        Some(b'1'..=b'9') => digits_end(bytes, at + 1),
+        _ => return Err(Refused::Unsure),
+    };
+    if matches!(bytes.get(end), Some(b'0'..=b'9')) {
+        return Err(Refused::Unsure);
+    }
+    Ok(end)
+}
+
+/// Past the digits from `at` (none or more).
+fn digits_end(bytes: &[u8], mut at: usize) -> usize {
+    while let Some(b'0'..=b'9') = bytes.get(at) {
+        at += 1;
+    }
+    at
+}
+
+/// Past one digit or more from `at`.
+fn some_digits_end(bytes: &[u8], at: usize) -> Result<usize> {
+    match bytes.get(at) {
+        Some(b'0'..=b'9') => Ok(digits_end(bytes, at + 1)),
+        _ => Err(Refused::Unsure),
+    }
+}
+
+/// Past a number at `at`, checking it is one.
+fn number_end(bytes: &[u8], mut at: usize) -> Result<usize> {
+    if bytes.get(at) == Some(&b'-') {
+        at += 1;
+    }
+    at = integer_end(bytes, at)?;
+    if bytes.get(at) == Some(&b'.') {
+        at = some_digits_end(bytes, at + 1)?;
+    }
+    if let Some(b'e' | b'E') = bytes.get(at) {
+        at += 1;
+        if let Some(b'+' | b'-') = bytes.get(at) {
+            at += 1;
+        }
+        at = some_digits_end(bytes, at)?;
+    }
+    Ok(at)
 }
 
 /// Methods that read a number, refusing anything else before the visitor sees it (as
