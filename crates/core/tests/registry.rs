@@ -159,4 +159,14 @@ fn the_snapshot_answers_what_templates_add_by_name_as_their_list_does() {
     }
     assert!(snapshot.adds_volume("otel") && !snapshot.adds_volume("OTEL_ENDPOINT"));
     assert!(snapshot.adds_app_env("OTEL_ENDPOINT") && !snapshot.adds_app_env("otel"));
+    assert!(!snapshot.adds_app_env_from() && !list.adds_app_env_from());
+
+    registry.apply(
+        compile(&parse_template(
+            "metadata: {name: config}\nspec:\n  appContainers:\n    envFrom: [{configMapRef: {name: shared}}]",
+        ))
+        .unwrap(),
+    );
+    let snapshot = registry.snapshot();
+    assert!(snapshot.adds_app_env_from() && snapshot.templates().adds_app_env_from());
 }
