@@ -11,8 +11,8 @@ pub fn plain_end(bytes: &[u8], at: usize) -> usize {
     // Most strings end within their first block: that one is looked at inline, the rest of a
     // longer string in a call.
     match first_block(bytes, at) {
-        Some(found) => found,
-        None => plain_end_after(bytes, at),
+        Ok(found) => found,
+        Err(rest) => plain_end_after(bytes, rest),
     }
 }
 
@@ -31,20 +31,24 @@ fn last_words(bytes: &[u8], at: usize) -> usize {
     words(bytes, at)
 }
 
-/// Where the first mark of the block at `at` is; `None` when there is none or there are fewer
-/// than sixteen bytes.
+/// `Ok` where the first mark of the block at `at` is; else `Err` where to go on: past the
+/// block, or at `at` when fewer than sixteen bytes are left.
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline]
-fn first_block(bytes: &[u8], at: usize) -> Option<usize> {
-    let chunk = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>)?;
-    let marks = block_marks(chunk);
-    (marks != 0).then(|| at + marks.trailing_zeros() as usize)
+fn first_block(bytes: &[u8], at: usize) -> Result<usize, usize> {
+    let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) else {
+        return Err(at);
+    };
+    match block_marks(chunk) {
+        0 => Err(at + 16),
+        marks => Ok(at + marks.trailing_zeros() as usize),
+    }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
 #[inline]
-fn first_block(_bytes: &[u8], _at: usize) -> Option<usize> {
-    None
+fn first_block(_bytes: &[u8], at: usize) -> Result<usize, usize> {
+    Err(at)
 }
 
 /// A bit for each byte of `chunk` that is a quote, a backslash or below 0x20, the first byte's

@@ -9,7 +9,9 @@
 //!   resources, …) is skipped by the parser unbuilt;
 //! - a container, a volume or an env var of a container is kept whole (as a `Value`) only when
 //!   a known template adds one of its name ([`decode_pod_among`]): planning compares one whole
-//!   only with a template's of the same name;
+//!   only with a template's of the same name; a container's envFrom sources are built only
+//!   when a known template adds envFrom sources, else skipped like any field not read (so, as
+//!   there, what the parser skips it checks only as JSON);
 //! - where a field holds another JSON type than a Pod's, the decoder records only that, so the
 //!   planner's [`MalformedPod`] error is the one [`Pod::from_value`] gives;
 //! - what is built is charged against an allowance of [`COST_PER_BYTE`] times the JSON's size,
@@ -101,7 +103,8 @@ pub fn decode_pod(json: &str, allowance: usize) -> Result<Pod<'_>, PodJsonError>
 /// Decodes `json`, a Pod to plan with [`plan_among`](crate::plan_among) among `known` (every
 /// template in force), within `allowance` bytes: a container, a volume or an env var of a
 /// container is kept whole only when a known template adds one of its name (what planning
-/// compares whole). Planning either gives the same plan.
+/// compares whole), and a container's envFrom sources only when one adds envFrom sources.
+/// Planning either gives the same plan.
 ///
 /// A Pod that names such an item after its other fields (the API server never does) is
 /// decoded again with every item whole, once the first one is dropped.

@@ -28,6 +28,7 @@ fn pair(bits: u64) -> u64 {
 
 /// Appends the base64 of `bytes`, padded, to `out`.
 pub fn append(bytes: &[u8], out: &mut Vec<u8>) {
+    out.reserve(bytes.len().div_ceil(3) * 4);
     let mut steps = bytes.chunks_exact(6);
     let start = out.len();
     out.resize(start + bytes.len() / 6 * 8, 0);

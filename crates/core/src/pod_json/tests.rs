@@ -263,7 +263,7 @@ fn invalid_json_is_an_error_and_keys_with_escapes_are_read() {
 fn a_real_pod_takes_a_fraction_of_its_allowance() {
     let allowance = allowance(TYPICAL_POD.len());
     // As the webhook decodes it when no template adds a container, volume or env var of the
-    // Pod's names.
+    // Pod's names, nor envFrom sources.
     let decoded = decode(TYPICAL_POD, allowance, Some(&|_, _| false)).unwrap();
     assert!(
         decoded.charged * 10 < allowance,
