@@ -10,7 +10,7 @@
 pub fn plain_end(bytes: &[u8], at: usize) -> usize {
     // Most strings end within their first block: that one is looked at inline, the rest of a
     // longer string in a call.
-    match first_block(bytes, at) {
+    match block(bytes, at) {
         Ok(found) => found,
         Err(rest) => plain_end_after(bytes, rest),
     }
@@ -35,7 +35,7 @@ fn last_words(bytes: &[u8], at: usize) -> usize {
 /// block, or at `at` when fewer than sixteen bytes are left.
 #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
 #[inline]
-fn first_block(bytes: &[u8], at: usize) -> Result<usize, usize> {
+fn block(bytes: &[u8], at: usize) -> Result<usize, usize> {
     let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) else {
         return Err(at);
     };
@@ -47,7 +47,7 @@ fn first_block(bytes: &[u8], at: usize) -> Result<usize, usize> {
 
 #[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
 #[inline]
-fn first_block(_bytes: &[u8], at: usize) -> Result<usize, usize> {
+fn block(_bytes: &[u8], at: usize) -> Result<usize, usize> {
     Err(at)
 }
 
@@ -78,25 +78,16 @@ pub fn is_plain(bytes: &[u8]) -> bool {
     plain_end(bytes, 0) == bytes.len()
 }
 
-/// Sixteen bytes a step: `Ok` where the first mark is, or `Err` where fewer than sixteen bytes
-/// are left.
-#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+/// [`block`] after block: `Ok` where the first mark is, or `Err` where fewer than sixteen
+/// bytes are left.
 #[inline]
 fn blocks(bytes: &[u8], mut at: usize) -> Result<usize, usize> {
-    while let Some(chunk) = bytes.get(at..).and_then(<[u8]>::first_chunk::<16>) {
-        let marks = block_marks(chunk);
-        if marks != 0 {
-            return Ok(at + marks.trailing_zeros() as usize);
+    loop {
+        match block(bytes, at) {
+            Err(next) if next != at => at = next,
+            done => return done,
         }
-        at += 16;
     }
-    Err(at)
-}
-
-#[cfg(not(all(target_arch = "x86_64", target_feature = "sse2")))]
-#[inline]
-fn blocks(_bytes: &[u8], at: usize) -> Result<usize, usize> {
-    Err(at)
 }
 
 /// Eight bytes a step, then byte by byte.
