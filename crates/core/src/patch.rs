@@ -190,20 +190,37 @@ impl PatchPath {
         let mut path =
             String::with_capacity(tokens.clone().map(|t| t.len() + 1).sum::<usize>() + 8);
         for token in tokens {
-            path.push('/');
-            if token.bytes().any(|b| b == b'~' || b == b'/') {
-                for c in token.chars() {
-                    match c {
-                        '~' => path.push_str("~0"),
-                        '/' => path.push_str("~1"),
-                        c => path.push(c),
-                    }
-                }
-            } else {
-                path.push_str(token);
-            }
+            push_token(&mut path, token);
         }
         PatchPath(path)
+    }
+
+    /// The pointer whose text is `escaped`: the planner spells the fixed part of its paths
+    /// (`/spec/containers`) itself rather than escaping it for every Pod.
+    pub fn escaped(escaped: &str) -> Self {
+        // Room for an item's index or key after it.
+        let mut path = String::with_capacity(escaped.len() + 24);
+        path.push_str(escaped);
+        PatchPath(path)
+    }
+
+    /// This pointer, then `token` escaped.
+    pub fn then(mut self, token: &str) -> Self {
+        push_token(&mut self.0, token);
+        self
+    }
+
+    /// This pointer, then the tokens of `escaped`, already escaped (`"/env"`).
+    pub fn then_escaped(mut self, escaped: &str) -> Self {
+        self.0.push_str(escaped);
+        self
+    }
+
+    /// This pointer, then a list's `index`.
+    pub fn then_index(mut self, index: usize) -> Self {
+        self.0.push('/');
+        self.0.push_str(itoa::Buffer::new().format(index));
+        self
     }
 
     /// The pointer's text.
@@ -220,6 +237,24 @@ impl PatchPath {
                 .map(|token| token.replace("~1", "/").replace("~0", "~")),
         )
     }
+}
+
+/// Appends `/` and `token`, escaped. The plain runs between escapes are copied whole: `~` and
+/// `/` are ASCII, so they split the token at character boundaries.
+fn push_token(path: &mut String, token: &str) {
+    path.push('/');
+    let mut plain = 0;
+    for (at, byte) in token.bytes().enumerate() {
+        let escape = match byte {
+            b'~' => "~0",
+            b'/' => "~1",
+            _ => continue,
+        };
+        path.push_str(token.get(plain..at).unwrap_or_default());
+        path.push_str(escape);
+        plain = at + 1;
+    }
+    path.push_str(token.get(plain..).unwrap_or_default());
 }
 
 /// One RFC 6902 `add` operation (the only kind the injector needs: it never removes or

@@ -1001,7 +1001,8 @@ impl<'a> MapAdditions<'a> {
         self.added.get(key).map(|(value, _)| value.as_str())
     }
 
-    fn emit<'t>(mut self, field: &str, ops: &mut Vec<AddOperation<'t>>) {
+    /// The operations adding what templates added to the map at `path`.
+    fn emit<'t>(mut self, path: &str, ops: &mut Vec<AddOperation<'t>>) {
         if self.order.is_empty() {
             return;
         }
@@ -1012,14 +1013,14 @@ impl<'a> MapAdditions<'a> {
         });
         if self.existing.is_some() {
             for (key, value) in entries {
-                ops.push(add(&["metadata", field, &key], PatchValue::Owned(value)));
+                ops.push(AddOperation {
+                    path: PatchPath::escaped(path).then(&key),
+                    value: PatchValue::Owned(value),
+                });
             }
         } else {
             let map: Map<String, Value> = entries.collect();
-            ops.push(add(
-                &["metadata", field],
-                PatchValue::Owned(Value::Object(map)),
-            ));
+            ops.push(add(path, PatchValue::Owned(Value::Object(map))));
         }
     }
 }
@@ -1419,12 +1420,12 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
-                &["metadata"],
+                "/metadata",
                 PatchValue::Owned(Value::Object(Map::new())),
             ));
         }
-        self.labels.emit("labels", &mut ops);
-        self.annotations.emit("annotations", &mut ops);
+        self.labels.emit("/metadata/labels", &mut ops);
+        self.annotations.emit("/metadata/annotations", &mut ops);
         let (init_containers, containers): (Vec<_>, Vec<_>) = self
             .containers
             .added
@@ -1443,51 +1444,56 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 .take_while(|theirs| **theirs)
                 .count();
             for (index, value) in values(init_containers).into_iter().enumerate() {
-                ops.push(add(
-                    &["spec", "initContainers", &(first + index).to_string()],
+                ops.push(AddOperation {
+                    path: PatchPath::escaped("/spec/initContainers").then_index(first + index),
                     value,
-                ));
+                });
             }
         } else {
             append(
-                &["spec", "initContainers"],
+                PatchPath::escaped("/spec/initContainers"),
                 false,
                 values(init_containers),
                 &mut ops,
             );
         }
-        append(&["spec", "containers"], true, values(containers), &mut ops);
         append(
-            &["spec", "volumes"],
+            PatchPath::escaped("/spec/containers"),
+            true,
+            values(containers),
+            &mut ops,
+        );
+        append(
+            PatchPath::escaped("/spec/volumes"),
             self.volumes.existed,
             self.volumes.into_values(),
             &mut ops,
         );
         append(
-            &["spec", "imagePullSecrets"],
+            PatchPath::escaped("/spec/imagePullSecrets"),
             self.pull_secrets.existed,
             self.pull_secrets.into_values(),
             &mut ops,
         );
         for (index, state) in self.app.into_iter().enumerate() {
             let Some(state) = state else { continue };
-            let index = index.to_string();
+            let container = PatchPath::escaped("/spec/containers").then_index(index);
             let env_existed = state.env.existed;
             append(
-                &["spec", "containers", &index, "env"],
+                container.clone().then_escaped("/env"),
                 env_existed,
                 state.env.into_values(),
                 &mut ops,
             );
             append(
-                &["spec", "containers", &index, "envFrom"],
+                container.clone().then_escaped("/envFrom"),
                 state.env_from_existing.is_some(),
                 state.env_from_added,
                 &mut ops,
             );
             let mounts_existed = state.mounts.existed;
             append(
-                &["spec", "containers", &index, "volumeMounts"],
+                container.then_escaped("/volumeMounts"),
                 mounts_existed,
                 state.mounts.into_values(),
                 &mut ops,
@@ -1504,22 +1510,18 @@ fn render_text(text: &Text, facts: &PodFacts<'_>) -> String {
     }
 }
 
-fn add<'t>(tokens: &[&str], value: PatchValue<'t>) -> AddOperation<'t> {
+/// The operation adding `value` at `path`, a pointer spelled escaped.
+fn add<'t>(path: &str, value: PatchValue<'t>) -> AddOperation<'t> {
     AddOperation {
-        path: pointer(tokens, None),
+        path: PatchPath::escaped(path),
         value,
     }
 }
 
-/// The JSON pointer to `tokens`, then `last`.
-fn pointer(tokens: &[&str], last: Option<&str>) -> PatchPath {
-    PatchPath::from_tokens(tokens.iter().copied().chain(last))
-}
-
-/// Appends `items` to the list at `tokens`: one `add …/-` each when the list exists, else one
+/// Appends `items` to the list at `path`: one `add …/-` each when the list exists, else one
 /// `add` creating it.
 fn append<'t>(
-    tokens: &[&str],
+    path: PatchPath,
     existed: bool,
     items: Vec<PatchValue<'t>>,
     ops: &mut Vec<AddOperation<'t>>,
@@ -1528,7 +1530,7 @@ fn append<'t>(
         return;
     }
     if existed {
-        let path = pointer(tokens, Some("-"));
+        let path = path.then_escaped("/-");
         for value in items {
             ops.push(AddOperation {
                 path: path.clone(),
@@ -1536,7 +1538,10 @@ fn append<'t>(
             });
         }
     } else {
-        ops.push(add(tokens, PatchValue::Array(items)));
+        ops.push(AddOperation {
+            path,
+            value: PatchValue::Array(items),
+        });
     }
 }
 
@@ -1567,11 +1572,10 @@ mod tests {
 
     #[test]
     fn paths_escape_slash_and_tilde_per_rfc_6901() {
-        let op = add(
-            &["metadata", "annotations", "a~b/c"],
-            PatchValue::Owned(Value::Null),
-        );
-        assert_eq!(op.path.as_str(), "/metadata/annotations/a~0b~1c");
+        let path = PatchPath::escaped("/metadata/annotations").then("a~b/c");
+        assert_eq!(path.as_str(), "/metadata/annotations/a~0b~1c");
+        let path = PatchPath::escaped("/spec/containers").then_index(12);
+        assert_eq!(path.then_escaped("/-").as_str(), "/spec/containers/12/-");
     }
 
     #[test]
