@@ -781,9 +781,10 @@ enum Owners<'k> {
 const FEW_OWNERS: usize = 16;
 
 impl<'k> Owners<'k> {
+    /// Owners of `capacity` keys of the Pod, and room for the few that templates add.
     fn with_capacity(capacity: usize) -> Self {
         if capacity <= FEW_OWNERS {
-            Owners::Few(Vec::with_capacity(capacity))
+            Owners::Few(Vec::with_capacity(capacity + 4))
         } else {
             Owners::Many(HashMap::with_capacity_and_hasher(
                 capacity,
@@ -1415,8 +1416,25 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         }
     }
 
+    /// The most operations [`Pass::finish`] writes (one an item at most, and the metadata),
+    /// to make room for them once.
+    fn most_operations(&self) -> usize {
+        let app: usize = self
+            .app
+            .iter()
+            .flatten()
+            .map(|app| app.env.added.len() + app.env_from_added.len() + app.mounts.added.len())
+            .sum();
+        1 + self.labels.order.len()
+            + self.annotations.order.len()
+            + self.containers.added.len()
+            + self.volumes.added.len()
+            + self.pull_secrets.added.len()
+            + app
+    }
+
     fn finish(self) -> Patch<'t> {
-        let mut ops = Vec::new();
+        let mut ops = Vec::with_capacity(self.most_operations());
         let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
