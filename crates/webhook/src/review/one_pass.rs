@@ -30,8 +30,10 @@ pub(super) fn read<'a>(
     body: &'a [u8],
     pod: Option<PodContext<'_>>,
 ) -> Result<ReviewIn<'a>, serde_json::Error> {
-    // Checked as a whole at once, the text need not be checked string by string.
-    let text = std::str::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
+    // Checked as a whole at once, the text need not be checked string by string; with SIMD,
+    // as the standard library checks eight bytes a step.
+    let text =
+        simdutf8::basic::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
     match read_quickly(text, pod) {
         Ok(review) => return Ok(review),
         // Through `serde_json`, the visitor would refuse the same: left to the other way.
