@@ -75,7 +75,25 @@ fn block_marks(chunk: &[u8; 16]) -> i32 {
 /// written as it is.
 #[inline]
 pub fn is_plain(bytes: &[u8]) -> bool {
+    // A patch's strings are short: one of up to sixteen bytes is looked at in one block,
+    // padded with a plain byte, rather than word by word.
+    #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+    if let Some(padded) = padded_block(bytes) {
+        return block_marks(&padded) == 0;
+    }
     plain_end(bytes, 0) == bytes.len()
+}
+
+/// `bytes` padded to a block with a byte that is no mark, when shorter than sixteen.
+#[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
+#[inline]
+fn padded_block(bytes: &[u8]) -> Option<[u8; 16]> {
+    if bytes.len() >= 16 {
+        return None;
+    }
+    let mut block = [b'a'; 16];
+    block.get_mut(..bytes.len())?.copy_from_slice(bytes);
+    Some(block)
 }
 
 /// [`block`] after block: `Ok` where the first mark is, or `Err` where fewer than sixteen

@@ -64,6 +64,7 @@ fn bytes_next_to_the_marks_are_plain() {
     assert_eq!(plain_end(&plain, 0), plain.len());
     assert!(is_plain(&plain));
     assert!(!is_plain(b"tab\there"));
+    assert!(is_plain(b""));
 }
 
 #[test]
@@ -87,5 +88,6 @@ proptest! {
     ) {
         prop_assert_eq!(plain_end(&bytes, at), reference(&bytes, at));
         prop_assert_eq!(words(&bytes, at.min(bytes.len())), reference(&bytes, at));
+        prop_assert_eq!(is_plain(&bytes), reference(&bytes, 0) == bytes.len());
     }
 }
