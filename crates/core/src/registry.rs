@@ -27,13 +27,43 @@ pub struct Snapshot {
     by_container: HashMap<String, Vec<Arc<CompiledTemplate>>, Hasher>,
     /// The names of the volumes templates add, and of the env vars they add to the Pod's own
     /// containers: a Pod's item of such a name is compared whole, so decoded whole.
-    volumes: HashSet<String, Hasher>,
-    app_env: HashSet<String, Hasher>,
+    volumes: Names,
+    app_env: Names,
     /// The paths templates mount in the Pod's own containers.
-    app_mounts: HashSet<String, Hasher>,
+    app_mounts: Names,
     /// Whether a template adds envFrom sources to the Pod's own containers: only then are
     /// theirs compared, so decoded.
     app_env_from: bool,
+}
+
+/// A set of names, looked up for each of a Pod's items of their kind. Most of those are not
+/// in it (a template adds a few env vars; a Pod holds dozens): a name whose length no name of
+/// the set has is told so without hashing it.
+#[derive(Debug, Default)]
+struct Names {
+    /// A bit for each length of a name in the set, lengths from 63 on sharing the last.
+    lengths: u64,
+    set: HashSet<String, Hasher>,
+}
+
+impl Names {
+    fn length_bit(name: &str) -> u64 {
+        1 << name.len().min(63)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.lengths & Names::length_bit(name) != 0 && self.set.contains(name)
+    }
+}
+
+impl FromIterator<String> for Names {
+    fn from_iter<I: IntoIterator<Item = String>>(names: I) -> Self {
+        let set: HashSet<String, Hasher> = names.into_iter().collect();
+        let lengths = set
+            .iter()
+            .fold(0, |bits, name| bits | Names::length_bit(name));
+        Names { lengths, set }
+    }
 }
 
 impl Snapshot {
@@ -249,5 +279,33 @@ impl Registry {
     /// Whether the registry holds no template.
     pub fn is_empty(&self) -> bool {
         self.templates.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Names;
+
+    #[test]
+    fn names_are_found_by_length_then_by_hash() {
+        let long = "x".repeat(70);
+        let names: Names = ["POD_NAME", "", "a", long.as_str()]
+            .map(String::from)
+            .into_iter()
+            .collect();
+        for name in ["POD_NAME", "", "a", long.as_str()] {
+            assert!(names.contains(name), "{name}");
+        }
+        // Names of the same lengths, and lengths from 63 on, which share one bit.
+        for name in [
+            "POD_NAMF",
+            "b",
+            &"x".repeat(63),
+            &"y".repeat(70),
+            "HOSTNAME",
+        ] {
+            assert!(!names.contains(name), "{name}");
+        }
+        assert!(!Names::default().contains(""));
     }
 }
