@@ -242,19 +242,16 @@ impl PatchPath {
 /// Appends `/` and `token`, escaped. The plain runs between escapes are copied whole: `~` and
 /// `/` are ASCII, so they split the token at character boundaries.
 fn push_token(path: &mut String, token: &str) {
+    path.reserve(token.len() + 1);
     path.push('/');
-    let mut plain = 0;
-    for (at, byte) in token.bytes().enumerate() {
-        let escape = match byte {
-            b'~' => "~0",
-            b'/' => "~1",
-            _ => continue,
-        };
-        path.push_str(token.get(plain..at).unwrap_or_default());
-        path.push_str(escape);
-        plain = at + 1;
+    let mut rest = token;
+    while let Some(at) = rest.bytes().position(|byte| byte == b'~' || byte == b'/') {
+        let (plain, escaped) = rest.split_at(at);
+        path.push_str(plain);
+        path.push_str(if escaped.starts_with('~') { "~0" } else { "~1" });
+        rest = escaped.get(1..).unwrap_or_default();
     }
-    path.push_str(token.get(plain..).unwrap_or_default());
+    path.push_str(rest);
 }
 
 /// One RFC 6902 `add` operation (the only kind the injector needs: it never removes or
