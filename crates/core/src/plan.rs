@@ -1416,25 +1416,9 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         }
     }
 
-    /// The most operations [`Pass::finish`] writes (one an item at most, and the metadata),
-    /// to make room for them once.
-    fn most_operations(&self) -> usize {
-        let app: usize = self
-            .app
-            .iter()
-            .flatten()
-            .map(|app| app.env.added.len() + app.env_from_added.len() + app.mounts.added.len())
-            .sum();
-        1 + self.labels.order.len()
-            + self.annotations.order.len()
-            + self.containers.added.len()
-            + self.volumes.added.len()
-            + self.pull_secrets.added.len()
-            + app
-    }
-
     fn finish(self) -> Patch<'t> {
-        let mut ops = Vec::with_capacity(self.most_operations());
+        // An operation an item at most, and one for the metadata: room made once.
+        let mut ops = Vec::with_capacity(1 + self.additions());
         let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
