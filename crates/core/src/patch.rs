@@ -179,22 +179,6 @@ impl Serialize for PatchValue<'_> {
 pub struct PatchPath(String);
 
 impl PatchPath {
-    /// The pointer to `tokens`, each escaped (`~` as `~0`, `/` as `~1`).
-    pub fn from_tokens<'a, I>(tokens: I) -> Self
-    where
-        I: IntoIterator<Item = &'a str>,
-        I::IntoIter: Clone,
-    {
-        let tokens = tokens.into_iter();
-        // Room for the separators and a few escapes.
-        let mut path =
-            String::with_capacity(tokens.clone().map(|t| t.len() + 1).sum::<usize>() + 8);
-        for token in tokens {
-            push_token(&mut path, token);
-        }
-        PatchPath(path)
-    }
-
     /// The pointer whose text is `escaped`: the planner spells the fixed part of its paths
     /// (`/spec/containers`) itself rather than escaping it for every Pod.
     pub fn escaped(escaped: &str) -> Self {
@@ -534,7 +518,9 @@ mod tests {
             vec!["metadata", "annotations", "a/b"],
             vec!["~", "/", "~1", "~0/", "a~b/c~", "é/ü~", "", "x"],
         ] {
-            let path = PatchPath::from_tokens(tokens.iter().copied());
+            let path = tokens
+                .iter()
+                .fold(PatchPath::escaped(""), |path, token| path.then(token));
             let expected = PointerBuf::from_tokens(tokens.iter().copied());
             assert_eq!(path.as_str(), expected.as_str());
             assert_eq!(path.to_pointer(), expected);
@@ -546,11 +532,11 @@ mod tests {
         let fixed = Fixed::new(json!({"name": "proxy", "image": "envoy"}));
         let patch = Patch(vec![
             AddOperation {
-                path: PatchPath::from_tokens(["spec", "containers", "-"]),
+                path: PatchPath::escaped("/spec/containers/-"),
                 value: PatchValue::Fixed(&fixed),
             },
             AddOperation {
-                path: PatchPath::from_tokens(["metadata", "annotations", "a/b"]),
+                path: PatchPath::escaped("/metadata/annotations").then("a/b"),
                 value: PatchValue::Object(vec![
                     ("k", PatchValue::String("v".into())),
                     ("n", PatchValue::Array(vec![PatchValue::Owned(json!(1))])),
@@ -586,17 +572,13 @@ mod tests {
         for prefix in 0..7 {
             for text in ["", "x", "\"", "caf\u{e9}"] {
                 let mut operations = vec![AddOperation {
-                    path: PatchPath::from_tokens([
-                        "metadata",
-                        "annotations",
-                        "p".repeat(prefix).as_str(),
-                    ]),
+                    path: PatchPath::escaped("/metadata/annotations").then(&"p".repeat(prefix)),
                     value: PatchValue::String(text.repeat(prefix)),
                 }];
                 // Enough operations to flush the pending text more than once in between.
                 for i in 0..40 {
                     operations.push(AddOperation {
-                        path: PatchPath::from_tokens(["spec", "containers", "-"]),
+                        path: PatchPath::escaped("/spec/containers/-"),
                         value: if i % 3 == 0 {
                             PatchValue::Fixed(&escaped)
                         } else {

@@ -694,7 +694,7 @@ mod tests {
         );
         let op = |value| {
             crate::patch::Patch(vec![crate::patch::AddOperation {
-                path: crate::patch::PatchPath::from_tokens(["spec"]),
+                path: crate::patch::PatchPath::escaped("/spec"),
                 value,
             }])
         };
