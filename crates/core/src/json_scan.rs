@@ -75,7 +75,7 @@ fn block_marks(chunk: &[u8; 16]) -> i32 {
 /// written as it is.
 #[inline]
 pub fn is_plain(bytes: &[u8]) -> bool {
-    // A patch's strings are short: one of up to sixteen bytes is looked at in one block,
+    // A patch's strings are short: one of fewer than sixteen bytes is looked at in one block,
     // padded with a plain byte, rather than word by word.
     #[cfg(all(target_arch = "x86_64", target_feature = "sse2"))]
     if let Some(padded) = padded_block(bytes) {

@@ -172,16 +172,18 @@ impl Serialize for PatchValue<'_> {
     }
 }
 
-/// Where an operation adds: an RFC 6901 JSON pointer, escaped as it is built from its tokens.
+/// Where an operation adds: an RFC 6901 JSON pointer, its fixed part spelled escaped by the
+/// planner and each token it adds escaped as it is added.
 /// Not a `PointerBuf`, which checks again the text it is given (a share of each patch's
 /// cost); it is made one to apply the patch ([`Patch::to_json_patch`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PatchPath(String);
 
 impl PatchPath {
-    /// The pointer whose text is `escaped`: the planner spells the fixed part of its paths
-    /// (`/spec/containers`) itself rather than escaping it for every Pod.
-    pub fn escaped(escaped: &str) -> Self {
+    /// The pointer whose text is `escaped`, which the caller guarantees is one (empty, or
+    /// `/`-separated tokens with `~` and `/` escaped): the planner spells the fixed part of its
+    /// paths (`/spec/containers`) itself rather than escaping it for every Pod.
+    pub(crate) fn escaped(escaped: &str) -> Self {
         // Room for an item's index or key after it.
         let mut path = String::with_capacity(escaped.len() + 24);
         path.push_str(escaped);
@@ -195,7 +197,7 @@ impl PatchPath {
     }
 
     /// This pointer, then the tokens of `escaped`, already escaped (`"/env"`).
-    pub fn then_escaped(mut self, escaped: &str) -> Self {
+    pub(crate) fn then_escaped(mut self, escaped: &str) -> Self {
         self.0.push_str(escaped);
         self
     }

@@ -781,10 +781,13 @@ enum Owners<'k> {
 const FEW_OWNERS: usize = 16;
 
 impl<'k> Owners<'k> {
-    /// Owners of `capacity` keys of the Pod, and room for the few that templates add.
+    /// Owners of `capacity` keys of the Pod, and room for the few that templates add to a
+    /// list that exists (a list the Pod lacks is often left so).
     fn with_capacity(capacity: usize) -> Self {
-        if capacity <= FEW_OWNERS {
-            Owners::Few(Vec::with_capacity(capacity + 4))
+        if capacity == 0 {
+            Owners::Few(Vec::new())
+        } else if capacity <= FEW_OWNERS {
+            Owners::Few(Vec::with_capacity((capacity + 4).min(FEW_OWNERS)))
         } else {
             Owners::Many(HashMap::with_capacity_and_hasher(
                 capacity,
@@ -1453,49 +1456,49 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             }
         } else {
             append(
-                PatchPath::escaped("/spec/initContainers"),
+                || PatchPath::escaped("/spec/initContainers"),
                 false,
                 values(init_containers),
                 &mut ops,
             );
         }
         append(
-            PatchPath::escaped("/spec/containers"),
+            || PatchPath::escaped("/spec/containers"),
             true,
             values(containers),
             &mut ops,
         );
         append(
-            PatchPath::escaped("/spec/volumes"),
+            || PatchPath::escaped("/spec/volumes"),
             self.volumes.existed,
             self.volumes.into_values(),
             &mut ops,
         );
         append(
-            PatchPath::escaped("/spec/imagePullSecrets"),
+            || PatchPath::escaped("/spec/imagePullSecrets"),
             self.pull_secrets.existed,
             self.pull_secrets.into_values(),
             &mut ops,
         );
         for (index, state) in self.app.into_iter().enumerate() {
             let Some(state) = state else { continue };
-            let container = PatchPath::escaped("/spec/containers").then_index(index);
+            let container = || PatchPath::escaped("/spec/containers").then_index(index);
             let env_existed = state.env.existed;
             append(
-                container.clone().then_escaped("/env"),
+                || container().then_escaped("/env"),
                 env_existed,
                 state.env.into_values(),
                 &mut ops,
             );
             append(
-                container.clone().then_escaped("/envFrom"),
+                || container().then_escaped("/envFrom"),
                 state.env_from_existing.is_some(),
                 state.env_from_added,
                 &mut ops,
             );
             let mounts_existed = state.mounts.existed;
             append(
-                container.then_escaped("/volumeMounts"),
+                || container().then_escaped("/volumeMounts"),
                 mounts_existed,
                 state.mounts.into_values(),
                 &mut ops,
@@ -1521,9 +1524,9 @@ fn add<'t>(path: &str, value: PatchValue<'t>) -> AddOperation<'t> {
 }
 
 /// Appends `items` to the list at `path`: one `add …/-` each when the list exists, else one
-/// `add` creating it.
+/// `add` creating it. The path is made only when there are items.
 fn append<'t>(
-    path: PatchPath,
+    path: impl FnOnce() -> PatchPath,
     existed: bool,
     items: Vec<PatchValue<'t>>,
     ops: &mut Vec<AddOperation<'t>>,
@@ -1532,7 +1535,7 @@ fn append<'t>(
         return;
     }
     if existed {
-        let path = path.then_escaped("/-");
+        let path = path().then_escaped("/-");
         for value in items {
             ops.push(AddOperation {
                 path: path.clone(),
@@ -1541,7 +1544,7 @@ fn append<'t>(
         }
     } else {
         ops.push(AddOperation {
-            path,
+            path: path(),
             value: PatchValue::Array(items),
         });
     }

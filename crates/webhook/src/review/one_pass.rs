@@ -31,7 +31,7 @@ pub(super) fn read<'a>(
     pod: Option<PodContext<'_>>,
 ) -> Result<ReviewIn<'a>, serde_json::Error> {
     // Checked as a whole at once, the text need not be checked string by string; with SIMD,
-    // as the standard library checks eight bytes a step.
+    // where the standard library checks eight bytes a step.
     let text =
         simdutf8::basic::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
     match read_quickly(text, pod) {
