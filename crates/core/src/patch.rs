@@ -191,7 +191,7 @@ impl PatchPath {
     }
 
     /// This pointer, then `token` escaped.
-    pub fn then(mut self, token: &str) -> Self {
+    pub(crate) fn then(mut self, token: &str) -> Self {
         push_token(&mut self.0, token);
         self
     }
@@ -203,7 +203,7 @@ impl PatchPath {
     }
 
     /// This pointer, then a list's `index`.
-    pub fn then_index(mut self, index: usize) -> Self {
+    pub(crate) fn then_index(mut self, index: usize) -> Self {
         self.0.push('/');
         self.0.push_str(itoa::Buffer::new().format(index));
         self
@@ -231,8 +231,11 @@ fn push_token(path: &mut String, token: &str) {
     path.reserve(token.len() + 1);
     path.push('/');
     let mut rest = token;
-    while let Some(at) = rest.bytes().position(|byte| byte == b'~' || byte == b'/') {
-        let (plain, escaped) = rest.split_at(at);
+    while let Some((plain, escaped)) = rest
+        .bytes()
+        .position(|byte| byte == b'~' || byte == b'/')
+        .and_then(|at| rest.split_at_checked(at))
+    {
         path.push_str(plain);
         path.push_str(if escaped.starts_with('~') { "~0" } else { "~1" });
         rest = escaped.get(1..).unwrap_or_default();
