@@ -182,14 +182,15 @@ impl<'de> Reader<'de> {
 
     /// Skips one value, checking its syntax, without recursion: the containers open inside
     /// it are bits of a `u128`, the innermost lowest (1 an object, 0 an array). The position is
-    /// kept in a local, not in `self`, as the loop runs over most of a Pod.
+    /// kept in a local, not in `self`, as the loop runs over most of a Pod. The API server
+    /// writes no whitespace: each place looks first for what comes next, and only then past
+    /// whitespace.
     fn skip_value(&mut self) -> Result<()> {
         let bytes = self.text.as_bytes();
         let mut at = self.at;
         let mut open: u128 = 0;
         let mut depth = 0;
         'value: loop {
-            at = past_whitespace(bytes, at);
             match bytes.get(at) {
                 Some(b'"') => at = string_end(bytes, at + 1)?,
                 Some(&opening @ (b'{' | b'[')) => {
@@ -199,31 +200,43 @@ impl<'de> Reader<'de> {
                     }
                     let object = opening == b'{';
                     open = open << 1 | u128::from(object);
-                    at = past_whitespace(bytes, at + 1);
-                    if bytes.get(at) == Some(if object { &b'}' } else { &b']' }) {
-                        at += 1;
-                        open >>= 1;
-                        depth -= 1;
-                    } else {
-                        if object {
+                    at += 1;
+                    if object {
+                        if bytes.get(at) == Some(&b'"') {
                             at = key_end(bytes, at)?;
+                            continue 'value;
                         }
-                        continue 'value;
+                        at = past_whitespace(bytes, at);
+                        if bytes.get(at) != Some(&b'}') {
+                            at = key_end(bytes, at)?;
+                            continue 'value;
+                        }
+                    } else {
+                        at = past_whitespace(bytes, at);
+                        if bytes.get(at) != Some(&b']') {
+                            continue 'value;
+                        }
                     }
+                    at += 1;
+                    open >>= 1;
+                    depth -= 1;
                 }
                 Some(b't') => at = literal_end(bytes, at, b"true")?,
                 Some(b'f') => at = literal_end(bytes, at, b"false")?,
                 Some(b'n') => at = literal_end(bytes, at, b"null")?,
                 Some(b'-' | b'0'..=b'9') => at = number_end(bytes, at)?,
+                Some(b' ' | b'\n' | b'\t' | b'\r') => {
+                    at = past_whitespace(bytes, at + 1);
+                    continue 'value;
+                }
                 _ => return Err(Refused::Unsure),
             }
             // A value ended: close the containers that end with it, up to the next value.
             while depth > 0 {
-                at = past_whitespace(bytes, at);
                 let object = open & 1 == 1;
                 match (bytes.get(at), object) {
                     (Some(b','), true) => {
-                        at = key_end(bytes, past_whitespace(bytes, at + 1))?;
+                        at = key_end(bytes, at + 1)?;
                         continue 'value;
                     }
                     (Some(b','), false) => {
@@ -235,6 +248,7 @@ impl<'de> Reader<'de> {
                         open >>= 1;
                         depth -= 1;
                     }
+                    (Some(b' ' | b'\n' | b'\t' | b'\r'), _) => at = past_whitespace(bytes, at + 1),
                     _ => return Err(Refused::Unsure),
                 }
             }
@@ -323,13 +337,35 @@ fn escaped_string_end(bytes: &[u8], mut at: usize) -> Result<usize> {
     }
 }
 
-/// Past a key and its colon, from the key's opening quote at `at`.
-#[inline]
+/// Past a key and its colon, from `at`: the key's opening quote, or whitespace before it.
+#[inline(always)]
 fn key_end(bytes: &[u8], at: usize) -> Result<usize> {
+    if bytes.get(at) != Some(&b'"') {
+        return spaced_key_end(bytes, at);
+    }
+    let at = string_end(bytes, at + 1)?;
+    if bytes.get(at) != Some(&b':') {
+        return spaced_colon_end(bytes, at);
+    }
+    Ok(at + 1)
+}
+
+/// [`key_end`] where whitespace may come before the key.
+#[cold]
+#[inline(never)]
+fn spaced_key_end(bytes: &[u8], at: usize) -> Result<usize> {
+    let at = past_whitespace(bytes, at);
     if bytes.get(at) != Some(&b'"') {
         return Err(Refused::Unsure);
     }
-    let at = past_whitespace(bytes, string_end(bytes, at + 1)?);
+    spaced_colon_end(bytes, string_end(bytes, at + 1)?)
+}
+
+/// Past the colon after a key, from `at`, where whitespace may come before it.
+#[cold]
+#[inline(never)]
+fn spaced_colon_end(bytes: &[u8], at: usize) -> Result<usize> {
+    let at = past_whitespace(bytes, at);
     if bytes.get(at) != Some(&b':') {
         return Err(Refused::Unsure);
     }

@@ -73,6 +73,9 @@ fn what_the_api_server_writes_is_read_as_serde_json_reads_it() {
         "{}",
         " [ 1 , { \"a\" : [ ] } , null ] ",
         "\t{\n\"k\"\r:\"v\"}\n",
+        "{ }",
+        "[ ]",
+        "{ \"a\" : { } ,\n\"b\" :[\t] , \"c\":{\"d\" :1 }\r}",
         r#"{"a":1,"a":2}"#,
     ] {
         assert!(agrees(text), "refused {text:?}");
@@ -137,6 +140,11 @@ fn what_it_is_not_sure_of_is_refused() {
         r#""\x""#,
         "\"a\u{1}b\"",
         "tru",
+        "{ , }",
+        "[ 1 , ]",
+        r#"{ "a" }"#,
+        r#"{ "a" : 1 , }"#,
+        r#"{ "a" : 1 "b" : 2 }"#,
     ] {
         assert!(!skips(text), "{text:?}");
     }
