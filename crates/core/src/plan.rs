@@ -605,13 +605,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // Only what a placeholder reads matters: most passes add nothing that one reads.
         let read = |key: MetadataKey| ordered.iter().any(|t| t.metadata_reads.contains(&key));
         let merged = |pod: Option<&Strings<'v>>,
-                      added: &MapAdditions<'_>,
+                      added: &MapAdditions<'_, '_>,
                       key: fn(String) -> MetadataKey| {
-            let reads_added = added.order.iter().any(|k| read(key(k.clone())));
+            let reads_added = added.added.iter().any(|(k, ..)| read(key((*k).to_owned())));
             reads_added.then(|| {
                 let mut map = pod.cloned().unwrap_or_default();
-                for (key, (value, _)) in &added.added {
-                    map.insert(Cow::Owned(key.clone()), Cow::Owned(value.clone()));
+                for (key, value, _) in &added.added {
+                    map.insert(Cow::Owned((*key).to_owned()), Cow::Owned(value.clone()));
                 }
                 map
             })
@@ -958,72 +958,82 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
 }
 
 /// A map (labels or annotations) and what the plan adds to it.
-struct MapAdditions<'a> {
+struct MapAdditions<'a, 't> {
     existing: Option<&'a Strings<'a>>,
-    added: BTreeMap<String, (String, String)>,
-    order: Vec<String>,
+    /// The keys added, in the order added, with their values and the template that added each
+    /// (empty for the injector's own record). Templates add a few keys: a list searched
+    /// through costs less than a map, and the keys are the templates' own, not copies.
+    added: Vec<(&'t str, String, &'t str)>,
 }
 
-impl<'a> MapAdditions<'a> {
+impl<'a, 't> MapAdditions<'a, 't> {
     fn new(existing: Option<&'a Strings<'a>>) -> Self {
         MapAdditions {
             existing,
-            added: BTreeMap::new(),
-            order: Vec::new(),
+            added: Vec::new(),
         }
     }
 
+    fn added(&self, key: &str) -> Option<&(&'t str, String, &'t str)> {
+        self.added.iter().find(|(added, ..)| *added == key)
+    }
+
     /// Adds `key` unless present; a warning when it is present with another value.
-    fn add(&mut self, what: &str, key: &str, value: String, template: &str) -> Option<String> {
+    fn add(
+        &mut self,
+        what: &str,
+        key: &'t str,
+        value: String,
+        template: &'t str,
+    ) -> Option<String> {
         if let Some(current) = self.existing.and_then(|m| m.get(key)) {
             return (current != Some(value.as_str())).then(|| {
                 format!("{what} {key:?} is already set in the pod; kept the pod's value")
             });
         }
-        if let Some((current, owner)) = self.added.get(key) {
+        if let Some((_, current, owner)) = self.added(key) {
             return (current != &value).then(|| {
                 format!(
                     "{what} {key:?} is already set by SidecarTemplate {owner:?}; kept that value"
                 )
             });
         }
-        self.order.push(key.to_owned());
-        self.added
-            .insert(key.to_owned(), (value, template.to_owned()));
+        self.added.push((key, value, template));
         None
     }
 
     /// Sets `key` whatever was there (the injector's own record).
-    fn set(&mut self, key: &str, value: String) {
-        if !self.added.contains_key(key) {
-            self.order.push(key.to_owned());
+    fn set(&mut self, key: &'t str, value: String) {
+        match self.added.iter_mut().find(|(added, ..)| *added == key) {
+            Some(entry) => *entry = (key, value, ""),
+            None => self.added.push((key, value, "")),
         }
-        self.added.insert(key.to_owned(), (value, String::new()));
     }
 
     fn label(&self, key: &str) -> Option<&str> {
-        self.added.get(key).map(|(value, _)| value.as_str())
+        self.added(key).map(|(_, value, _)| value.as_str())
     }
 
     /// The operations adding what templates added to the map at `path`.
-    fn emit<'t>(mut self, path: &str, ops: &mut Vec<AddOperation<'t>>) {
-        if self.order.is_empty() {
+    fn emit<'p>(self, path: &str, ops: &mut Vec<AddOperation<'p>>) {
+        if self.added.is_empty() {
             return;
         }
-        let entries = self.order.into_iter().filter_map(|key| {
-            self.added
-                .remove(&key)
-                .map(|(value, _)| (key, Value::String(value)))
-        });
+        let entries = self
+            .added
+            .into_iter()
+            .map(|(key, value, _)| (key, Value::String(value)));
         if self.existing.is_some() {
             for (key, value) in entries {
                 ops.push(AddOperation {
-                    path: PatchPath::escaped(path).then(&key),
+                    path: PatchPath::escaped(path).then(key),
                     value: PatchValue::Owned(value),
                 });
             }
         } else {
-            let map: Map<String, Value> = entries.collect();
+            let map: Map<String, Value> = entries
+                .map(|(key, value)| (key.to_owned(), value))
+                .collect();
             ops.push(add(path, PatchValue::Owned(Value::Object(map))));
         }
     }
@@ -1031,12 +1041,12 @@ impl<'a> MapAdditions<'a> {
 
 /// A map of the Pod's metadata as the plan leaves it: the Pod's own keys win (they are never
 /// overwritten), then the keys templates added.
-struct Effective<'m, 'a> {
+struct Effective<'m, 'a, 't> {
     pod: Option<&'a Strings<'a>>,
-    added: &'m MapAdditions<'a>,
+    added: &'m MapAdditions<'a, 't>,
 }
 
-impl Labels for Effective<'_, '_> {
+impl Labels for Effective<'_, '_, '_> {
     fn label(&self, key: &str) -> Option<&str> {
         match self.pod.and_then(|m| m.get(key)) {
             Some(value) => value,
@@ -1119,8 +1129,8 @@ struct Builder<'k, 't> {
     /// Per init container of the Pod: whether it is a template's (which may come before a
     /// native sidecar), found by its content.
     template_init_containers: Vec<bool>,
-    labels: MapAdditions<'k>,
-    annotations: MapAdditions<'k>,
+    labels: MapAdditions<'k, 't>,
+    annotations: MapAdditions<'k, 't>,
 }
 
 impl<'k, 't: 'k> Builder<'k, 't> {
@@ -1292,8 +1302,8 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         self.containers.added.len()
             + self.volumes.added.len()
             + self.pull_secrets.added.len()
-            + self.labels.order.len()
-            + self.annotations.order.len()
+            + self.labels.added.len()
+            + self.annotations.added.len()
             + app
     }
 
@@ -1422,7 +1432,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
     fn finish(self) -> Patch<'t> {
         // An operation an item at most, and one for the metadata: room made once.
         let mut ops = Vec::with_capacity(1 + self.additions());
-        let adds_metadata = !self.labels.order.is_empty() || !self.annotations.order.is_empty();
+        let adds_metadata = !self.labels.added.is_empty() || !self.annotations.added.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
                 "/metadata",

@@ -403,6 +403,55 @@ spec:
 }
 
 #[test]
+fn a_key_two_templates_add_keeps_the_first_value() {
+    let pod = pod(APP_POD);
+    let first = template(
+        r#"
+metadata: {name: first}
+spec:
+  priority: 1
+  metadata:
+    labels: {tier: gold, zone: a}
+    annotations: {note: one}
+"#,
+    );
+    let second = template(
+        r#"
+metadata: {name: second}
+spec:
+  priority: 2
+  metadata:
+    labels: {zone: b, tier: gold, rack: r1}
+    annotations: {note: two}
+"#,
+    );
+    let plan = plan_in(&pod, &[first, second]);
+    // A different value is a warning naming the template that set it; the same one is not.
+    assert_eq!(
+        plan.warnings,
+        [
+            r#"SidecarTemplate "second": label "zone" is already set by SidecarTemplate "first"; kept that value"#,
+            r#"SidecarTemplate "second": annotation "note" is already set by SidecarTemplate "first"; kept that value"#,
+        ]
+    );
+    let out = apply(&pod, &plan);
+    assert_eq!(
+        out["metadata"]["labels"],
+        json!({"app": "web", "tier": "gold", "zone": "a", "rack": "r1"})
+    );
+    assert_eq!(out["metadata"]["annotations"]["note"], "one");
+    // Each key is added once, in the order templates added them.
+    let patch = serde_json::to_value(&plan.patch).unwrap();
+    let added: Vec<&str> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|op| op["path"].as_str()?.strip_prefix("/metadata/labels/"))
+        .collect();
+    assert_eq!(added, ["tier", "zone", "rack"]);
+}
+
+#[test]
 fn the_record_carries_a_fingerprint_of_what_was_injected() {
     let pod = pod(APP_POD);
     let v1 = template(SIDECAR);
