@@ -607,10 +607,10 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         let merged = |pod: Option<&Strings<'v>>,
                       added: &MapAdditions<'_, '_>,
                       key: fn(String) -> MetadataKey| {
-            let reads_added = added.added.iter().any(|(k, ..)| read(key((*k).to_owned())));
+            let reads_added = added.added.iter().any(|(k, _)| read(key((*k).to_owned())));
             reads_added.then(|| {
                 let mut map = pod.cloned().unwrap_or_default();
-                for (key, value, _) in &added.added {
+                for (key, value) in &added.added {
                     map.insert(Cow::Owned((*key).to_owned()), Cow::Owned(value.clone()));
                 }
                 map
@@ -960,10 +960,12 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
 /// A map (labels or annotations) and what the plan adds to it.
 struct MapAdditions<'a, 't> {
     existing: Option<&'a Strings<'a>>,
-    /// The keys added, in the order added, with their values and the template that added each
-    /// (empty for the injector's own record). Templates add a few keys: a list searched
-    /// through costs less than a map, and the keys are the templates' own, not copies.
-    added: Vec<(&'t str, String, &'t str)>,
+    /// The keys added, in the order added, with their values: the keys are the templates' own,
+    /// not copies.
+    added: Vec<(&'t str, String)>,
+    /// Which template added each key (empty for the injector's own record), and where it is
+    /// in `added`.
+    owners: Owners<'t>,
 }
 
 impl<'a, 't> MapAdditions<'a, 't> {
@@ -971,11 +973,23 @@ impl<'a, 't> MapAdditions<'a, 't> {
         MapAdditions {
             existing,
             added: Vec::new(),
+            owners: Owners::with_capacity(0),
         }
     }
 
-    fn added(&self, key: &str) -> Option<&(&'t str, String, &'t str)> {
-        self.added.iter().find(|(added, ..)| *added == key)
+    /// Where `key` is in `added`, and the template that added it.
+    fn added(&self, key: &str) -> Option<(usize, &'t str)> {
+        match self.owners.get(key) {
+            Some(Owner::Template(template, at)) => Some((*at, *template)),
+            _ => None,
+        }
+    }
+
+    /// Adds `key`, which is not there yet, for `template`.
+    fn push(&mut self, key: &'t str, value: String, template: &'t str) {
+        let owner = Owner::Template(template, self.added.len());
+        self.owners.insert(key, owner);
+        self.added.push((key, value));
     }
 
     /// Adds `key` unless present; a warning when it is present with another value.
@@ -991,27 +1005,35 @@ impl<'a, 't> MapAdditions<'a, 't> {
                 format!("{what} {key:?} is already set in the pod; kept the pod's value")
             });
         }
-        if let Some((_, current, owner)) = self.added(key) {
-            return (current != &value).then(|| {
+        if let Some((at, owner)) = self.added(key) {
+            let differs = self
+                .added
+                .get(at)
+                .is_some_and(|(_, current)| *current != value);
+            return differs.then(|| {
                 format!(
                     "{what} {key:?} is already set by SidecarTemplate {owner:?}; kept that value"
                 )
             });
         }
-        self.added.push((key, value, template));
+        self.push(key, value, template);
         None
     }
 
     /// Sets `key` whatever was there (the injector's own record).
     fn set(&mut self, key: &'t str, value: String) {
-        match self.added.iter_mut().find(|(added, ..)| *added == key) {
-            Some(entry) => *entry = (key, value, ""),
-            None => self.added.push((key, value, "")),
+        let Some((at, _)) = self.added(key) else {
+            return self.push(key, value, "");
+        };
+        self.owners.insert(key, Owner::Template("", at));
+        if let Some(entry) = self.added.get_mut(at) {
+            entry.1 = value;
         }
     }
 
     fn label(&self, key: &str) -> Option<&str> {
-        self.added(key).map(|(_, value, _)| value.as_str())
+        let (at, _) = self.added(key)?;
+        self.added.get(at).map(|(_, value)| value.as_str())
     }
 
     /// The operations adding what templates added to the map at `path`.
@@ -1022,7 +1044,7 @@ impl<'a, 't> MapAdditions<'a, 't> {
         let entries = self
             .added
             .into_iter()
-            .map(|(key, value, _)| (key, Value::String(value)));
+            .map(|(key, value)| (key, Value::String(value)));
         if self.existing.is_some() {
             for (key, value) in entries {
                 ops.push(AddOperation {

@@ -452,6 +452,38 @@ spec:
 }
 
 #[test]
+fn many_keys_added_are_checked_as_a_few() {
+    // Past a few keys, those added are found through a hash map: the same answers.
+    let pod = pod(APP_POD);
+    let labels = |value: &str| {
+        (0..40)
+            .map(|n| format!("k{n}: {value}{}", n % 2))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let first = template(&format!(
+        "metadata: {{name: first}}\nspec:\n  priority: 1\n  metadata: {{labels: {{{}}}}}",
+        labels("v")
+    ));
+    // The same values for even keys, others for odd ones.
+    let second = template(&format!(
+        "metadata: {{name: second}}\nspec:\n  priority: 2\n  metadata: {{labels: {{{}}}}}",
+        (0..40)
+            .map(|n| format!("k{n}: {}", if n % 2 == 0 { "v0" } else { "x" }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let plan = plan_in(&pod, &[first, second]);
+    assert_eq!(plan.warnings.len(), 20, "{:?}", plan.warnings);
+    assert!(plan.warnings[0].contains(r#"label "k1" is already set by SidecarTemplate "first""#));
+    let out = apply(&pod, &plan);
+    let labels = out["metadata"]["labels"].as_object().unwrap();
+    assert_eq!(labels.len(), 41);
+    assert_eq!(labels["k39"], "v1");
+    assert_eq!(labels["k38"], "v0");
+}
+
+#[test]
 fn the_record_carries_a_fingerprint_of_what_was_injected() {
     let pod = pod(APP_POD);
     let v1 = template(SIDECAR);
