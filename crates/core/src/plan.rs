@@ -763,7 +763,8 @@ enum Owner<'k> {
         /// Whether that list is `initContainers`.
         init: bool,
     },
-    /// A template, and the index of the item in the list's additions.
+    /// A template (empty for the injector's own record), and the index of the item in the
+    /// list's additions, or of the key in a map's ([`MapAdditions`]).
     Template(&'k str, usize),
 }
 
@@ -978,10 +979,11 @@ impl<'a, 't> MapAdditions<'a, 't> {
     }
 
     /// Where `key` is in `added`, and the template that added it.
-    fn added(&self, key: &str) -> Option<(usize, &'t str)> {
+    fn find(&self, key: &str) -> Option<(usize, &'t str)> {
         match self.owners.get(key) {
             Some(Owner::Template(template, at)) => Some((*at, *template)),
-            _ => None,
+            // Only templates own a map's keys.
+            Some(Owner::Pod { .. }) | None => None,
         }
     }
 
@@ -1005,7 +1007,7 @@ impl<'a, 't> MapAdditions<'a, 't> {
                 format!("{what} {key:?} is already set in the pod; kept the pod's value")
             });
         }
-        if let Some((at, owner)) = self.added(key) {
+        if let Some((at, owner)) = self.find(key) {
             let differs = self
                 .added
                 .get(at)
@@ -1020,19 +1022,17 @@ impl<'a, 't> MapAdditions<'a, 't> {
         None
     }
 
-    /// Sets `key` whatever was there (the injector's own record).
+    /// Sets `key` whatever was there (the injector's own record, set last: who added it
+    /// before is not read again).
     fn set(&mut self, key: &'t str, value: String) {
-        let Some((at, _)) = self.added(key) else {
-            return self.push(key, value, "");
-        };
-        self.owners.insert(key, Owner::Template("", at));
-        if let Some(entry) = self.added.get_mut(at) {
-            entry.1 = value;
+        match self.find(key).and_then(|(at, _)| self.added.get_mut(at)) {
+            Some(entry) => entry.1 = value,
+            None => self.push(key, value, ""),
         }
     }
 
     fn label(&self, key: &str) -> Option<&str> {
-        let (at, _) = self.added(key)?;
+        let (at, _) = self.find(key)?;
         self.added.get(at).map(|(_, value)| value.as_str())
     }
 
