@@ -145,8 +145,17 @@ fn what_it_is_not_sure_of_is_refused() {
         r#"{ "a" }"#,
         r#"{ "a" : 1 , }"#,
         r#"{ "a" : 1 "b" : 2 }"#,
+        "[ ,1]",
+        "[1 ,]",
+        r#"{"a" :}"#,
+        r#"{"a":1 ,}"#,
+        "{ ",
+        "[ ",
+        r#"{"a" "#,
+        r#"{ 1 : 2 }"#,
     ] {
         assert!(!skips(text), "{text:?}");
+        agrees(text);
     }
 }
 
@@ -160,6 +169,19 @@ fn nesting_is_refused_beyond_its_limit_read_or_skipped() {
     assert!(!skips(&nested(limit + 1)));
     // serde_json reads it: it is only left to serde_json.
     assert!(serde_json::from_str::<Value>(&nested(limit + 1)).is_ok());
+    // The same with whitespace inside each level, and objects around empty ones.
+    let spaced = |depth: usize| format!("{}{}", "[ ".repeat(depth), " ]".repeat(depth));
+    assert!(skips(&spaced(limit)));
+    assert!(!skips(&spaced(limit + 1)));
+    let objects = |depth: usize| {
+        format!(
+            "{}{{ }}{}",
+            r#"{ "a" : "#.repeat(depth - 1),
+            " }".repeat(depth - 1)
+        )
+    };
+    assert!(skips(&objects(limit)));
+    assert!(!skips(&objects(limit + 1)));
 
     // Skipped inside what is read: the levels add up.
     #[derive(Deserialize)]
@@ -350,9 +372,16 @@ proptest! {
     #[test]
     fn broken_json_is_never_read_otherwise_than_by_serde_json(
         value in any_json(),
+        pretty in any::<bool>(),
         edits in prop::collection::vec((any::<prop::sample::Index>(), 0..SIGNIFICANT.len(), any::<bool>()), 1..4),
     ) {
-        let mut bytes = value.to_string().into_bytes();
+        // Pretty-printed, broken JSON reaches the whitespace cases of the skipping loop.
+        let text = if pretty {
+            serde_json::to_string_pretty(&value).unwrap()
+        } else {
+            value.to_string()
+        };
+        let mut bytes = text.into_bytes();
         for (at, byte, insert) in edits {
             let at = at.index(bytes.len() + 1);
             if insert || at == bytes.len() {
