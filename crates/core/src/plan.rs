@@ -768,9 +768,10 @@ enum Owner<'k> {
     Template(&'k str, usize),
 }
 
-/// Who owns each key of a list. Most lists hold a few items, which a scan finds faster than
-/// a hash map is built; a long one (a Pod may hold thousands of env vars) is hashed, so
-/// planning stays linear in the Pod's size.
+/// Who owns each key of a list, or of the labels or annotations templates add. Most hold a
+/// few keys, which a scan finds faster than a hash map is built; a long one (a Pod may hold
+/// thousands of env vars, a template thousands of annotations) is hashed, so planning stays
+/// linear.
 enum Owners<'k> {
     Few(Vec<(&'k str, Owner<'k>)>),
     /// foldhash, randomly seeded: several times faster than SipHash on short keys, still
