@@ -22,7 +22,6 @@ pub mod published;
 pub mod registry;
 pub mod rollout;
 pub mod selector;
-pub mod standard_base64;
 pub mod syntax;
 pub mod template;
 

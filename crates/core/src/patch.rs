@@ -16,7 +16,6 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
 use crate::placeholder::{Fixed, JsonText, Node, Piece};
-use crate::standard_base64;
 
 /// A JSON value in a patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -311,14 +310,14 @@ impl<'o> Base64Out<'o> {
     /// Encodes the pending text's whole groups of 3, keeping the rest.
     fn flush_groups(&mut self) {
         let whole = self.pending.len() / 3 * 3;
-        standard_base64::append(&self.pending[..whole], self.out);
+        base64_simd::STANDARD.encode_append(&self.pending[..whole], self.out);
         self.pending.drain(..whole);
     }
 
     /// Encodes what is left, with padding.
     pub fn finish(mut self) {
         let pending = std::mem::take(&mut self.pending);
-        standard_base64::append(&pending, self.out);
+        base64_simd::STANDARD.encode_append(&pending, self.out);
     }
 }
 
