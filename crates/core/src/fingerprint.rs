@@ -87,19 +87,25 @@ impl Fingerprint {
     }
 }
 
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Fingerprint {
+    /// Appends the 16 hex digits [`Display`](fmt::Display) writes to `out`.
+    pub fn push_hex(&self, out: &mut String) {
         // Written on every admission (the record and the log): by hand, as `{:08x}{:08x}`
         // would write it, without `fmt`'s padding machinery.
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut hex = [0u8; 16];
         let halves = (u64::from(self.shape) << 32) | u64::from(self.images);
-        for (at, digit) in hex.iter_mut().enumerate() {
+        for at in 0..16 {
             let nibble = (halves >> (60 - 4 * at)) & 0xf;
-            *digit = DIGITS[nibble as usize];
+            out.push(char::from(DIGITS[nibble as usize]));
         }
-        // Hex digits are ASCII.
-        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut hex = String::with_capacity(16);
+        self.push_hex(&mut hex);
+        f.write_str(&hex)
     }
 }
 

@@ -58,17 +58,34 @@ impl Applied {
             fingerprint: template.fingerprint,
         }
     }
+
+    /// Appends its entry in the `sidecar.dev/injected` annotation to `out`.
+    pub fn push_entry(&self, out: &mut String) {
+        push_record_entry(out, &self.name, self.generation, &self.fingerprint);
+    }
 }
 
 impl std::fmt::Display for Applied {
     /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Written on every admission: the name and fingerprint straight, the generation
-        // through `write!`, so that a caller's width or sign flags reach none of it.
-        f.write_str(&self.name)?;
-        write!(f, "@{}#", self.generation)?;
-        fmt::Display::fmt(&self.fingerprint, f)
+        // Written whole, so that a caller's width or sign flags reach none of it.
+        let mut entry = String::with_capacity(self.name.len() + RECORD_ENTRY_EXTRA);
+        self.push_entry(&mut entry);
+        f.write_str(&entry)
     }
+}
+
+/// The bytes of a record entry besides the name: `@`, a generation, `#` and 16 hex digits.
+const RECORD_ENTRY_EXTRA: usize = 40;
+
+/// Appends `name@generation#fingerprint` to `out`: written on every admission (the record,
+/// its audit annotation and the log), straight into the string that holds the record.
+fn push_record_entry(out: &mut String, name: &str, generation: i64, fingerprint: &Fingerprint) {
+    out.push_str(name);
+    out.push('@');
+    out.push_str(itoa::Buffer::new().format(generation));
+    out.push('#');
+    fingerprint.push_hex(out);
 }
 
 /// Why a template was not applied.
@@ -654,7 +671,23 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // select the Pod) are left as they are, for whoever decides them.
         let claimed = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
         let mut unrecorded = present;
-        let mut record: Vec<String> = Vec::new();
+        let mut record = String::with_capacity(
+            claimed.len()
+                + unrecorded
+                    .iter()
+                    .map(|t| t.name.len() + RECORD_ENTRY_EXTRA + 1)
+                    .sum::<usize>(),
+        );
+        // Entries are never empty, so a comma goes before each but the first.
+        let separate = |record: &mut String| {
+            if !record.is_empty() {
+                record.push(',');
+            }
+        };
+        let push_template = |record: &mut String, t: &CompiledTemplate| {
+            separate(record);
+            push_record_entry(record, &t.name, t.generation, &t.fingerprint);
+        };
         let mut listed: Vec<&str> = Vec::new();
         for entry in injected_entries(claimed) {
             let name = entry_name(entry);
@@ -663,14 +696,15 @@ impl<'k, 't: 'k> Pass<'k, 't> {
             }
             listed.push(name);
             if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
-                let template = unrecorded.remove(at);
-                record.push(Applied::of(template).to_string());
+                push_template(&mut record, unrecorded.remove(at));
             } else if !absent.contains(&name) {
-                record.push(entry.to_owned());
+                separate(&mut record);
+                record.push_str(entry);
             }
         }
-        record.extend(unrecorded.iter().map(|t| Applied::of(t).to_string()));
-        let record = record.join(",");
+        for template in &unrecorded {
+            push_template(&mut record, template);
+        }
         if claimed != record {
             builder.annotations.set(INJECTED_ANNOTATION, record);
         }
@@ -1569,11 +1603,18 @@ fn append<'t>(
     }
     if existed {
         let path = path().then_escaped("/-");
+        ops.reserve(items.len());
+        let mut items = items.into_iter();
+        // The last item takes the path itself: one copy fewer for each list.
+        let last = items.next_back();
         for value in items {
             ops.push(AddOperation {
                 path: path.clone(),
                 value,
             });
+        }
+        if let Some(value) = last {
+            ops.push(AddOperation { path, value });
         }
     } else {
         ops.push(AddOperation {
