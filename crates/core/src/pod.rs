@@ -102,6 +102,11 @@ pub struct Strings<'a> {
 impl<'a> Strings<'a> {
     /// From entries in the order given; of a key given twice, the last counts.
     pub fn from_entries(mut entries: Vec<(Str<'a>, Option<Str<'a>>)>) -> Self {
+        // The API server writes a map's keys sorted (Go's `encoding/json` does), so keys in
+        // strictly rising order, sorted and each once, are the common case.
+        if entries.is_sorted_by(|a, b| a.0 < b.0) {
+            return Strings { entries };
+        }
         // A stable sort of the reversed list puts each key's last entry first among its own.
         entries.reverse();
         entries.sort_by(|a, b| a.0.cmp(&b.0));

@@ -305,3 +305,23 @@ fn tiny_values_in_read_fields_run_out_of_allowance_and_skipped_fields_cost_nothi
     assert!(decoded.pod.containers.is_empty());
     assert!(decoded.charged < 4096, "{}", decoded.charged);
 }
+
+#[test]
+fn labels_in_any_order_or_given_twice_read_as_the_last_given() {
+    for labels in [
+        r#"{"a":"1","b":"2","c":"3"}"#,
+        r#"{"c":"3","a":"1","b":"2"}"#,
+        r#"{"a":"0","b":"2","a":"1","c":"3"}"#,
+        r#"{"a":"1","b":"2","c":"0","c":"3"}"#,
+        r#"{"a":"1","a":"1","b":"2","c":"3"}"#,
+    ] {
+        let json = format!(r#"{{"metadata":{{"labels":{labels}}},"spec":{{"containers":[]}}}}"#);
+        let pod = same_as_value(&json).unwrap();
+        let read: Vec<_> = pod.labels().unwrap().iter().collect();
+        assert_eq!(
+            read,
+            [("a", Some("1")), ("b", Some("2")), ("c", Some("3"))],
+            "{labels}"
+        );
+    }
+}
