@@ -88,24 +88,36 @@ impl Fingerprint {
 }
 
 impl Fingerprint {
-    /// Appends the 16 hex digits [`Display`](fmt::Display) writes to `out`.
-    pub fn push_hex(&self, out: &mut String) {
+    /// The 16 hex digits [`Display`](fmt::Display) writes.
+    pub fn hex(&self) -> impl std::ops::Deref<Target = str> {
         // Written on every admission (the record and the log): by hand, as `{:08x}{:08x}`
         // would write it, without `fmt`'s padding machinery.
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 16];
         let halves = (u64::from(self.shape) << 32) | u64::from(self.images);
-        for at in 0..16 {
+        for (at, digit) in hex.iter_mut().enumerate() {
             let nibble = (halves >> (60 - 4 * at)) & 0xf;
-            out.push(char::from(DIGITS[nibble as usize]));
+            *digit = DIGITS[nibble as usize];
         }
+        HexDigits(hex)
+    }
+}
+
+/// 16 hex digits, ASCII.
+struct HexDigits([u8; 16]);
+
+impl std::ops::Deref for HexDigits {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Only hex digits are written, all ASCII.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut hex = String::with_capacity(16);
-        self.push_hex(&mut hex);
-        f.write_str(&hex)
+        f.write_str(&self.hex())
     }
 }
 

@@ -61,31 +61,41 @@ impl Applied {
 
     /// Appends its entry in the `sidecar.dev/injected` annotation to `out`.
     pub fn push_entry(&self, out: &mut String) {
-        push_record_entry(out, &self.name, self.generation, &self.fingerprint);
+        // Writing into a `String` cannot fail.
+        let _ = write_record_entry(out, &self.name, self.generation, &self.fingerprint);
+    }
+
+    /// An upper bound of the length of its entry.
+    pub fn entry_len_bound(&self) -> usize {
+        self.name.len() + RECORD_ENTRY_EXTRA
     }
 }
 
 impl std::fmt::Display for Applied {
     /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Written whole, so that a caller's width or sign flags reach none of it.
-        let mut entry = String::with_capacity(self.name.len() + RECORD_ENTRY_EXTRA);
-        self.push_entry(&mut entry);
-        f.write_str(&entry)
+        // Written with `write_str` only, so that a caller's width or sign flags reach none of it.
+        write_record_entry(f, &self.name, self.generation, &self.fingerprint)
     }
 }
 
-/// The bytes of a record entry besides the name: `@`, a generation, `#` and 16 hex digits.
-const RECORD_ENTRY_EXTRA: usize = 40;
+/// At most the bytes of a record entry besides the name: `@`, a generation (up to 20), `#`
+/// and 16 hex digits.
+const RECORD_ENTRY_EXTRA: usize = 38;
 
-/// Appends `name@generation#fingerprint` to `out`: written on every admission (the record,
-/// its audit annotation and the log), straight into the string that holds the record.
-fn push_record_entry(out: &mut String, name: &str, generation: i64, fingerprint: &Fingerprint) {
-    out.push_str(name);
-    out.push('@');
-    out.push_str(itoa::Buffer::new().format(generation));
-    out.push('#');
-    fingerprint.push_hex(out);
+/// Writes `name@generation#fingerprint` to `out`: on every admission (the record, its audit
+/// annotation and the log) straight into the string that holds the record.
+fn write_record_entry(
+    out: &mut impl fmt::Write,
+    name: &str,
+    generation: i64,
+    fingerprint: &Fingerprint,
+) -> fmt::Result {
+    out.write_str(name)?;
+    out.write_char('@')?;
+    out.write_str(itoa::Buffer::new().format(generation))?;
+    out.write_char('#')?;
+    out.write_str(&fingerprint.hex())
 }
 
 /// Why a template was not applied.
@@ -686,7 +696,8 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         };
         let push_template = |record: &mut String, t: &CompiledTemplate| {
             separate(record);
-            push_record_entry(record, &t.name, t.generation, &t.fingerprint);
+            // Writing into a `String` cannot fail.
+            let _ = write_record_entry(record, &t.name, t.generation, &t.fingerprint);
         };
         let mut listed: Vec<&str> = Vec::new();
         for entry in injected_entries(claimed) {

@@ -382,9 +382,8 @@ enum Object<'a> {
 /// The applied templates' entries (`name@generation#fingerprint`), comma-separated, as the
 /// audit annotation and the log line record them.
 fn record_of(applied: &[Applied]) -> String {
-    // One string sized for the entries (a name, then `@`, a generation, `#`, 16 hex digits
-    // and a comma), not one per entry joined.
-    let mut record = String::with_capacity(applied.iter().map(|a| a.name.len() + 41).sum());
+    // One string sized for the entries and their commas, not one per entry joined.
+    let mut record = String::with_capacity(applied.iter().map(|a| a.entry_len_bound() + 1).sum());
     for (i, entry) in applied.iter().enumerate() {
         if i > 0 {
             record.push(',');
