@@ -293,13 +293,19 @@ pub struct Base64Out<'o> {
 }
 
 /// Standard padded base64, as an AdmissionResponse carries a patch: AVX2 where the CPU has it
-/// (looked up once), plain code elsewhere.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// (looked up once), NEON on aarch64, plain code elsewhere.
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon")
+))]
 pub(crate) static BASE64: std::sync::LazyLock<base64::engine::Simd> =
     std::sync::LazyLock::new(|| {
         base64::engine::Simd::standard(base64::engine::general_purpose::PAD)
     });
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon")
+)))]
 pub(crate) static BASE64: base64::engine::GeneralPurpose =
     base64::engine::general_purpose::STANDARD;
 

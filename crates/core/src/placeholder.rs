@@ -264,9 +264,10 @@ impl JsonText {
     pub fn base64_from(&self, skip: usize) -> Option<&str> {
         let slot = self.base64.get(skip)?;
         Some(slot.get_or_init(|| {
+            use base64::Engine as _;
             let tail = self.json.as_bytes().get(skip..).unwrap_or_default();
             let whole = tail.len() / 3 * 3;
-            base64::Engine::encode(&*crate::patch::BASE64, &tail[..whole]).into_boxed_str()
+            crate::patch::BASE64.encode(&tail[..whole]).into_boxed_str()
         }))
     }
 }
