@@ -10,6 +10,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod freshness;
 pub mod group;
+pub mod json_pull;
 pub mod json_scan;
 pub mod lifecycle;
 pub mod patch;

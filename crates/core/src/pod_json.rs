@@ -34,6 +34,10 @@ use crate::pod::{
     Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
 };
 
+mod pulled;
+
+pub use pulled::pull_pod_among;
+
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A real Pod takes a
 /// small fraction of it; a `Value` kept whole costs 10–30 times its JSON and is charged about
 /// 1.7 times what it allocates; hostile shapes (lists of empty maps) would cost more and are
@@ -152,33 +156,6 @@ pub fn allowance(json_len: usize) -> usize {
     json_len.saturating_mul(COST_PER_BYTE).max(MIN_ALLOWANCE)
 }
 
-/// Decodes a Pod as [`decode_pod_among`] does, in the middle of a larger document: the webhook
-/// reads the Pod in the same pass as the AdmissionReview around it. It fails wherever
-/// [`decode_pod_among`] fails or decodes the Pod a second time; the caller then reads the Pod
-/// on its own with [`decode_pod_among`], for the error or the Pod.
-pub struct PodAmong<'k, K: ?Sized> {
-    /// The memory decoding may take, as for [`decode_pod_among`].
-    pub allowance: usize,
-    /// Every template in force.
-    pub known: &'k K,
-}
-
-impl<'de, K: KnownTemplates + ?Sized> DeserializeSeed<'de> for PodAmong<'_, K> {
-    type Value = Result<Pod<'de>, MalformedPod>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        let whole = |named: Named, name: &str| adds(self.known, named, name);
-        let state = State::new(self.allowance, Some(&whole));
-        let pod = PodSeed { state: &state }.deserialize(deserializer)?;
-        if state.incomplete.get() {
-            return Err(de::Error::custom(
-                "a container is named after its other fields; decode the Pod on its own",
-            ));
-        }
-        Ok(pod)
-    }
-}
-
 /// Whether a known template adds a `named` item called `name`.
 fn adds(known: &(impl KnownTemplates + ?Sized), named: Named, name: &str) -> bool {
     match named {
@@ -227,16 +204,25 @@ struct Budget {
 
 impl Budget {
     fn charge<E: de::Error>(&self, bytes: usize) -> Result<(), E> {
+        if self.spend(bytes) {
+            Ok(())
+        } else {
+            Err(E::custom(
+                "the memory allowance for decoding the Pod is spent",
+            ))
+        }
+    }
+
+    /// Takes `bytes` from what is left: whether there were as many.
+    fn spend(&self, bytes: usize) -> bool {
         match self.left.get().checked_sub(bytes) {
             Some(left) => {
                 self.left.set(left);
-                Ok(())
+                true
             }
             None => {
                 self.exceeded.set(true);
-                Err(E::custom(
-                    "the memory allowance for decoding the Pod is spent",
-                ))
+                false
             }
         }
     }
@@ -389,6 +375,12 @@ enum Shape<T> {
     Absent,
     Wrong,
     Is(T),
+}
+
+impl<T> From<Option<T>> for Shape<T> {
+    fn from(value: Option<T>) -> Self {
+        value.map_or(Shape::Absent, Shape::Is)
+    }
 }
 
 impl<T> Shape<T> {

@@ -9,13 +9,12 @@ use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
 use injector_core::pod_json::{PodJsonError, decode_pod_among};
 use injector_core::{
-    Applied, CompiledTemplate, Group, MalformedPod, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
+    Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 mod one_pass;
-mod quick_json;
 
 /// The annotation key (prefixed by the API server with the webhook's name) under which the
 /// audit log records the templates applied.
@@ -171,7 +170,7 @@ struct RequestIn<'a> {
     /// The object, when it was decoded as it was read (see [`one_pass`]); then `object` is
     /// `None`.
     #[serde(skip)]
-    pod: Option<Result<Pod<'a>, MalformedPod>>,
+    pod: Option<Pod<'a>>,
 }
 
 /// The AdmissionReview answered, written as JSON by [`ResponseOut::write`].
@@ -245,7 +244,7 @@ pub fn decide<'s>(
         known: snapshot,
     };
     let review = one_pass::read(body, decodes_pods.then_some(context))
-        .or_else(|_| serde_json::from_slice::<ReviewIn>(body))
+        .or_else(|_refused| serde_json::from_slice::<ReviewIn>(body))
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
     let api_version = API_VERSIONS
         .into_iter()
@@ -374,7 +373,7 @@ fn unknown_required_group(id: &str) -> String {
 #[allow(clippy::large_enum_variant)]
 enum Object<'a> {
     /// Decoded as the review was read.
-    Decoded(Result<Pod<'a>, MalformedPod>),
+    Decoded(Pod<'a>),
     /// As it was sent, if it was.
     Raw(Option<&'a RawValue>),
 }
@@ -420,7 +419,7 @@ fn answer_pod(
         )
     };
     let decoded = match object {
-        Object::Decoded(pod) => pod.map_err(PodJsonError::from),
+        Object::Decoded(pod) => Ok(pod),
         Object::Raw(None) => return missing(),
         Object::Raw(Some(raw)) if raw.get() == "null" => return missing(),
         Object::Raw(Some(raw)) => decode_pod_among(raw.get(), allowance, snapshot),

@@ -1,21 +1,18 @@
-//! The AdmissionReview read in one pass, its Pod decoded where the parser meets it, rather than
-//! skipped over to find where it ends and parsed again. Only for reviews written as the API
-//! server writes them: the request's kind and operation before its object, keys without
-//! escapes, no key twice. Anything else fails here and is read the other way (the derived
-//! `Deserialize` of [`ReviewIn`], then `pod_json::decode_pod_among`), which also gives each
-//! error its message; so a decision never depends on which way its review was read. The one
-//! pass is made by the quick reader ([`super::quick_json`]), or by `serde_json` where that
-//! refuses the text.
+//! The AdmissionReview read in one pass by the pull reader ([`injector_core::json_pull`]), its
+//! Pod decoded where the reader meets it ([`pull_pod_among`]), rather than skipped over to find
+//! where it ends and parsed again. Only for reviews written as the API server writes them: the
+//! request's kind and operation before its object, keys without escapes, no key twice, every
+//! field read of the type it has. Anything else is refused here and read the other way (the
+//! derived `Deserialize` of [`ReviewIn`], then `pod_json::decode_pod_among`), which also gives
+//! each error its message; so a decision never depends on which way its review was read.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use injector_core::pod_json::PodAmong;
-use injector_core::{MalformedPod, Pod, Snapshot};
-use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use injector_core::Snapshot;
+use injector_core::json_pull::{Reader, Refused, Result};
+use injector_core::pod_json::pull_pod_among;
 use serde_json::value::RawValue;
 
-use super::quick_json::{Reader, Refused};
 use super::{GroupVersionKind, RequestIn, ReviewIn};
 
 /// How to decode a Pod met in the review: within this allowance, among these templates.
@@ -26,146 +23,57 @@ pub(super) struct PodContext<'s> {
 }
 
 /// Reads `body`, decoding the object of a Pod CREATE with `pod` (`None`: kept as raw JSON).
-pub(super) fn read<'a>(
-    body: &'a [u8],
-    pod: Option<PodContext<'_>>,
-) -> Result<ReviewIn<'a>, serde_json::Error> {
+pub(super) fn read<'a>(body: &'a [u8], pod: Option<PodContext<'_>>) -> Result<ReviewIn<'a>> {
     // Checked as a whole at once, the text need not be checked string by string; with SIMD,
     // where the standard library checks eight bytes a step.
-    let text =
-        simdutf8::basic::from_utf8(body).map_err(|_| de::Error::custom("the body is not UTF-8"))?;
-    match read_quickly(text, pod) {
-        Ok(review) => return Ok(review),
-        // Through `serde_json`, the visitor would refuse the same: left to the other way.
-        Err(Refused::ByVisitor) => return Err(de::Error::custom("refused in one pass")),
-        Err(Refused::Unsure) => {}
-    }
-    let mut parser = serde_json::Deserializer::from_str(text);
-    let review = parser.deserialize_map(ReviewVisitor { pod })?;
-    parser.end()?;
-    Ok(review)
-}
-
-/// Reads `text` with the quick reader, which refuses what it might not read as `serde_json`.
-fn read_quickly<'a>(text: &'a str, pod: Option<PodContext<'_>>) -> Result<ReviewIn<'a>, Refused> {
+    let text = simdutf8::basic::from_utf8(body).map_err(|_| Refused)?;
     let mut reader = Reader::new(text);
-    let review = (&mut reader).deserialize_map(ReviewVisitor { pod })?;
+    let review = review(&mut reader, pod)?;
     reader.end()?;
     Ok(review)
 }
 
-/// Sets `slot` to `value`, unless the key was seen already.
-fn once<T, E: de::Error>(slot: &mut Option<T>, key: &'static str, value: T) -> Result<(), E> {
+/// Sets `slot` to `value`, unless the key was seen already (the derived way refuses it).
+fn once<T>(slot: &mut Option<T>, value: T) -> Result<()> {
     if slot.is_some() {
-        return Err(E::duplicate_field(key));
+        return Err(Refused);
     }
     *slot = Some(value);
     Ok(())
 }
 
-/// A string, borrowed from the body unless it has escapes.
-struct Text<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> de::Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_str(TextVisitor)
+/// A string or `null`.
+fn optional_text<'a>(reader: &mut Reader<'a>) -> Result<Option<Cow<'a, str>>> {
+    if reader.null()? {
+        return Ok(None);
     }
+    reader.string().map(Some)
 }
 
-struct TextVisitor;
-
-impl<'de> Visitor<'de> for TextVisitor {
-    type Value = Text<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string")
-    }
-
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Borrowed(v)))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Text<'de>, E> {
-        Ok(Text(Cow::Owned(v.to_owned())))
-    }
-}
-
-fn text<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Cow<'de, str>, A::Error> {
-    map.next_value::<Text<'de>>().map(|t| t.0)
-}
-
-fn optional_text<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<Cow<'de, str>>, A::Error> {
-    map.next_value::<Option<Text<'de>>>()
-        .map(|t| t.map(|t| t.0))
-}
-
-struct ReviewVisitor<'s> {
-    pod: Option<PodContext<'s>>,
-}
-
-impl<'de> Visitor<'de> for ReviewVisitor<'_> {
-    type Value = ReviewIn<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an AdmissionReview")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ReviewIn<'de>, A::Error> {
-        let (mut api_version, mut kind, mut request) = (None, None, None);
-        while let Some(key) = map.next_key::<&'de str>()? {
-            match key {
-                "apiVersion" => once(&mut api_version, "apiVersion", text(&mut map)?)?,
-                "kind" => once(&mut kind, "kind", text(&mut map)?)?,
-                "request" => {
-                    let value = map.next_value_seed(Optional(RequestVisitor { pod: self.pod }))?;
-                    once(&mut request, "request", value)?;
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+fn review<'a>(reader: &mut Reader<'a>, pod: Option<PodContext<'_>>) -> Result<ReviewIn<'a>> {
+    let (mut api_version, mut kind, mut request) = (None, None, None);
+    reader.object()?;
+    let mut first = true;
+    while let Some(key) = reader.key(&mut first)? {
+        match key {
+            "apiVersion" => once(&mut api_version, reader.string()?)?,
+            "kind" => once(&mut kind, reader.string()?)?,
+            "request" => {
+                let value = if reader.null()? {
+                    None
+                } else {
+                    Some(self::request(reader, pod)?)
+                };
+                once(&mut request, value)?;
             }
+            _ => reader.skip()?,
         }
-        Ok(ReviewIn {
-            api_version: api_version.unwrap_or_default(),
-            kind: kind.unwrap_or_default(),
-            request: request.flatten(),
-        })
     }
-}
-
-/// `null` or what the visitor reads.
-struct Optional<V>(V);
-
-impl<'de, V: Visitor<'de>> DeserializeSeed<'de> for Optional<V> {
-    type Value = Option<V::Value>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_option(self)
-    }
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for Optional<V> {
-    type Value = Option<V::Value>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.expecting(f)
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_map(self.0).map(Some)
-    }
-}
-
-struct RequestVisitor<'s> {
-    pod: Option<PodContext<'s>>,
+    Ok(ReviewIn {
+        api_version: api_version.unwrap_or_default(),
+        kind: kind.unwrap_or_default(),
+        request: request.flatten(),
+    })
 }
 
 /// The fields of a request read so far.
@@ -178,7 +86,6 @@ struct RequestFields<'a> {
     name: Option<Option<Cow<'a, str>>>,
     operation: Option<Cow<'a, str>>,
     object: Option<Option<&'a RawValue>>,
-    pod: Option<Option<Result<Pod<'a>, MalformedPod>>>,
 }
 
 impl RequestFields<'_> {
@@ -195,89 +102,75 @@ impl RequestFields<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for RequestVisitor<'_> {
-    type Value = RequestIn<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an admission request")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RequestIn<'de>, A::Error> {
-        let mut read = RequestFields::default();
-        while let Some(key) = map.next_key::<&'de str>()? {
-            match key {
-                "uid" => once(&mut read.uid, "uid", text(&mut map)?)?,
-                "kind" => once(&mut read.kind, "kind", map.next_value()?)?,
-                "subResource" => once(
-                    &mut read.sub_resource,
-                    "subResource",
-                    optional_text(&mut map)?,
-                )?,
-                "namespace" => once(&mut read.namespace, "namespace", optional_text(&mut map)?)?,
-                "name" => once(&mut read.name, "name", optional_text(&mut map)?)?,
-                "operation" => once(&mut read.operation, "operation", text(&mut map)?)?,
-                "object" => {
-                    if read.object.is_some() || read.pod.is_some() {
-                        return Err(de::Error::duplicate_field("object"));
-                    }
-                    match self.pod.filter(|_| read.is_pod_create()) {
-                        Some(context) => {
-                            let seed = PodAmong {
-                                allowance: context.allowance,
-                                known: context.known,
-                            };
-                            read.pod = Some(map.next_value_seed(OptionalPod(seed))?);
-                        }
-                        None => read.object = Some(map.next_value()?),
-                    }
+fn request<'a>(reader: &mut Reader<'a>, pod: Option<PodContext<'_>>) -> Result<RequestIn<'a>> {
+    let mut read = RequestFields::default();
+    let mut decoded = None;
+    reader.object()?;
+    let mut first = true;
+    while let Some(key) = reader.key(&mut first)? {
+        match key {
+            "uid" => once(&mut read.uid, reader.string()?)?,
+            "kind" => once(&mut read.kind, group_version_kind(reader)?)?,
+            "subResource" => once(&mut read.sub_resource, optional_text(reader)?)?,
+            "namespace" => once(&mut read.namespace, optional_text(reader)?)?,
+            "name" => once(&mut read.name, optional_text(reader)?)?,
+            "operation" => once(&mut read.operation, reader.string()?)?,
+            "object" => {
+                if read.object.is_some() || decoded.is_some() {
+                    return Err(Refused);
                 }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
+                match pod.filter(|_| read.is_pod_create()) {
+                    Some(context) => {
+                        decoded = Some(if reader.null()? {
+                            None
+                        } else {
+                            Some(pull_pod_among(reader, context.allowance, context.known)?)
+                        });
+                    }
+                    None => read.object = Some(raw_object(reader)?),
                 }
             }
+            _ => reader.skip()?,
         }
-        Ok(RequestIn {
-            uid: read.uid.unwrap_or_default(),
-            kind: read.kind.unwrap_or_default(),
-            sub_resource: read.sub_resource.flatten(),
-            namespace: read.namespace.flatten(),
-            name: read.name.flatten(),
-            operation: read.operation.unwrap_or_default(),
-            object: read.object.flatten(),
-            pod: read.pod.flatten(),
-        })
     }
+    Ok(RequestIn {
+        uid: read.uid.unwrap_or_default(),
+        kind: read.kind.unwrap_or_default(),
+        sub_resource: read.sub_resource.flatten(),
+        namespace: read.namespace.flatten(),
+        name: read.name.flatten(),
+        operation: read.operation.unwrap_or_default(),
+        object: read.object.flatten(),
+        pod: decoded.flatten(),
+    })
 }
 
-/// `null` or a Pod.
-struct OptionalPod<'k>(PodAmong<'k, Snapshot>);
-
-impl<'de> DeserializeSeed<'de> for OptionalPod<'_> {
-    type Value = Option<Result<Pod<'de>, MalformedPod>>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_option(self)
+/// A request's `kind`: its group and kind (its version is not read).
+fn group_version_kind<'a>(reader: &mut Reader<'a>) -> Result<GroupVersionKind<'a>> {
+    let (mut group, mut kind) = (None, None);
+    reader.object()?;
+    let mut first = true;
+    while let Some(key) = reader.key(&mut first)? {
+        match key {
+            "group" => once(&mut group, reader.string()?)?,
+            "kind" => once(&mut kind, reader.string()?)?,
+            _ => reader.skip()?,
+        }
     }
+    Ok(GroupVersionKind {
+        group: group.unwrap_or_default(),
+        kind: kind.unwrap_or_default(),
+    })
 }
 
-impl<'de> Visitor<'de> for OptionalPod<'_> {
-    type Value = Option<Result<Pod<'de>, MalformedPod>>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a Pod")
+/// An object not decoded as it is read, kept as its text (`None` for `null`).
+fn raw_object<'a>(reader: &mut Reader<'a>) -> Result<Option<&'a RawValue>> {
+    if reader.null()? {
+        return Ok(None);
     }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        self.0.deserialize(deserializer).map(Some)
-    }
+    // Rare on the hot path (the webhook is called for Pod creations): `serde_json` checks the
+    // text again to borrow it as a `RawValue`.
+    serde_json::from_str(reader.raw()?).map_err(|_| Refused)
 }
 
 #[cfg(test)]

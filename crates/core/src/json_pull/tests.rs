@@ -1,28 +1,59 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use proptest::prelude::*;
-use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_json::{Number, Value, json};
+use serde_json::{Map, Number, Value, json};
 
 use super::*;
 
-/// `text` read into a `Value` by the quick reader.
+/// The value that comes next, read into a `Value` with the reader's calls.
+fn value(reader: &mut Reader<'_>) -> Result<Value> {
+    Ok(match reader.peek()? {
+        b'"' => Value::String(reader.string()?.into_owned()),
+        b'{' => {
+            reader.object()?;
+            let mut entries = Map::new();
+            let mut first = true;
+            while let Some(key) = reader.key(&mut first)? {
+                let value = value(reader)?;
+                entries.insert(key.to_owned(), value);
+            }
+            Value::Object(entries)
+        }
+        b'[' => {
+            reader.array()?;
+            let mut items = Vec::new();
+            let mut first = true;
+            while reader.item(&mut first)? {
+                items.push(value(reader)?);
+            }
+            Value::Array(items)
+        }
+        b't' | b'f' => Value::Bool(reader.boolean()?),
+        b'n' if reader.null()? => Value::Null,
+        _ => match reader.integer()? {
+            Integer::Unsigned(n) => Value::from(n),
+            Integer::Negative(n) => Value::from(n),
+        },
+    })
+}
+
+/// `text` read into a `Value` by the reader.
 fn quickly(text: &str) -> Result<Value> {
     let mut reader = Reader::new(text);
-    let value = Value::deserialize(&mut reader)?;
+    let value = value(&mut reader)?;
     reader.end()?;
     Ok(value)
 }
 
-/// Whether the quick reader skips `text` as one value.
+/// Whether the reader skips `text` as one value.
 fn skips(text: &str) -> bool {
     let mut reader = Reader::new(text);
-    IgnoredAny::deserialize(&mut reader).is_ok() && reader.end().is_ok()
+    reader.skip().is_ok() && reader.end().is_ok()
 }
 
-/// What the quick reader accepts, `serde_json` reads the same; what it skips, `serde_json`
-/// skips. Returns whether it read `text`.
+/// What the reader accepts, `serde_json` reads the same; what it skips, `serde_json` skips;
+/// what it gives as raw text is the value's. Returns whether it read `text`.
 fn agrees(text: &str) -> bool {
     let read = quickly(text);
     if let Ok(value) = &read {
@@ -38,22 +69,16 @@ fn agrees(text: &str) -> bool {
             serde_json::from_str::<IgnoredAny>(text).is_ok(),
             "skipped {text:?}"
         );
+        let mut reader = Reader::new(text);
+        assert_eq!(reader.raw().map(str::trim), Ok(text.trim()));
     }
     assert!(read.is_err() || skipped, "read but not skipped: {text:?}");
-    // Entry by entry, keys and values ignored (keys are then read as strings).
-    let mut reader = Reader::new(text);
-    if Entries::deserialize(&mut reader).is_ok() && reader.end().is_ok() {
-        assert!(
-            serde_json::from_str::<Entries>(text).is_ok(),
-            "entries of {text:?}"
-        );
-    }
     read.is_ok()
 }
 
 #[test]
 fn what_the_api_server_writes_is_read_as_serde_json_reads_it() {
-    let review = include_str!("../../../../../bench/fixtures/typical-pod-review.json");
+    let review = include_str!("../../../../bench/fixtures/typical-pod-review.json");
     assert!(agrees(review));
     assert!(skips(review));
     let pretty = serde_json::to_string_pretty(&serde_json::from_str::<Value>(review).unwrap());
@@ -184,142 +209,39 @@ fn nesting_is_refused_beyond_its_limit_read_or_skipped() {
     assert!(!skips(&objects(limit + 1)));
 
     // Skipped inside what is read: the levels add up.
-    #[derive(Deserialize)]
-    #[allow(dead_code)]
-    struct Only {
-        a: u64,
-    }
     let only = |depth: usize| {
         let text = format!(r#"{{"a":1,"b":{}}}"#, nested(depth));
-        Only::deserialize(&mut Reader::new(&text)).is_ok()
+        let mut reader = Reader::new(&text);
+        let mut first = true;
+        reader.object().is_ok()
+            && reader.key(&mut first) == Ok(Some("a"))
+            && reader.integer() == Ok(Integer::Unsigned(1))
+            && reader.key(&mut first) == Ok(Some("b"))
+            && reader.skip().is_ok()
     };
     assert!(only(limit - 1));
     assert!(!only(limit));
 }
 
-/// Skips each entry of an object, key and value, as `pod_json` does with a map it does not
-/// read.
-struct Entries;
-
-impl<'de> Deserialize<'de> for Entries {
-    fn deserialize<D: de::Deserializer<'de>>(
-        deserializer: D,
-    ) -> std::result::Result<Self, D::Error> {
-        struct Skip;
-        impl<'de> Visitor<'de> for Skip {
-            type Value = Entries;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> std::result::Result<Entries, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Entries)
-            }
-        }
-        deserializer.deserialize_map(Skip)
-    }
-}
-
-/// Reads nothing of an element.
-struct Nothing;
-
-impl<'de> Deserialize<'de> for Nothing {
-    fn deserialize<D: de::Deserializer<'de>>(_: D) -> std::result::Result<Self, D::Error> {
-        Ok(Nothing)
-    }
-}
-
 #[test]
-fn what_serde_json_checks_before_a_visitor_sees_it_is_checked_too() {
-    // An ignored key is read as a string: a lone surrogate is refused (found by review).
-    for text in [r#"{"\ud800":0}"#, r#"{"a":0,"\udc00x":1}"#] {
-        assert!(serde_json::from_str::<Entries>(text).is_err());
-        assert!(
-            Entries::deserialize(&mut Reader::new(text)).is_err(),
-            "{text}"
-        );
+fn keys_with_escapes_and_trailing_commas_are_refused() {
+    // A key with an escape: serde_json checks its surrogates; the API server writes none.
+    for text in [r#"{"\u00e9":0}"#, r#"{"a\"b":0}"#, r#"{"a":0,"\ud800":1}"#] {
+        assert!(quickly(text).is_err(), "{text}");
+        assert!(skips(text), "{text}");
     }
-    let text = r#"{"\u00e9":0,"b":[1.5]}"#;
-    assert!(serde_json::from_str::<Entries>(text).is_ok());
-    assert!(Entries::deserialize(&mut Reader::new(text)).is_ok());
-    // A trailing comma, also before an element that reads nothing.
-    assert!(serde_json::from_str::<Vec<Nothing>>("[1,]").is_err());
-    assert!(<Vec<Nothing>>::deserialize(&mut Reader::new("[1,]")).is_err());
-    assert!(<Vec<Nothing>>::deserialize(&mut Reader::new("[ ]")).is_ok());
-    // A number or a bool asked for: anything else is refused before a visitor sees it.
-    for (text, wanted) in [
-        (r#""x""#, "u64"),
-        ("1", "bool"),
-        ("null", "f64"),
-        ("true", "i8"),
-    ] {
-        let mut reader = Reader::new(text);
-        let refused = match wanted {
-            "u64" => de::Deserializer::deserialize_u64(&mut reader, AnyStr).err(),
-            "bool" => de::Deserializer::deserialize_bool(&mut reader, AnyStr).err(),
-            "f64" => de::Deserializer::deserialize_f64(&mut reader, AnyStr).err(),
-            _ => de::Deserializer::deserialize_i8(&mut reader, AnyStr).err(),
-        };
-        assert_eq!(refused, Some(Refused::Unsure), "{text} as {wanted}");
+    // What follows a comma is read as a value: `]` and `}` are not one.
+    for text in ["[1,]", "[1 , ]", r#"{"a":1,}"#, "[,1]", "{,}"] {
+        assert!(quickly(text).is_err(), "{text}");
+        assert!(serde_json::from_str::<Value>(text).is_err(), "{text}");
     }
-    // 128-bit integers are read by serde_json with visit_i128: left to it.
-    assert!(serde_json::from_str::<i128>("5").is_ok());
-    assert_eq!(
-        i128::deserialize(&mut Reader::new("5")).err(),
-        Some(Refused::Unsure)
-    );
-    assert_eq!(u64::deserialize(&mut Reader::new("5")), Ok(5));
-    assert_eq!(bool::deserialize(&mut Reader::new(" true")), Ok(true));
-}
-
-/// Accepts anything it is given.
-struct AnyStr;
-
-impl<'de> Visitor<'de> for AnyStr {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("anything")
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<(), E> {
-        Ok(())
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
-        Ok(())
-    }
-}
-
-#[test]
-fn serde_json_types_and_what_serde_json_reads_otherwise_are_refused() {
-    let mut reader = Reader::new(r#"{"a":1}"#);
-    assert!(<&serde_json::value::RawValue>::deserialize(&mut reader).is_err());
-    // A struct written as an array (serde_json reads it).
-    #[derive(Deserialize, Debug)]
-    #[allow(dead_code)]
-    struct Pair {
-        a: u64,
-        b: u64,
-    }
-    assert!(serde_json::from_str::<Pair>("[1,2]").is_ok());
-    assert!(Pair::deserialize(&mut Reader::new("[1,2]")).is_err());
-    // A key read as a number (serde_json reads it).
-    type Numbered = std::collections::BTreeMap<u64, u64>;
-    assert!(serde_json::from_str::<Numbered>(r#"{"1":2}"#).is_ok());
-    assert_eq!(
-        Numbered::deserialize(&mut Reader::new(r#"{"1":2}"#)).err(),
-        Some(Refused::Unsure)
-    );
-    let mut reader = Reader::new(r#"{"b":2,"a":1}"#);
-    let pair = Pair::deserialize(&mut reader).unwrap();
-    assert_eq!((pair.a, pair.b), (1, 2));
+    // Asked for one type, another is refused.
+    assert_eq!(Reader::new("1").string(), Err(Refused));
+    assert_eq!(Reader::new("\"a\"").boolean(), Err(Refused));
+    assert_eq!(Reader::new("null").object(), Err(Refused));
+    assert_eq!(Reader::new("[]").integer(), Err(Refused));
+    assert_eq!(Reader::new(" true").boolean(), Ok(true));
+    assert_eq!(Reader::new("1").null(), Ok(false));
 }
 
 /// Any JSON value, with strings that need escapes and numbers of every kind.
@@ -346,14 +268,22 @@ fn any_json() -> impl Strategy<Value = Value> {
     })
 }
 
-/// Whether every number of `value` is one the quick reader reads.
+/// Whether every number of `value` is one the reader reads, and every key one without an
+/// escape.
 fn integers_only(value: &Value) -> bool {
     match value {
         Value::Number(n) => n.is_u64() || n.as_i64().is_some_and(|n| n != i64::MIN),
         Value::Array(items) => items.iter().all(integers_only),
-        Value::Object(entries) => entries.values().all(integers_only),
+        Value::Object(entries) => entries
+            .iter()
+            .all(|(key, value)| plain(key) && integers_only(value)),
         _ => true,
     }
+}
+
+/// Whether `serde_json` writes `key` without an escape.
+fn plain(key: &str) -> bool {
+    serde_json::to_string(key).unwrap().len() == key.len() + 2
 }
 
 /// Bytes that make or break JSON.
@@ -398,15 +328,18 @@ proptest! {
 
 #[test]
 fn what_is_skipped_may_hold_what_would_be_refused_if_read() {
-    #[derive(Deserialize, Debug, PartialEq)]
-    #[serde(rename_all = "camelCase")]
-    struct Read {
-        api_version: String,
-        n: i64,
-    }
     let text =
         json!({"apiVersion": "v1", "skip": {"x": [1, 2.5, "\u{1}", null]}, "n": -3}).to_string();
-    let read = Read::deserialize(&mut Reader::new(&text)).unwrap();
-    assert_eq!(read, serde_json::from_str::<Read>(&text).unwrap());
+    let mut reader = Reader::new(&text);
+    let mut first = true;
+    reader.object().unwrap();
+    assert_eq!(reader.key(&mut first), Ok(Some("apiVersion")));
+    assert_eq!(reader.string().as_deref(), Ok("v1"));
+    assert_eq!(reader.key(&mut first), Ok(Some("n")));
+    assert_eq!(reader.integer(), Ok(Integer::Negative(-3)));
+    assert_eq!(reader.key(&mut first), Ok(Some("skip")));
+    assert_eq!(reader.raw(), Ok(r#"{"x":[1,2.5,"\u0001",null]}"#));
+    assert_eq!(reader.key(&mut first), Ok(None));
+    assert_eq!(reader.end(), Ok(()));
     assert!(quickly(&text).is_err());
 }
