@@ -99,8 +99,9 @@ impl<'j> Reader<'j> {
     /// The open object's next key, its colon read, or `None` when the object closes (it is
     /// then closed). `first` is `true` before the object's first key; it is kept by the caller.
     /// A key with an escape is refused: the API server writes none, and `serde_json` checks
-    /// their surrogates.
-    #[inline]
+    /// their surrogates. Always inline: a Pod decoder reads about 240 keys a review, and as a
+    /// call this cost about 7.5k instructions.
+    #[inline(always)]
     pub fn key(&mut self, first: &mut bool) -> Result<Option<&'j str>> {
         if !self.next_in(b'}', first)? {
             return Ok(None);

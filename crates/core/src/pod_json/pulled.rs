@@ -387,8 +387,8 @@ impl<'w> Pulling<'_, 'w> {
 
     /// The rest of the open item, whole, when a `named` item called `name` (its `name` just
     /// read) is kept whole. Only when `name` was its first key: else it is refused, and the
-    /// `serde` decoder decodes the Pod again whole. Charged for the copy of its name (by its
-    /// last `name`, as a JSON object reads) that the item takes.
+    /// `serde` decoder decodes the Pod again whole.
+    #[inline]
     fn whole_if_wanted(
         self,
         reader: &mut Reader<'_>,
@@ -402,19 +402,21 @@ impl<'w> Pulling<'_, 'w> {
         if !is_first {
             return Err(Refused);
         }
-        let whole = self.named_whole(reader, name)?;
-        self.charge(cost::string(name_of(&whole).len()))?;
-        Ok(Some(whole))
+        self.named_whole(reader, name).map(Some)
     }
 
-    /// An object whose first field is `name` (already read), the rest read whole.
+    /// An object whose first field is `name` (already read), the rest read whole; charged for
+    /// the copy of its name the item takes as well.
+    #[cold]
     fn named_whole(self, reader: &mut Reader<'_>, name: &str) -> Result<Value> {
         self.charge(
             cost::MAP_FIRST_NODE + cost::MAP_ENTRY + cost::string(4) + cost::string(name.len()),
         )?;
         let mut object = Map::new();
         object.insert("name".to_owned(), Value::String(name.to_owned()));
-        self.whole_entries(reader, object).map(Value::Object)
+        let whole = self.whole_entries(reader, object).map(Value::Object)?;
+        self.charge(cost::string(name_of(&whole).len()))?;
+        Ok(whole)
     }
 
     /// The rest of the open object, whole, after the entries already in `object`.
