@@ -5,8 +5,8 @@
 //! (most of a Pod) is skipped by a loop that checks the syntax but builds nothing.
 //!
 //! It refuses ([`Refused`]) what it is not sure to read exactly as `serde_json` does: keys
-//! with escapes, integers read beyond 64 bits or `-0`, and numbers read with a fraction or an
-//! exponent (a skipped number is only checked, as `serde_json` checks one it ignores); nesting
+//! with escapes, integers read beyond 64 bits, `-0` or `i64::MIN`, and numbers read with a
+//! fraction or an exponent (a skipped number is only checked, as `serde_json` checks one it ignores); nesting
 //! deeper than [`MAX_DEPTH`]; and anything that is not JSON. A caller that meets what it does
 //! not expect refuses too. A refused text is read again by `serde_json`, which answers it or
 //! says what is wrong; so what this reader accepts it reads as `serde_json` would (the tests
@@ -162,7 +162,7 @@ impl<'j> Reader<'j> {
     }
 
     /// Reads the number that comes next as `serde_json` gives it, refusing anything it would
-    /// read as a float.
+    /// read as a float (and `i64::MIN`); a refused number is not read.
     pub fn integer(&mut self) -> Result<Integer> {
         self.skip_whitespace();
         let bytes = self.text.as_bytes();
@@ -177,15 +177,17 @@ impl<'j> Reader<'j> {
             .get(digits..end)
             .and_then(|digits| digits.parse().ok())
             .ok_or(Refused)?;
-        self.at = end;
-        if negative {
+        let integer = if negative {
             match i64::try_from(magnitude) {
-                Ok(magnitude) if magnitude > 0 => Ok(Integer::Negative(-magnitude)),
-                _ => Err(Refused),
+                Ok(magnitude) if magnitude > 0 => Integer::Negative(-magnitude),
+                _ => return Err(Refused),
             }
         } else {
-            Ok(Integer::Unsigned(magnitude))
-        }
+            Integer::Unsigned(magnitude)
+        };
+        // Only now: a refused number is where it was, for the caller to read otherwise.
+        self.at = end;
+        Ok(integer)
     }
 
     /// Skips the value that comes next, checking it as `serde_json` checks a value it ignores,
@@ -226,7 +228,7 @@ impl<'j> Reader<'j> {
         match self.byte() {
             Some(byte) if byte == closing => {
                 self.at += 1;
-                self.depth -= 1;
+                self.depth = self.depth.saturating_sub(1);
                 return Ok(false);
             }
             Some(b',') if !*first => {

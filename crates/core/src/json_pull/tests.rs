@@ -241,6 +241,12 @@ fn keys_with_escapes_and_trailing_commas_are_refused() {
     assert_eq!(Reader::new("null").object(), Err(Refused));
     assert_eq!(Reader::new("[]").integer(), Err(Refused));
     assert_eq!(Reader::new(" true").boolean(), Ok(true));
+    // A number refused is not read: its text is there to be read otherwise (found by review).
+    for number in ["-0", "-9223372036854775808", "1.5", "18446744073709551616"] {
+        let mut reader = Reader::new(number);
+        assert_eq!(reader.integer(), Err(Refused), "{number}");
+        assert_eq!(reader.raw(), Ok(number));
+    }
     assert_eq!(Reader::new("1").null(), Ok(false));
 }
 

@@ -1,10 +1,12 @@
 //! The AdmissionReview read in one pass by the pull reader ([`injector_core::json_pull`]), its
 //! Pod decoded where the reader meets it ([`pull_pod_among`]), rather than skipped over to find
-//! where it ends and parsed again. Only for reviews written as the API server writes them: the
-//! request's kind and operation before its object, keys without escapes, no key twice, every
-//! field read of the type it has. Anything else is refused here and read the other way (the
-//! derived `Deserialize` of [`ReviewIn`], then `pod_json::decode_pod_among`), which also gives
-//! each error its message; so a decision never depends on which way its review was read.
+//! where it ends and parsed again: when the request's kind and operation came before its object,
+//! as the API server writes them (else the object is kept as its text, and decoded after). A
+//! review the API server does not write (a key with an escape or given twice, a field read of
+//! another type than a review's or a Pod's, a Pod the planner cannot plan) is refused here and
+//! read the other way (the derived `Deserialize` of [`ReviewIn`], then
+//! `pod_json::decode_pod_among`), which also gives each error its message; so a decision never
+//! depends on which way its review was read.
 
 use std::borrow::Cow;
 

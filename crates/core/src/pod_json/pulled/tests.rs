@@ -85,6 +85,9 @@ fn pods_as_the_api_server_writes_them_are_pulled_as_decoded() {
     for wanted in [&none as &dyn Fn(Named, &str) -> bool, &every, &some] {
         assert!(both_ways(NAMED_FIRST, allowance(NAMED_FIRST.len()), wanted));
     }
+    // Numbers kept whole that the reader leaves to `serde_json`, read as it reads them.
+    let numbers = r#"{"spec":{"containers":[{"name":"a","x":[-0,-9223372036854775808,1.5e3]}]}}"#;
+    assert!(both_ways(numbers, MIN_ALLOWANCE, &every));
     // Whitespace anywhere, and `null` where the `serde` decoder reads it as absent.
     let spaced = " { \"metadata\" : null , \"spec\" : { \"containers\" : [ { \"name\" : \"a\" , \
                   \"env\" : null , \"volumeMounts\" : [ ] } ] , \"volumes\" : null } } ";
@@ -116,6 +119,14 @@ fn what_the_api_server_does_not_write_is_refused() {
         r#"{"spec":{"containers":[]}} x"#,
     ] {
         assert!(!both_ways(json, MIN_ALLOWANCE, &none), "{json}");
+    }
+    // Broken after a number the reader leaves to `serde_json`, in an item kept whole (found by
+    // review: the reader once moved past such a number, and built what followed uncharged).
+    for json in [
+        r#"{"spec":{"containers":[{"name":"a","x":-0"abc"}]}}"#,
+        r#"{"spec":{"containers":[{"name":"a","x":-9223372036854775808[{"":0}]}]}}"#,
+    ] {
+        assert!(!both_ways(json, MIN_ALLOWANCE, &every), "{json}");
     }
     // An item named after its other fields, when it is to be kept whole.
     let late = r#"{"spec":{"containers":[{"image":"i","name":"a"}]}}"#;
