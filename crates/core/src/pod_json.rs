@@ -1147,21 +1147,35 @@ impl<'de> Expect<'de> for MountItem<'_, '_> {
             state.incomplete.set(true);
             return Ok(Mount { path, whole: None });
         }
-        let mut mount = Map::new();
-        for (key, value) in fields.into_iter().flatten() {
-            state
-                .budget
-                .charge(cost::MAP_FIRST_NODE + cost::MAP_ENTRY + cost::string(key.len()))?;
-            if let Scalar::Str(text) = &value {
-                state.budget.charge(cost::string(text.len()))?;
-            }
-            mount.insert(key.into_owned(), value.into());
-        }
+        let whole = whole_mount(&state.budget, fields.into_iter().flatten()).ok_or_else(|| {
+            de::Error::custom("the memory allowance for decoding the Pod is spent")
+        })?;
         Ok(Mount {
             path,
-            whole: Some(Cow::Owned(Value::Object(mount))),
+            whole: Some(Cow::Owned(whole)),
         })
     }
+}
+
+/// A mount built whole from the fields kept aside, within `budget`; `None` once it is spent.
+fn whole_mount<'a, K: AsRef<str>>(
+    budget: &Budget,
+    fields: impl Iterator<Item = (K, Scalar<'a>)>,
+) -> Option<Value> {
+    let mut mount = Map::new();
+    for (key, value) in fields {
+        let key = key.as_ref();
+        if !budget.spend(cost::MAP_FIRST_NODE + cost::MAP_ENTRY + cost::string(key.len())) {
+            return None;
+        }
+        if let Scalar::Str(text) = &value
+            && !budget.spend(cost::string(text.len()))
+        {
+            return None;
+        }
+        mount.insert(key.to_owned(), value.into());
+    }
+    Some(Value::Object(mount))
 }
 
 /// A volume.

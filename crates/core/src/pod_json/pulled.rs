@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 
 use super::{
     Decoded, MOUNT_FIELDS, Named, RawMetadata, RawPod, RawSpec, Scalar, Shape, State, adds,
-    assemble, cost,
+    assemble, cost, whole_mount,
 };
 use crate::json_pull::{Integer, Reader, Refused, Result};
 use crate::plan::KnownTemplates;
@@ -216,9 +216,12 @@ impl<'w> Pulling<'_, 'w> {
     fn container<'j>(self, reader: &mut Reader<'j>) -> Result<Option<Container<'j>>> {
         let mut container = Container::default();
         reader.object()?;
-        let (mut first, mut at_first) = (true, true);
-        while let Some(key) = reader.key(&mut first)? {
-            let is_first = std::mem::replace(&mut at_first, false);
+        let mut first = true;
+        loop {
+            let is_first = first;
+            let Some(key) = reader.key(&mut first)? else {
+                break;
+            };
             match key {
                 "name" => {
                     let name = self.item_name(reader)?;
@@ -261,9 +264,12 @@ impl<'w> Pulling<'_, 'w> {
     fn env<'j>(self, reader: &mut Reader<'j>) -> Result<EnvVar<'j>> {
         let mut name = Cow::Borrowed("");
         reader.object()?;
-        let (mut first, mut at_first) = (true, true);
-        while let Some(key) = reader.key(&mut first)? {
-            let is_first = std::mem::replace(&mut at_first, false);
+        let mut first = true;
+        loop {
+            let is_first = first;
+            let Some(key) = reader.key(&mut first)? else {
+                break;
+            };
             if key != "name" {
                 reader.skip()?;
                 continue;
@@ -323,26 +329,22 @@ impl<'w> Pulling<'_, 'w> {
         if partial {
             return Err(Refused);
         }
-        let mut mount = Map::new();
-        for (key, value) in fields.into_iter().flatten() {
-            self.charge(cost::MAP_FIRST_NODE + cost::MAP_ENTRY + cost::string(key.len()))?;
-            if let Scalar::Str(text) = &value {
-                self.charge(cost::string(text.len()))?;
-            }
-            mount.insert(key.to_owned(), value.into());
-        }
+        let whole = whole_mount(&self.state.budget, fields.into_iter().flatten()).ok_or(Refused)?;
         Ok(Mount {
             path,
-            whole: Some(Cow::Owned(Value::Object(mount))),
+            whole: Some(Cow::Owned(whole)),
         })
     }
 
     fn volume<'j>(self, reader: &mut Reader<'j>) -> Result<Volume<'j>> {
         let mut volume = Volume::default();
         reader.object()?;
-        let (mut first, mut at_first) = (true, true);
-        while let Some(key) = reader.key(&mut first)? {
-            let is_first = std::mem::replace(&mut at_first, false);
+        let mut first = true;
+        loop {
+            let is_first = first;
+            let Some(key) = reader.key(&mut first)? else {
+                break;
+            };
             match key {
                 "name" => {
                     let name = self.item_name(reader)?;
