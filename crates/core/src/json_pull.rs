@@ -4,10 +4,11 @@
 //! strings are scanned sixteen bytes a step on x86-64 ([`crate::json_scan`]); what is not read
 //! (most of a Pod) is skipped by a loop that checks the syntax but builds nothing.
 //!
-//! It refuses ([`Refused`]) what it is not sure to read exactly as `serde_json` does: keys
-//! with escapes, integers read beyond 64 bits, `-0` or `i64::MIN`, and numbers read with a
-//! fraction or an exponent (a skipped number is only checked, as `serde_json` checks one it ignores); nesting
-//! deeper than [`MAX_DEPTH`]; and anything that is not JSON. A caller that meets what it does
+//! It refuses ([`Refused`]) what it is not sure to read exactly as `serde_json` does: keys read
+//! with escapes (keys skipped are only checked), integers read beyond 64 bits, `-0` or
+//! `i64::MIN`, and numbers read with a fraction or an exponent (a skipped number is only
+//! checked, as `serde_json` checks one it ignores); nesting deeper than [`MAX_DEPTH`]; and
+//! anything that is not JSON. A caller that meets what it does
 //! not expect refuses too. A refused text is read again by `serde_json`, which answers it or
 //! says what is wrong; so what this reader accepts it reads as `serde_json` would (the tests
 //! compare the two on generated JSON), and it never needs an error message of its own.

@@ -21,9 +21,10 @@
 //! So a Pod costs at most a fixed multiple of its size whatever its shape, which is what lets
 //! the webhook reserve memory for a request before reading it.
 //!
-//! This decoder goes through `serde` and reads any JSON. The webhook first decodes a Pod as the
-//! API server writes it with [`pull_pod_among`], over the pull reader and without `serde`'s
-//! visitors (`pulled.rs`): the same Pod, charged the same, or refused, and then decoded here.
+//! This decoder goes through `serde` and reads any JSON. Where the review's kind and operation
+//! come before its Pod, as the API server writes them, the webhook decodes the Pod with
+//! [`pull_pod_among`], over the pull reader and without `serde`'s visitors (`pulled.rs`): the
+//! same Pod, charged the same, or refused, and then decoded here.
 
 use std::borrow::Cow;
 use std::cell::Cell;

@@ -1,8 +1,9 @@
 //! The Pod decoded by plain functions over the pull reader ([`crate::json_pull`]): the same
 //! [`Pod`] as the `serde` decoder above builds, charged the same, without `serde`'s visitors
 //! between the text and what is built. Only for Pods as the API server writes them: where a
-//! field holds another type than a Pod's, an item names itself after its other fields, a key
-//! has an escape or the allowance runs out, it refuses, and the caller decodes the Pod with
+//! field read holds another type than a Pod's, an item kept whole names itself after its other
+//! fields, a key read has an escape or the allowance runs out, it refuses, and the caller
+//! decodes the Pod with
 //! [`decode_pod_among`](super::decode_pod_among), which gives the error or the Pod; so a Pod
 //! this accepts decodes the same both ways (the tests compare them).
 

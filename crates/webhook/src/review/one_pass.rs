@@ -2,8 +2,9 @@
 //! Pod decoded where the reader meets it ([`pull_pod_among`]), rather than skipped over to find
 //! where it ends and parsed again: when the request's kind and operation came before its object,
 //! as the API server writes them (else the object is kept as its text, and decoded after). A
-//! review the API server does not write (a key with an escape or given twice, a field read of
-//! another type than a review's or a Pod's, a Pod the planner cannot plan) is refused here and
+//! review the API server does not write (for example a key read with an escape, an envelope key
+//! given twice, a field read of another type than a review's or a Pod's, a Pod the planner
+//! cannot plan or that runs out of its allowance) is refused here and
 //! read the other way (the derived `Deserialize` of [`ReviewIn`], then
 //! `pod_json::decode_pod_among`), which also gives each error its message; so a decision never
 //! depends on which way its review was read.
