@@ -212,9 +212,7 @@ impl Budget {
         if self.spend(bytes) {
             Ok(())
         } else {
-            Err(E::custom(
-                "the memory allowance for decoding the Pod is spent",
-            ))
+            Err(spent())
         }
     }
 
@@ -231,6 +229,11 @@ impl Budget {
             }
         }
     }
+}
+
+/// The parser's error once the allowance is spent (`Budget::exceeded` tells it apart).
+fn spent<E: de::Error>() -> E {
+    E::custom("the memory allowance for decoding the Pod is spent")
 }
 
 /// What one decoding shares.
@@ -1148,9 +1151,7 @@ impl<'de> Expect<'de> for MountItem<'_, '_> {
             state.incomplete.set(true);
             return Ok(Mount { path, whole: None });
         }
-        let whole = whole_mount(&state.budget, fields.into_iter().flatten()).ok_or_else(|| {
-            de::Error::custom("the memory allowance for decoding the Pod is spent")
-        })?;
+        let whole = whole_mount(&state.budget, fields.into_iter().flatten()).ok_or_else(spent)?;
         Ok(Mount {
             path,
             whole: Some(Cow::Owned(whole)),
