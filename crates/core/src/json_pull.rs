@@ -77,13 +77,27 @@ impl<'j> Reader<'j> {
         }
     }
 
-    /// The first byte of the next value.
+    /// The first byte of the next value. Inline, and past whitespace only when there is some:
+    /// the API server writes none, and this is asked before most values read.
+    #[inline]
     pub fn peek(&mut self) -> Result<u8> {
+        match self.byte() {
+            Some(b' ' | b'\n' | b'\t' | b'\r') => self.peek_past_whitespace(),
+            Some(byte) => Ok(byte),
+            None => Err(Refused),
+        }
+    }
+
+    /// [`Reader::peek`] where whitespace comes first.
+    #[cold]
+    #[inline(never)]
+    fn peek_past_whitespace(&mut self) -> Result<u8> {
         self.skip_whitespace();
         self.byte().ok_or(Refused)
     }
 
     /// Reads `null` when it comes next: whether it did.
+    #[inline]
     pub fn null(&mut self) -> Result<bool> {
         if self.peek()? != b'n' {
             return Ok(false);
@@ -134,12 +148,31 @@ impl<'j> Reader<'j> {
         self.next_in(b']', first)
     }
 
+    /// Reads the string or `null` that comes next: `None` for `null`.
+    #[inline]
+    pub fn string_or_null(&mut self) -> Result<Option<Cow<'j, str>>> {
+        match self.peek()? {
+            b'"' => self.string_here().map(Some),
+            b'n' => {
+                self.at = literal_end(self.text.as_bytes(), self.at, b"null")?;
+                Ok(None)
+            }
+            _ => Err(Refused),
+        }
+    }
+
     /// Reads the string that comes next, borrowed from the text unless it has escapes.
     #[inline]
     pub fn string(&mut self) -> Result<Cow<'j, str>> {
         if self.peek()? != b'"' {
             return Err(Refused);
         }
+        self.string_here()
+    }
+
+    /// Reads the string whose opening quote is at the position.
+    #[inline]
+    fn string_here(&mut self) -> Result<Cow<'j, str>> {
         let bytes = self.text.as_bytes();
         let start = self.at + 1;
         let end = plain_end(bytes, start);
@@ -225,7 +258,6 @@ impl<'j> Reader<'j> {
     /// is closed): whether an entry follows.
     #[inline]
     fn next_in(&mut self, closing: u8, first: &mut bool) -> Result<bool> {
-        self.skip_whitespace();
         match self.byte() {
             Some(byte) if byte == closing => {
                 self.at += 1;
@@ -234,13 +266,24 @@ impl<'j> Reader<'j> {
             }
             Some(b',') if !*first => {
                 self.at += 1;
-                self.skip_whitespace();
+                if let Some(b' ' | b'\n' | b'\t' | b'\r') = self.byte() {
+                    self.skip_whitespace();
+                }
             }
+            Some(b' ' | b'\n' | b'\t' | b'\r') => return self.next_past_whitespace(closing, first),
             _ if *first => {}
             _ => return Err(Refused),
         }
         *first = false;
         Ok(true)
+    }
+
+    /// [`Reader::next_in`] where whitespace comes first.
+    #[cold]
+    #[inline(never)]
+    fn next_past_whitespace(&mut self, closing: u8, first: &mut bool) -> Result<bool> {
+        self.skip_whitespace();
+        self.next_in(closing, first)
     }
 
     /// Reads a string from `start`, its opening quote before it, whose plain text ends at
@@ -259,12 +302,25 @@ impl<'j> Reader<'j> {
     }
 
     /// Skips the value that comes next, checking it as `serde_json` checks a value it
-    /// ignores, without recursion: the containers open inside
+    /// ignores. A string is skipped here, inline: about a third of the values skipped in a
+    /// Pod are strings, and the call to [`Reader::skip_any`] cost more than skipping one.
+    #[inline]
+    pub fn skip(&mut self) -> Result<()> {
+        let bytes = self.text.as_bytes();
+        if bytes.get(self.at) == Some(&b'"') {
+            self.at = string_end(bytes, self.at + 1)?;
+            return Ok(());
+        }
+        self.skip_any()
+    }
+
+    /// [`Reader::skip`] for any value, without recursion: the containers open inside
     /// it are bits of a `u128`, the innermost lowest (1 an object, 0 an array). The position is
     /// kept in a local, not in `self`, as the loop runs over most of a Pod. The API server
     /// writes no whitespace: each place looks first for what comes next, and only then past
     /// whitespace.
-    pub fn skip(&mut self) -> Result<()> {
+    #[inline(never)]
+    fn skip_any(&mut self) -> Result<()> {
         let bytes = self.text.as_bytes();
         let mut at = self.at;
         let mut open: u128 = 0;

@@ -9,6 +9,11 @@ use super::*;
 /// The value that comes next, read into a `Value` with the reader's calls.
 fn value(reader: &mut Reader<'_>) -> Result<Value> {
     Ok(match reader.peek()? {
+        // At odd depths, strings and `null`s are read as a Pod's optional strings are.
+        b'"' | b'n' if reader.depth % 2 == 1 => match reader.string_or_null()? {
+            Some(text) => Value::String(text.into_owned()),
+            None => Value::Null,
+        },
         b'"' => Value::String(reader.string()?.into_owned()),
         b'{' => {
             reader.object()?;
@@ -104,6 +109,23 @@ fn what_the_api_server_writes_is_read_as_serde_json_reads_it() {
         r#"{"a":1,"a":2}"#,
     ] {
         assert!(agrees(text), "refused {text:?}");
+    }
+}
+
+#[test]
+fn a_string_or_null_is_read_past_whitespace_and_anything_else_refused() {
+    let read = |text: &str| {
+        let mut reader = Reader::new(text);
+        let read = reader.string_or_null()?;
+        reader.end()?;
+        Ok(read.map(Cow::into_owned))
+    };
+    assert_eq!(read(r#""a""#), Ok(Some("a".to_owned())));
+    assert_eq!(read(" \n\t\r\"a\\u00e9\" "), Ok(Some("a\u{e9}".to_owned())));
+    assert_eq!(read("null"), Ok(None));
+    assert_eq!(read("\tnull\n"), Ok(None));
+    for text in ["nul", "nulls", "1", "true", "{}", "[]", "", " ", "\"open"] {
+        assert_eq!(read(text), Err(Refused), "{text:?}");
     }
 }
 

@@ -153,10 +153,9 @@ impl<'w> Pulling<'_, 'w> {
 
     /// A string or `null`, unescaped within the allowance.
     fn text<'j>(self, reader: &mut Reader<'j>) -> Result<Option<Str<'j>>> {
-        if reader.null()? {
+        let Some(text) = reader.string_or_null()? else {
             return Ok(None);
-        }
-        let text = reader.string()?;
+        };
         if let Cow::Owned(owned) = &text {
             // `serde_json` unescapes into its scratch buffer, which grows by doubling.
             self.charge(cost::string(owned.len()) + 2 * owned.len())?;
