@@ -189,10 +189,13 @@ impl PatchPath {
         PatchPath(path)
     }
 
-    /// This pointer, then `token` escaped.
-    pub(crate) fn then(mut self, token: &str) -> Self {
-        push_token(&mut self.0, token);
-        self
+    /// The pointer `escaped` (as [`PatchPath::escaped`]), then `token` escaped: made with room for every byte of `token`
+    /// escaped, so that a long key (a label's, with a `/`) does not grow it again.
+    pub(crate) fn escaped_then(escaped: &str, token: &str) -> Self {
+        let mut path = String::with_capacity(escaped.len() + 1 + 2 * token.len());
+        path.push_str(escaped);
+        push_token(&mut path, token);
+        PatchPath(path)
     }
 
     /// This pointer, then the tokens of `escaped`, already escaped (`"/env"`).
@@ -227,7 +230,6 @@ impl PatchPath {
 /// Appends `/` and `token`, escaped. The plain runs between escapes are copied whole: `~` and
 /// `/` are ASCII, so they split the token at character boundaries.
 fn push_token(path: &mut String, token: &str) {
-    path.reserve(token.len() + 1);
     path.push('/');
     let mut rest = token;
     while let Some((plain, escaped)) = rest
@@ -551,9 +553,9 @@ mod tests {
             vec!["metadata", "annotations", "a/b"],
             vec!["~", "/", "~1", "~0/", "a~b/c~", "é/ü~", "", "x"],
         ] {
-            let path = tokens
-                .iter()
-                .fold(PatchPath::escaped(""), |path, token| path.then(token));
+            let path = tokens.iter().fold(PatchPath::escaped(""), |path, token| {
+                PatchPath::escaped_then(path.as_str(), token)
+            });
             let expected = PointerBuf::from_tokens(tokens.iter().copied());
             assert_eq!(path.as_str(), expected.as_str());
             assert_eq!(path.to_pointer(), expected);
@@ -569,7 +571,7 @@ mod tests {
                 value: PatchValue::Fixed(&fixed),
             },
             AddOperation {
-                path: PatchPath::escaped("/metadata/annotations").then("a/b"),
+                path: PatchPath::escaped_then("/metadata/annotations", "a/b"),
                 value: PatchValue::Object(vec![
                     ("k", PatchValue::String("v".into())),
                     ("n", PatchValue::Array(vec![PatchValue::Owned(json!(1))])),
@@ -627,7 +629,7 @@ mod tests {
         for prefix in 0..7 {
             for text in ["", "x", "\"", "caf\u{e9}"] {
                 let mut operations = vec![AddOperation {
-                    path: PatchPath::escaped("/metadata/annotations").then(&"p".repeat(prefix)),
+                    path: PatchPath::escaped_then("/metadata/annotations", &"p".repeat(prefix)),
                     value: PatchValue::String(text.repeat(prefix)),
                 }];
                 // Enough operations to flush the pending text more than once in between.

@@ -1094,7 +1094,7 @@ impl<'a, 't> MapAdditions<'a, 't> {
         if self.existing.is_some() {
             for (key, value) in entries {
                 ops.push(AddOperation {
-                    path: PatchPath::escaped(path).then(key),
+                    path: PatchPath::escaped_then(path, key),
                     value: PatchValue::Owned(value),
                 });
             }
@@ -1662,7 +1662,7 @@ mod tests {
 
     #[test]
     fn paths_escape_slash_and_tilde_per_rfc_6901() {
-        let path = PatchPath::escaped("/metadata/annotations").then("a~b/c");
+        let path = PatchPath::escaped_then("/metadata/annotations", "a~b/c");
         assert_eq!(path.as_str(), "/metadata/annotations/a~0b~1c");
         let path = PatchPath::escaped("/spec/containers").then_index(12);
         assert_eq!(path.then_escaped("/-").as_str(), "/spec/containers/12/-");
