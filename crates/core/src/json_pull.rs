@@ -302,8 +302,8 @@ impl<'j> Reader<'j> {
     }
 
     /// Skips the value that comes next, checking it as `serde_json` checks a value it
-    /// ignores. A string is skipped here, inline: about a third of the values skipped in a
-    /// Pod are strings, and the call to [`Reader::skip_any`] cost more than skipping one.
+    /// ignores. A string is skipped here, inline: about a third of the fields a Pod decoder
+    /// skips are strings, and the call to [`Reader::skip_any`] cost more than skipping one.
     #[inline]
     pub fn skip(&mut self) -> Result<()> {
         let bytes = self.text.as_bytes();

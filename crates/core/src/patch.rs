@@ -189,8 +189,9 @@ impl PatchPath {
         PatchPath(path)
     }
 
-    /// The pointer `escaped` (as [`PatchPath::escaped`]), then `token` escaped: made with room for every byte of `token`
-    /// escaped, so that a long key (a label's, with a `/`) does not grow it again.
+    /// The pointer `escaped` (as [`PatchPath::escaped`]), then `token` escaped: made with room
+    /// for every byte of `token` escaped, so that a long key (a label's, with a `/`) does not
+    /// grow it again.
     pub(crate) fn escaped_then(escaped: &str, token: &str) -> Self {
         let mut path = String::with_capacity(escaped.len() + 1 + 2 * token.len());
         path.push_str(escaped);
