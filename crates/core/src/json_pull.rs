@@ -102,8 +102,15 @@ impl<'j> Reader<'j> {
         if self.peek()? != b'n' {
             return Ok(false);
         }
-        self.at = literal_end(self.text.as_bytes(), self.at, b"null")?;
+        self.null_here()?;
         Ok(true)
+    }
+
+    /// Reads the `null` whose `n` is at the position.
+    #[inline]
+    fn null_here(&mut self) -> Result<()> {
+        self.at = literal_end(self.text.as_bytes(), self.at, b"null")?;
+        Ok(())
     }
 
     /// Opens the object that comes next; read its entries with [`Reader::key`].
@@ -153,10 +160,7 @@ impl<'j> Reader<'j> {
     pub fn string_or_null(&mut self) -> Result<Option<Cow<'j, str>>> {
         match self.peek()? {
             b'"' => self.string_here().map(Some),
-            b'n' => {
-                self.at = literal_end(self.text.as_bytes(), self.at, b"null")?;
-                Ok(None)
-            }
+            b'n' => self.null_here().map(|()| None),
             _ => Err(Refused),
         }
     }
