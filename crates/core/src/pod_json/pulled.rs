@@ -3,9 +3,8 @@
 //! between the text and what is built. Only for Pods as the API server writes them: where a
 //! field read holds another type than a Pod's, an item kept whole names itself after its other
 //! fields, a key read has an escape or the allowance runs out, it refuses, and the caller
-//! decodes the Pod with
-//! [`decode_pod_among`](super::decode_pod_among), which gives the error or the Pod; so a Pod
-//! this accepts decodes the same both ways (the tests compare them).
+//! decodes the Pod with [`decode_pod_among`](super::decode_pod_among), which gives the error or
+//! the Pod; so a Pod this accepts decodes the same both ways (the tests compare them).
 
 use std::borrow::Cow;
 use std::mem::size_of;

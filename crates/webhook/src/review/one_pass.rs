@@ -45,14 +45,6 @@ fn once<T>(slot: &mut Option<T>, value: T) -> Result<()> {
     Ok(())
 }
 
-/// A string or `null`.
-fn optional_text<'a>(reader: &mut Reader<'a>) -> Result<Option<Cow<'a, str>>> {
-    if reader.null()? {
-        return Ok(None);
-    }
-    reader.string().map(Some)
-}
-
 fn review<'a>(reader: &mut Reader<'a>, pod: Option<PodContext<'_>>) -> Result<ReviewIn<'a>> {
     let (mut api_version, mut kind, mut request) = (None, None, None);
     reader.object()?;
@@ -114,9 +106,9 @@ fn request<'a>(reader: &mut Reader<'a>, pod: Option<PodContext<'_>>) -> Result<R
         match key {
             "uid" => once(&mut read.uid, reader.string()?)?,
             "kind" => once(&mut read.kind, group_version_kind(reader)?)?,
-            "subResource" => once(&mut read.sub_resource, optional_text(reader)?)?,
-            "namespace" => once(&mut read.namespace, optional_text(reader)?)?,
-            "name" => once(&mut read.name, optional_text(reader)?)?,
+            "subResource" => once(&mut read.sub_resource, reader.string_or_null()?)?,
+            "namespace" => once(&mut read.namespace, reader.string_or_null()?)?,
+            "name" => once(&mut read.name, reader.string_or_null()?)?,
             "operation" => once(&mut read.operation, reader.string()?)?,
             "object" => {
                 if read.object.is_some() || decoded.is_some() {
