@@ -5,7 +5,11 @@
 //! given as a share of what the transport allows on the same machine.
 //!
 //! `cargo run --release -p injector-cli --example transport_only -- --tls-cert C --tls-key K
-//! --listen 127.0.0.1:8443 --answer FILE`
+//! --listen 127.0.0.1:8443 --answer FILE [--busy-us N]`
+//!
+//! `--busy-us` adds N µs of CPU work to every answer (a loop calibrated at start): run at
+//! saturation next to the webhook, it says how much work of its own a request the webhook
+//! could do at a given share of the transport (BENCHMARKS.md, "what 0.5 takes").
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -40,10 +44,14 @@ struct Args {
     /// The body of every answer (the benchmark gives the webhook's answer to its request).
     #[arg(long)]
     answer: PathBuf,
+    /// CPU work added to every answer, in µs (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    busy_us: f64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let busy_steps = steps_for(args.busy_us);
     let answer = Bytes::from(
         std::fs::read(&args.answer)
             .with_context(|| format!("cannot read {}", args.answer.display()))?,
@@ -68,7 +76,8 @@ fn main() -> anyhow::Result<()> {
             on_signal.cancel();
         });
         let max_body_bytes = limits.max_body_bytes;
-        let handler = move |request| answer_with(request, answer.clone(), max_body_bytes);
+        let handler =
+            move |request| answer_with(request, answer.clone(), max_body_bytes, busy_steps);
         serve_tls(listener, certificates, &limits, handler, || {}, stop).await?;
         Ok(())
     })
@@ -80,6 +89,7 @@ async fn answer_with(
     request: Request<Incoming>,
     answer: Bytes,
     max_body_bytes: usize,
+    busy_steps: u64,
 ) -> Result<Response<Body>, Infallible> {
     let expected = request
         .headers()
@@ -90,7 +100,10 @@ async fn answer_with(
         .min(max_body_bytes);
     let mut response = match read_body(Limited::new(request.into_body(), expected), expected).await
     {
-        Ok(_) => Response::new(Full::new(answer)),
+        Ok(_) => {
+            busy(busy_steps);
+            Response::new(Full::new(answer))
+        }
         Err(_) => {
             let mut response = Response::new(Full::default());
             *response.status_mut() = StatusCode::BAD_REQUEST;
@@ -101,4 +114,28 @@ async fn answer_with(
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(response)
+}
+
+/// `steps` of a chain of dependent multiply-adds: CPU work that touches no memory and that the
+/// compiler cannot remove.
+fn busy(steps: u64) {
+    let mut value = steps;
+    for step in 0..steps {
+        value = std::hint::black_box(value.wrapping_mul(31).wrapping_add(step));
+    }
+    std::hint::black_box(value);
+}
+
+/// How many steps of [`busy`] take `micros` µs on this machine, timed once at start.
+fn steps_for(micros: f64) -> u64 {
+    if micros <= 0.0 {
+        return 0;
+    }
+    const SAMPLE: u64 = 4_000_000;
+    let started = std::time::Instant::now();
+    busy(SAMPLE);
+    let nanos_per_step = started.elapsed().as_nanos() as f64 / SAMPLE as f64;
+    let steps = (micros * 1000.0 / nanos_per_step.max(0.01)) as u64;
+    eprintln!("busy: {micros} µs a request, {steps} steps of {nanos_per_step:.2} ns");
+    steps
 }
