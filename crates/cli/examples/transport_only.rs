@@ -116,8 +116,8 @@ async fn answer_with(
     Ok(response)
 }
 
-/// `steps` of a chain of dependent multiply-adds: CPU work that touches no memory and that the
-/// compiler cannot remove.
+/// `steps` of a chain of dependent multiply-adds: CPU work on nothing but a stack slot, which
+/// the compiler cannot remove.
 fn busy(steps: u64) {
     let mut value = steps;
     for step in 0..steps {
