@@ -7,7 +7,7 @@
 //! `cargo run --release -p injector-cli --example transport_only -- --tls-cert C --tls-key K
 //! --listen 127.0.0.1:8443 --answer FILE [--busy-us N]`
 //!
-//! `--busy-us` adds N µs of CPU work to every answer (a loop calibrated at start): run at
+//! `--busy-us` adds N µs of CPU work to every answer (a loop timed at start): run at
 //! saturation next to the webhook, it says how much work of its own a request the webhook
 //! could do at a given share of the transport (BENCHMARKS.md, "what 0.5 takes").
 
@@ -44,7 +44,7 @@ struct Args {
     /// The body of every answer (the benchmark gives the webhook's answer to its request).
     #[arg(long)]
     answer: PathBuf,
-    /// CPU work added to every answer, in µs (0: none).
+    /// CPU work added to every answer to a body read whole, in µs (0: none).
     #[arg(long, default_value_t = 0.0)]
     busy_us: f64,
 }
@@ -116,8 +116,8 @@ async fn answer_with(
     Ok(response)
 }
 
-/// `steps` of a chain of dependent multiply-adds: CPU work on nothing but a stack slot, which
-/// the compiler cannot remove.
+/// `steps` of a chain of dependent multiply-adds, each through a stack slot (`black_box`), so
+/// that the compiler keeps them.
 fn busy(steps: u64) {
     let mut value = steps;
     for step in 0..steps {
@@ -126,16 +126,23 @@ fn busy(steps: u64) {
     std::hint::black_box(value);
 }
 
-/// How many steps of [`busy`] take `micros` µs on this machine, timed once at start.
+/// How many steps of [`busy`] take `micros` µs on this machine: the quickest of a few timings
+/// at start, after one to warm up.
 fn steps_for(micros: f64) -> u64 {
     if micros <= 0.0 {
         return 0;
     }
-    const SAMPLE: u64 = 4_000_000;
-    let started = std::time::Instant::now();
+    const SAMPLE: u64 = 1_000_000;
     busy(SAMPLE);
-    let nanos_per_step = started.elapsed().as_nanos() as f64 / SAMPLE as f64;
-    let steps = (micros * 1000.0 / nanos_per_step.max(0.01)) as u64;
+    let nanos_per_step = (0..5)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            busy(SAMPLE);
+            started.elapsed().as_nanos() as f64 / SAMPLE as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+        .max(0.01);
+    let steps = (micros * 1000.0 / nanos_per_step) as u64;
     eprintln!("busy: {micros} µs a request, {steps} steps of {nanos_per_step:.2} ns");
     steps
 }
