@@ -46,6 +46,13 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# "USER SYSTEM PREEMPTED" of process $1: its CPU in clock ticks (fields 14 and 15 of its stat)
+# and the involuntary context switches of all its threads.
+cpu_account() {
+    local times
+    times=$(awk '{print $14, $15}' "/proc/$1/stat")
+    echo "$times $(cat /proc/"$1"/task/*/status | awk '/^nonvoluntary_ctxt_switches/ {n += $2} END {print n}')"
+}
 rss_mib() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 post() { # PORT OUTPUT: posts the typical review once
     curl -fsSk -X POST -H "Content-Type: application/json" \
@@ -100,23 +107,37 @@ load() {
         -m POST -H "Content-Type: application/json" -D bench/fixtures/typical-pod-review.json)
     if [ -n "$rate" ]; then args+=(-q "$rate"); fi
     local out="$work/run-$RANDOM.json"
+    local pid=$server_pid
+    if [ "$server" = transport ]; then pid=$transport_pid; fi
+    local before after
+    before=$(cpu_account "$pid")
     oha "${args[@]}" "https://127.0.0.1:$target_port/mutate" >"$out"
-    python3 - "$out" "$server" "$name" "$connections" "${rate:-max}" "$work/results.jsonl" <<'EOF'
+    after=$(cpu_account "$pid")
+    python3 - "$out" "$server" "$name" "$connections" "${rate:-max}" "$work/results.jsonl" \
+        "$before" "$after" "$(getconf CLK_TCK)" <<'EOF'
 import json, sys
-out, server, name, connections, rate, results = sys.argv[1:]
+out, server, name, connections, rate, results, before, after, ticks = sys.argv[1:]
 result = json.load(open(out))
 summary = result["summary"]
 percentiles = result["latencyPercentiles"]
 codes = result.get("statusCodeDistribution", {})
 errors = result.get("errorDistribution", {})
 ms = lambda seconds: f"{seconds * 1000:.2f} ms" if seconds is not None else "-"
+# The server's own CPU (user and system, all its threads) and the times the kernel took a CPU
+# from one of its threads, per request answered during the run.
+requests = sum(int(n) for n in codes.values()) or 1
+(user0, system0, taken0), (user1, system1, taken1) = (map(int, a.split()) for a in (before, after))
+cpu_us = ((user1 - user0) + (system1 - system0)) / int(ticks) / requests * 1e6
+preempted = (taken1 - taken0) / requests
 print(f"| {server} | {name} | {connections} | {rate} | {summary['requestsPerSec']:,.0f} | "
       f"{ms(percentiles.get('p50'))} | {ms(percentiles.get('p99'))} | {ms(percentiles.get('p99.9'))} | "
+      f"{cpu_us:.1f} µs | {preempted:.2f} | "
       f"{summary['successRate'] * 100:.2f}% | {codes} {errors if errors else ''} |")
 with open(results, "a") as f:
     f.write(json.dumps({"server": server, "run": name, "rps": summary["requestsPerSec"],
                         "p50": percentiles.get("p50"), "p99": percentiles.get("p99"),
-                        "p99.9": percentiles.get("p99.9")}) + "\n")
+                        "p99.9": percentiles.get("p99.9"), "cpu_us": cpu_us,
+                        "preempted": preempted}) + "\n")
 EOF
 }
 
@@ -126,8 +147,8 @@ sleep 1
 idle=$(rss_mib "$server_pid")
 start_transport
 echo
-echo "| server | run | connections | target rate | requests/s | p50 | p99 | p99.9 | success | status codes |"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+echo "| server | run | connections | target rate | requests/s | p50 | p99 | p99.9 | server CPU / request | preempted / request | success | status codes |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 load webhook warmup 8 >/dev/null
 load transport warmup 8 >/dev/null
 rm -f "$work/results.jsonl"
@@ -151,17 +172,22 @@ runs = list(dict.fromkeys(r["run"] for r in rows))
 def median(server, run, key):
     return statistics.median(r[key] for r in rows
                              if r["server"] == server and r["run"] == run and r[key] is not None)
-print("| server | run | requests/s | p50 | p99 | p99.9 |")
-print("|---|---|---:|---:|---:|---:|")
+print("| server | run | requests/s | p50 | p99 | p99.9 | server CPU / request | preempted / request |")
+print("|---|---|---:|---:|---:|---:|---:|---:|")
 for run in runs:
     for server in ("webhook", "transport"):
         ms = lambda key: f"{median(server, run, key) * 1000:.2f} ms"
-        print(f"| {server} | {run} | {median(server, run, 'rps'):,.0f} | {ms('p50')} | {ms('p99')} | {ms('p99.9')} |")
+        print(f"| {server} | {run} | {median(server, run, 'rps'):,.0f} | {ms('p50')} | {ms('p99')} | {ms('p99.9')} | "
+              f"{median(server, run, 'cpu_us'):.1f} µs | {median(server, run, 'preempted'):.2f} |")
 ours = [r["rps"] for r in rows if r["server"] == "webhook" and r["run"] == "saturation"]
 theirs = [r["rps"] for r in rows if r["server"] == "transport" and r["run"] == "saturation"]
 ratio = statistics.median(ours) / statistics.median(theirs)
 each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
 print(f"\nSaturation, webhook / transport-only: **{ratio:.2f}** (of the medians; round by round: {each})")
+cost = lambda server: [r["cpu_us"] for r in rows if r["server"] == server and r["run"] == "saturation"]
+print(f"Server CPU per request at saturation: webhook {statistics.median(cost('webhook')):.1f} µs, "
+      f"transport-only {statistics.median(cost('transport')):.1f} µs (medians; the load generator "
+      f"shares the machine's CPUs, and takes them from a server it wakes)")
 EOF
 echo
 echo "RSS idle (3 templates): ${idle} MiB; after the runs: ${loaded} MiB (the transport-only server after its runs: ${transport_rss} MiB)"
