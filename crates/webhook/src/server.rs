@@ -354,7 +354,7 @@ fn respond(
     started: std::time::Instant,
 ) -> Response<Body> {
     let target = target_of(path).unwrap_or(Target::All);
-    let snapshot = webhook.templates.snapshot();
+    let snapshot = webhook.templates.current();
     let decision = decide(bytes, target, &snapshot, allowance);
     let seconds = started.elapsed().as_secs_f64();
     match decision {
