@@ -173,51 +173,84 @@ struct RequestIn<'a> {
     pod: Option<Pod<'a>>,
 }
 
+/// What opens the AdmissionReview answered: its API version and the request's uid.
+#[derive(Clone, Copy)]
+struct ResponseHead<'a> {
+    api_version: &'a str,
+    uid: &'a str,
+}
+
+impl ResponseHead<'_> {
+    /// Writes the answer up to the response's uid. By hand rather than derived, as the rest:
+    /// the patch, kilobytes of base64, needs no escaping, and checking it byte by byte (as a
+    /// JSON string or a `RawValue`) was a large share of encoding.
+    fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(br#"{"apiVersion":"#);
+        serde_json::to_writer(&mut *out, self.api_version)?;
+        out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
+        serde_json::to_writer(&mut *out, self.uid)
+    }
+
+    /// The answer allowing the Pod with `patch`, written up to the end of the patch's base64:
+    /// the patch is encoded into the buffer that becomes the body, where copying it there
+    /// from a buffer of its own took an allocation and a copy of kilobytes every request.
+    fn with_patch(&self, patch: &Patch<'_>) -> Result<Vec<u8>, serde_json::Error> {
+        let mut out = Vec::with_capacity(ANSWER_BYTES);
+        self.write(&mut out)?;
+        out.extend_from_slice(br#","allowed":true,"patch":""#);
+        patch.write_base64(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// Room made for an answer with a patch, so that a typical one is not grown and copied.
+const ANSWER_BYTES: usize = 8192 + 1024;
+
 /// The AdmissionReview answered, written as JSON by [`ResponseOut::write`].
 #[derive(Default)]
 struct ResponseOut {
-    uid: String,
     allowed: bool,
     status: Option<StatusOut>,
-    /// The JSON patch, base64-encoded.
-    patch: Option<Vec<u8>>,
+    /// The answer allowing the Pod with a patch, written up to the end of the patch's base64
+    /// ([`ResponseHead::with_patch`]).
+    patched: Option<Vec<u8>>,
     warnings: Vec<String>,
     audit_annotations: BTreeMap<String, String>,
 }
 
 impl ResponseOut {
-    /// Writes the AdmissionReview holding this response. By hand rather than derived: the
-    /// patch, kilobytes of base64, needs no escaping, and checking it byte by byte (as a JSON
-    /// string or a `RawValue`) was a large share of encoding.
-    fn write(&self, api_version: &str, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
-        out.extend_from_slice(br#"{"apiVersion":"#);
-        serde_json::to_writer(&mut *out, api_version)?;
-        out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
-        serde_json::to_writer(&mut *out, &self.uid)?;
-        out.extend_from_slice(if self.allowed {
-            br#","allowed":true"#
-        } else {
-            br#","allowed":false"#
-        });
-        if let Some(status) = &self.status {
-            out.extend_from_slice(br#","status":"#);
-            serde_json::to_writer(&mut *out, status)?;
-        }
-        if let Some(patch) = &self.patch {
-            out.extend_from_slice(br#","patch":""#);
-            out.extend_from_slice(patch);
-            out.extend_from_slice(br#"","patchType":"JSONPatch""#);
-        }
+    /// The AdmissionReview holding this response, opened by `head`.
+    fn write(self, head: ResponseHead<'_>) -> Result<Vec<u8>, serde_json::Error> {
+        let mut out = match self.patched {
+            Some(mut out) => {
+                out.extend_from_slice(br#"","patchType":"JSONPatch""#);
+                out
+            }
+            None => {
+                let mut out = Vec::with_capacity(1024);
+                head.write(&mut out)?;
+                out.extend_from_slice(if self.allowed {
+                    br#","allowed":true"#
+                } else {
+                    br#","allowed":false"#
+                });
+                if let Some(status) = &self.status {
+                    out.extend_from_slice(br#","status":"#);
+                    serde_json::to_writer(&mut out, status)?;
+                }
+                out
+            }
+        };
         if !self.warnings.is_empty() {
             out.extend_from_slice(br#","warnings":"#);
-            serde_json::to_writer(&mut *out, &self.warnings)?;
+            serde_json::to_writer(&mut out, &self.warnings)?;
         }
         if !self.audit_annotations.is_empty() {
             out.extend_from_slice(br#","auditAnnotations":"#);
-            serde_json::to_writer(&mut *out, &self.audit_annotations)?;
+            serde_json::to_writer(&mut out, &self.audit_annotations)?;
         }
         out.extend_from_slice(b"}}");
-        Ok(())
+        Ok(out)
     }
 }
 
@@ -278,7 +311,11 @@ pub fn decide<'s>(
             Some(pod) => Object::Decoded(pod),
             None => Object::Raw(request.object),
         };
-        answer_pod(pod, route, snapshot, &namespace, allowance)
+        let head = ResponseHead {
+            api_version,
+            uid: &request.uid,
+        };
+        answer_pod(pod, route, snapshot, &namespace, allowance, head)
     } else {
         Answer::allowed(Outcome::Ignored)
     };
@@ -290,24 +327,24 @@ pub fn decide<'s>(
 
     let applied_record = record_of(&answer.applied);
     let mut response = ResponseOut {
-        uid: request.uid.clone().into_owned(),
         allowed: answer.denial.is_none(),
         status: answer.denial,
         warnings: answer.warnings,
         ..ResponseOut::default()
     };
-    if let Some(patch) = answer.patch {
-        response.patch = Some(patch);
+    if let Some(patched) = answer.patched {
+        response.patched = Some(patched);
         response
             .audit_annotations
             .insert(AUDIT_ANNOTATION.into(), applied_record.clone());
     }
     let warnings = response.warnings.len();
-    // Room for the patch and the rest, so that the buffer is not grown and copied over and over.
-    let patch_len = response.patch.as_ref().map_or(0, Vec::len);
-    let mut body = Vec::with_capacity(patch_len + 1024);
-    response
-        .write(api_version, &mut body)
+    let head = ResponseHead {
+        api_version,
+        uid: &request.uid,
+    };
+    let body = response
+        .write(head)
         .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
     Ok(Decision {
         body,
@@ -328,8 +365,9 @@ struct Answer {
     outcome: Outcome,
     /// Set when the Pod is denied.
     denial: Option<StatusOut>,
-    /// The JSON patch, base64-encoded.
-    patch: Option<Vec<u8>>,
+    /// The answer allowing the Pod with its patch, written up to the end of the patch's
+    /// base64 ([`ResponseHead::with_patch`]).
+    patched: Option<Vec<u8>>,
     warnings: Vec<String>,
     applied: Vec<Applied>,
     denied_by: Vec<String>,
@@ -343,7 +381,7 @@ impl Answer {
             pod_name: None,
             outcome,
             denial: None,
-            patch: None,
+            patched: None,
             warnings: Vec::new(),
             applied: Vec::new(),
             denied_by: Vec::new(),
@@ -398,6 +436,7 @@ fn answer_pod(
     snapshot: &Snapshot,
     namespace: &str,
     allowance: usize,
+    head: ResponseHead<'_>,
 ) -> Answer {
     let group = match route {
         Route::All => None,
@@ -457,10 +496,10 @@ fn answer_pod(
         });
         answer.denied_by = plan.denials.into_iter().map(|d| d.template).collect();
     } else if !plan.patch.is_empty() {
-        match encode_patch(&plan.patch) {
-            Ok(patch) => {
+        match head.with_patch(&plan.patch) {
+            Ok(patched) => {
                 answer.outcome = Outcome::Injected;
-                answer.patch = Some(patch);
+                answer.patched = Some(patched);
             }
             Err(error) => {
                 return Answer::denied(
@@ -474,13 +513,6 @@ fn answer_pod(
     answer.warnings = plan.warnings;
     answer.applied = plan.applied;
     answer
-}
-
-/// The patch's JSON, base64-encoded.
-fn encode_patch(patch: &Patch<'_>) -> Result<Vec<u8>, serde_json::Error> {
-    let mut encoded = Vec::with_capacity(8192);
-    patch.write_base64(&mut encoded)?;
-    Ok(encoded)
 }
 
 #[cfg(test)]
@@ -537,6 +569,53 @@ mod tests {
             assert_eq!(response["allowed"], true, "{id}");
             assert!(response.get("patch").is_none(), "{id}");
         }
+    }
+
+    #[test]
+    fn an_answer_with_a_patch_written_in_place_reads_back_whole() {
+        use base64::Engine as _;
+        let template = serde_saphyr::from_str(
+            "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {name: t}\n\
+             spec:\n  containers: [{name: s, image: i, args: [\"--pod={{ pod.name }}\"]}]\n",
+        )
+        .unwrap();
+        let mut registry = injector_core::Registry::new();
+        registry.reset([injector_core::compile(&template).unwrap()]);
+        let snapshot = registry.snapshot();
+        let mut body: Value = serde_json::from_slice(&pod_create()).unwrap();
+        // A uid that must be escaped, and the older API version, both echoed.
+        body["apiVersion"] = "admission.k8s.io/v1beta1".into();
+        body["request"]["uid"] = "u\"1\\".into();
+        let decision = decide(
+            &serde_json::to_vec(&body).unwrap(),
+            Target::All,
+            &snapshot,
+            MIN_ALLOWANCE,
+        )
+        .unwrap();
+        assert_eq!(decision.outcome, Outcome::Injected);
+        let whole: Value = serde_json::from_slice(&decision.body).unwrap();
+        assert_eq!(whole["apiVersion"], "admission.k8s.io/v1beta1");
+        assert_eq!(whole["kind"], "AdmissionReview");
+        let response = &whole["response"];
+        assert_eq!(response["uid"], "u\"1\\");
+        assert_eq!(response["allowed"], true);
+        assert_eq!(response["patchType"], "JSONPatch");
+        assert_eq!(
+            response["auditAnnotations"][AUDIT_ANNOTATION],
+            decision.applied_record.as_str()
+        );
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(response["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: Value = serde_json::from_slice(&patch).unwrap();
+        let added = patch
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|op| op["path"] == "/spec/containers/-")
+            .unwrap();
+        assert_eq!(added["value"]["args"][0], "--pod=p");
     }
 
     #[test]
