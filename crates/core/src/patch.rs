@@ -290,9 +290,12 @@ impl JsonOut for Vec<u8> {
 /// bytes are those of encoding the whole JSON at once.
 pub struct Base64Out<'o> {
     out: &'o mut Vec<u8>,
-    /// Text not encoded yet: encoded in whole groups of 3 when it grows long and before a fixed
-    /// part, the rest (up to 2 bytes) kept for the next group.
-    pending: Vec<u8>,
+    /// Text not encoded yet (`pending[..pending_len]`): encoded in whole groups of 3 when the
+    /// buffer is full and before a fixed part, the rest (up to 2 bytes) kept for the next
+    /// group. On the stack, where it is warm: a buffer of the heap's was an allocation, and
+    /// memory no cache held, on every request.
+    pending: [u8; PENDING_BYTES],
+    pending_len: usize,
 }
 
 /// Standard padded base64, as an AdmissionResponse carries a patch: AVX2 where the CPU has it
@@ -324,7 +327,7 @@ fn append_base64(bytes: &[u8], out: &mut Vec<u8>) {
     out.truncate(start + written);
 }
 
-/// Text gathered before it is encoded.
+/// Text gathered before it is encoded: a multiple of 3, so that a full buffer is encoded whole.
 const PENDING_BYTES: usize = 1536;
 
 /// Fixed parts shorter than this are encoded with the text around them.
@@ -335,29 +338,52 @@ impl<'o> Base64Out<'o> {
     pub fn new(out: &'o mut Vec<u8>) -> Self {
         Base64Out {
             out,
-            pending: Vec::with_capacity(PENDING_BYTES + COPIED_FIXED_BYTES),
+            pending: [0; PENDING_BYTES],
+            pending_len: 0,
         }
     }
 
     /// Encodes the pending text's whole groups of 3, keeping the rest.
     fn flush_groups(&mut self) {
-        let whole = self.pending.len() / 3 * 3;
+        let whole = self.pending_len / 3 * 3;
         append_base64(&self.pending[..whole], self.out);
-        self.pending.drain(..whole);
+        self.pending.copy_within(whole..self.pending_len, 0);
+        self.pending_len -= whole;
     }
 
     /// Encodes what is left, with padding.
-    pub fn finish(mut self) {
-        let pending = std::mem::take(&mut self.pending);
-        append_base64(&pending, self.out);
+    pub fn finish(self) {
+        append_base64(&self.pending[..self.pending_len], self.out);
+    }
+
+    /// [`JsonOut::text`] for a text that fills the buffer: it goes through the buffer
+    /// whatever its length, encoded each time the buffer is full.
+    #[inline(never)]
+    fn text_filling(&mut self, mut bytes: &[u8]) {
+        loop {
+            let room = PENDING_BYTES - self.pending_len;
+            let (now, rest) = bytes.split_at(bytes.len().min(room));
+            self.pending[self.pending_len..self.pending_len + now.len()].copy_from_slice(now);
+            self.pending_len += now.len();
+            if self.pending_len < PENDING_BYTES {
+                return;
+            }
+            self.flush_groups();
+            bytes = rest;
+        }
     }
 }
 
 impl JsonOut for Base64Out<'_> {
+    #[inline]
     fn text(&mut self, bytes: &[u8]) {
-        self.pending.extend_from_slice(bytes);
-        if self.pending.len() >= PENDING_BYTES {
-            self.flush_groups();
+        let end = self.pending_len + bytes.len();
+        match self.pending.get_mut(self.pending_len..end) {
+            Some(room) if end < PENDING_BYTES => {
+                room.copy_from_slice(bytes);
+                self.pending_len = end;
+            }
+            _ => self.text_filling(bytes),
         }
     }
 
@@ -368,15 +394,15 @@ impl JsonOut for Base64Out<'_> {
         }
         // The first bytes complete the group the pending text started; from there on the
         // text's groups are its own.
-        let skip = (3 - self.pending.len() % 3) % 3;
+        let skip = (3 - self.pending_len % 3) % 3;
         let Some(encoded) = json.base64_from(skip) else {
             return self.text(text);
         };
-        self.pending.extend_from_slice(&text[..skip]);
+        self.text(&text[..skip]);
         self.flush_groups();
         self.out.extend_from_slice(encoded.as_bytes());
         let copied = skip + (text.len() - skip) / 3 * 3;
-        self.pending.extend_from_slice(&text[copied..]);
+        self.text(&text[copied..]);
     }
 }
 
@@ -633,6 +659,16 @@ mod tests {
                     path: PatchPath::escaped_then("/metadata/annotations", &"p".repeat(prefix)),
                     value: PatchValue::String(text.repeat(prefix)),
                 }];
+                // Texts longer than the pending buffer, plain and escaped.
+                for long_text in [
+                    "y".repeat(3 * PENDING_BYTES + prefix),
+                    "\"".repeat(900 + prefix),
+                ] {
+                    operations.push(AddOperation {
+                        path: PatchPath::escaped("/metadata/annotations/long"),
+                        value: PatchValue::String(long_text),
+                    });
+                }
                 // Enough operations to flush the pending text more than once in between.
                 for i in 0..40 {
                     operations.push(AddOperation {
