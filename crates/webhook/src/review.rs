@@ -207,37 +207,42 @@ impl ResponseHead<'_> {
 const ANSWER_BYTES: usize = 8192 + 1024;
 
 /// The AdmissionReview answered, written as JSON by [`ResponseOut::write`].
-#[derive(Default)]
 struct ResponseOut {
-    allowed: bool,
-    status: Option<StatusOut>,
-    /// The answer allowing the Pod with a patch, written up to the end of the patch's base64
-    /// ([`ResponseHead::with_patch`]).
-    patched: Option<Vec<u8>>,
+    verdict: Verdict,
     warnings: Vec<String>,
     audit_annotations: BTreeMap<String, String>,
+}
+
+/// Whether the Pod is admitted, and how.
+enum Verdict {
+    /// Allowed with a patch: the answer written up to the end of the patch's base64
+    /// ([`ResponseHead::with_patch`]).
+    Patched(Vec<u8>),
+    /// Allowed unchanged.
+    Allowed,
+    /// Denied, and why.
+    Denied(StatusOut),
 }
 
 impl ResponseOut {
     /// The AdmissionReview holding this response, opened by `head`.
     fn write(self, head: ResponseHead<'_>) -> Result<Vec<u8>, serde_json::Error> {
-        let mut out = match self.patched {
-            Some(mut out) => {
+        let mut out = match self.verdict {
+            Verdict::Patched(mut out) => {
                 out.extend_from_slice(br#"","patchType":"JSONPatch""#);
                 out
             }
-            None => {
+            Verdict::Allowed => {
                 let mut out = Vec::with_capacity(1024);
                 head.write(&mut out)?;
-                out.extend_from_slice(if self.allowed {
-                    br#","allowed":true"#
-                } else {
-                    br#","allowed":false"#
-                });
-                if let Some(status) = &self.status {
-                    out.extend_from_slice(br#","status":"#);
-                    serde_json::to_writer(&mut out, status)?;
-                }
+                out.extend_from_slice(br#","allowed":true"#);
+                out
+            }
+            Verdict::Denied(status) => {
+                let mut out = Vec::with_capacity(1024);
+                head.write(&mut out)?;
+                out.extend_from_slice(br#","allowed":false,"status":"#);
+                serde_json::to_writer(&mut out, &status)?;
                 out
             }
         };
@@ -326,18 +331,20 @@ pub fn decide<'s>(
         .unwrap_or_default();
 
     let applied_record = record_of(&answer.applied);
-    let mut response = ResponseOut {
-        allowed: answer.denial.is_none(),
-        status: answer.denial,
-        warnings: answer.warnings,
-        ..ResponseOut::default()
+    // A denial wins over a patch, should an answer ever hold both.
+    let (verdict, audit_annotations) = match (answer.denial, answer.patched) {
+        (Some(status), _) => (Verdict::Denied(status), BTreeMap::new()),
+        (None, Some(patched)) => (
+            Verdict::Patched(patched),
+            BTreeMap::from([(AUDIT_ANNOTATION.into(), applied_record.clone())]),
+        ),
+        (None, None) => (Verdict::Allowed, BTreeMap::new()),
     };
-    if let Some(patched) = answer.patched {
-        response.patched = Some(patched);
-        response
-            .audit_annotations
-            .insert(AUDIT_ANNOTATION.into(), applied_record.clone());
-    }
+    let response = ResponseOut {
+        verdict,
+        warnings: answer.warnings,
+        audit_annotations,
+    };
     let warnings = response.warnings.len();
     let head = ResponseHead {
         api_version,
