@@ -46,12 +46,13 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# "USER SYSTEM PREEMPTED" of process $1: its CPU in clock ticks (fields 14 and 15 of its stat)
-# and the involuntary context switches of all its threads.
+# "USER SYSTEM PREEMPTED" of process $1: its CPU in clock ticks (fields 14 and 15 of its stat,
+# threads that ended included) and the involuntary context switches of the threads it has now
+# (both servers keep theirs for the whole run).
 cpu_account() {
     local times
     times=$(awk '{print $14, $15}' "/proc/$1/stat")
-    echo "$times $(cat /proc/"$1"/task/*/status | awk '/^nonvoluntary_ctxt_switches/ {n += $2} END {print n}')"
+    echo "$times $(cat /proc/"$1"/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ {n += $2} END {print n + 0}')"
 }
 rss_mib() { awk '/VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$1/status"; }
 post() { # PORT OUTPUT: posts the typical review once
