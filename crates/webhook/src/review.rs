@@ -181,22 +181,24 @@ struct ResponseHead<'a> {
 }
 
 impl ResponseHead<'_> {
-    /// Writes the answer up to the response's uid. By hand rather than derived, as the rest:
-    /// the patch, kilobytes of base64, needs no escaping, and checking it byte by byte (as a
-    /// JSON string or a `RawValue`) was a large share of encoding.
-    fn write(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    /// The answer written up to the response's uid, with room for `capacity` bytes. By hand
+    /// rather than derived, as the rest: the patch, kilobytes of base64, needs no escaping,
+    /// and checking it byte by byte (as a JSON string or a `RawValue`) was a large share of
+    /// encoding.
+    fn open(&self, capacity: usize) -> Result<Vec<u8>, serde_json::Error> {
+        let mut out = Vec::with_capacity(capacity);
         out.extend_from_slice(br#"{"apiVersion":"#);
-        serde_json::to_writer(&mut *out, self.api_version)?;
+        serde_json::to_writer(&mut out, self.api_version)?;
         out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
-        serde_json::to_writer(&mut *out, self.uid)
+        serde_json::to_writer(&mut out, self.uid)?;
+        Ok(out)
     }
 
     /// The answer allowing the Pod with `patch`, written up to the end of the patch's base64:
     /// the patch is encoded into the buffer that becomes the body, where copying it there
     /// from a buffer of its own took an allocation and a copy of kilobytes every request.
     fn with_patch(&self, patch: &Patch<'_>) -> Result<Vec<u8>, serde_json::Error> {
-        let mut out = Vec::with_capacity(ANSWER_BYTES);
-        self.write(&mut out)?;
+        let mut out = self.open(ANSWER_BYTES)?;
         out.extend_from_slice(br#","allowed":true,"patch":""#);
         patch.write_base64(&mut out)?;
         Ok(out)
@@ -233,14 +235,12 @@ impl ResponseOut {
                 out
             }
             Verdict::Allowed => {
-                let mut out = Vec::with_capacity(1024);
-                head.write(&mut out)?;
+                let mut out = head.open(1024)?;
                 out.extend_from_slice(br#","allowed":true"#);
                 out
             }
             Verdict::Denied(status) => {
-                let mut out = Vec::with_capacity(1024);
-                head.write(&mut out)?;
+                let mut out = head.open(1024)?;
                 out.extend_from_slice(br#","allowed":false,"status":"#);
                 serde_json::to_writer(&mut out, &status)?;
                 out
@@ -307,6 +307,10 @@ pub fn decide<'s>(
     }
 
     let namespace = request.namespace.as_deref().unwrap_or_default().to_owned();
+    let head = ResponseHead {
+        api_version,
+        uid: &request.uid,
+    };
     let is_pod_create = request.kind.group.is_empty()
         && request.kind.kind == "Pod"
         && request.operation == "CREATE"
@@ -315,10 +319,6 @@ pub fn decide<'s>(
         let pod = match request.pod {
             Some(pod) => Object::Decoded(pod),
             None => Object::Raw(request.object),
-        };
-        let head = ResponseHead {
-            api_version,
-            uid: &request.uid,
         };
         answer_pod(pod, route, snapshot, &namespace, allowance, head)
     } else {
@@ -346,10 +346,6 @@ pub fn decide<'s>(
         audit_annotations,
     };
     let warnings = response.warnings.len();
-    let head = ResponseHead {
-        api_version,
-        uid: &request.uid,
-    };
     let body = response
         .write(head)
         .map_err(|e| BadReview(format!("cannot encode the response: {e}")))?;
