@@ -98,7 +98,8 @@ fn wait_not_ready(admin: &str) -> String {
 
 #[test]
 fn serve_refuses_an_invalid_template_with_a_clear_error() {
-    let dir = scratch().join("invalid");
+    let scratch = scratch();
+    let dir = scratch.join("invalid");
     std::fs::create_dir_all(&dir).unwrap();
     certificate(&dir);
     std::fs::write(
@@ -128,7 +129,8 @@ fn serve_refuses_an_invalid_template_with_a_clear_error() {
 
 #[test]
 fn run_without_a_cluster_fails_with_a_clear_error() {
-    let dir = scratch().join("no-cluster");
+    let scratch = scratch();
+    let dir = scratch.join("no-cluster");
     std::fs::create_dir_all(&dir).unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
         .args([

@@ -22,8 +22,32 @@ impl Drop for Killed {
     }
 }
 
-/// A fresh directory for one test's files.
-pub fn scratch() -> PathBuf {
+/// A fresh directory for one test's files, removed when dropped, also when the test fails.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory for one test's files. Keep it bound while the test uses it: a temporary
+/// (`scratch().join(…)`) is removed at the end of its statement.
+pub fn scratch() -> Scratch {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
         "sidecar-injector-serve-{}-{}",
@@ -31,7 +55,7 @@ pub fn scratch() -> PathBuf {
         NEXT.fetch_add(1, Ordering::Relaxed)
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 pub fn certificate(dir: &Path) -> CertificateDer<'static> {
@@ -113,7 +137,8 @@ pub struct Served {
     pub admission: String,
     pub admin: String,
     pub root: CertificateDer<'static>,
-    pub dir: PathBuf,
+    /// Dropped after the child is killed (fields drop in order).
+    pub dir: Scratch,
 }
 
 impl Served {
