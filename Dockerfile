@@ -4,14 +4,18 @@
 #   docker build -t <your-registry>/sidecar-injector:0.1.0 .
 
 FROM rust:1.95-bookworm AS builder
+# build/release.sh's profile-guided build: llvm-profdata of rustc's LLVM (rustup's
+# llvm-tools), and python3, openssl and curl for its training load.
+RUN rustup component add llvm-tools \
+ && apt-get update && apt-get install -y --no-install-recommends python3 openssl curl \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# crt-static with an explicit --target: the binary needs no libc in the image, while build
-# scripts and proc macros stay dynamic.
+# Static (crt-static with an explicit --target: the binary needs no libc in the image, while
+# build scripts and proc macros stay dynamic) and profile-guided, as `just release` builds it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p injector-cli --bin sidecar-injector --target x86_64-unknown-linux-gnu \
+    bash build/release.sh \
  && install -D -m 0755 target/x86_64-unknown-linux-gnu/release/sidecar-injector /out/usr/local/bin/sidecar-injector \
  && mkdir -p /out/etc \
  && printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin\n' > /out/etc/passwd \

@@ -125,8 +125,8 @@ install-plugin dir=(env_var('HOME') / ".local/bin"):
 demo: node-packages
     cargo run --quiet -p injector-e2e --bin demo
 
-# Load benchmark of the webhook: serve + oha over TLS, fixed rates and saturation, alternating with a transport-only server (the ratio is the target; figures go in BENCHMARKS.md)
-bench-webhook:
+# Load benchmark of the webhook (the release binary of `just release`): serve + oha over TLS, fixed rates and saturation, alternating with a transport-only server built the same way (the ratio is the target; figures go in BENCHMARKS.md)
+bench-webhook: build-packages
     bench/webhook-load.sh
 
 # Instructions per admission of the whole webhook server under callgrind (user space; steady where load-test times on a shared VM are not; BIN=... to compare a build)
@@ -134,9 +134,8 @@ bench-webhook-instructions:
     bench/webhook-callgrind.sh
 
 # End-to-end figures against a local control plane: template apply to first injection, Pod CREATE latency with and without the webhook, operator start to ready (figures go in BENCHMARKS.md)
-bench-e2e:
-    cargo build --release --quiet -p injector-cli --bin sidecar-injector
-    SIDECAR_INJECTOR_BIN="$PWD/target/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
+bench-e2e: release
+    SIDECAR_INJECTOR_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
 
 # End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the image ~9); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages image
@@ -210,10 +209,16 @@ chart-lint:
         --set serviceMonitor.enabled=true --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24" >/dev/null
     echo "chart OK"
 
-# Build the operator's OCI image without a container engine, into target/sidecar-injector-image.tar (`ctr images import` it): the release binary, static, alone and non-root (the Dockerfile describes the same image)
-image tag="sidecar-injector.invalid/sidecar-injector:dev":
-    # crt-static with an explicit --target: the binary needs no libc in the image, while build scripts and proc macros stay dynamic.
-    RUSTFLAGS="-C target-feature=+crt-static" cargo build --release --locked -p injector-cli --bin sidecar-injector --target x86_64-unknown-linux-gnu
+# The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs llvm-profdata, `sudo bash build/packages.sh`; SIDECAR_INJECTOR_PGO=0 builds without a profile)
+release: build-packages
+    bash build/release.sh
+
+# Install the llvm-profdata `just release` needs (Debian's llvm-<major> of rustc's LLVM) when missing (needs root)
+build-packages:
+    bash build/packages.sh
+
+# Build the operator's OCI image without a container engine, into target/sidecar-injector-image.tar (`ctr images import` it): the release binary of `just release`, alone and non-root (the Dockerfile describes the same image)
+image tag="sidecar-injector.invalid/sidecar-injector:dev": release
     cargo run --quiet -p oci-image -- --out target/sidecar-injector-image.tar --name {{tag}} \
         --users --file target/x86_64-unknown-linux-gnu/release/sidecar-injector:/usr/local/bin/sidecar-injector \
         --entrypoint /usr/local/bin/sidecar-injector --cmd run --user 65532:65532 \

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Load benchmark of the webhook (`just bench-webhook`).
 #
-# Starts `sidecar-injector serve` (release build) on 127.0.0.1 with the realistic templates of
-# bench/fixtures/templates, and next to it the transport-only server
-# (crates/cli/examples/transport_only.rs: the same TLS, HTTP/1.1 and body reading, answering
-# the webhook's own answer, nothing else) with the same certificate. Drives POST /mutate over
+# Starts `sidecar-injector serve` (the release binary that ships: static and profile-guided, by
+# build/release.sh) on 127.0.0.1 with the realistic templates of bench/fixtures/templates, and
+# next to it the transport-only server (crates/cli/examples/transport_only.rs, built the same
+# way and trained on its own load: the same TLS, HTTP/1.1 and body reading, answering the
+# webhook's own answer, nothing else) with the same certificate. Drives POST /mutate over
 # TLS keep-alive with oha (installed from crates.io when missing) using a typical 8 KB Pod, at
 # fixed rates and at saturation, alternating between the two servers run by run for ROUNDS
 # rounds; reports each run, the medians, the webhook's saturation throughput as a share of the
@@ -36,10 +37,10 @@ if ! command -v oha >/dev/null 2>&1; then
     echo "--- installing oha (load generator) from crates.io"
     cargo install oha --locked --version 1.16.0
 fi
-echo "--- building the release binary and the transport-only server"
-cargo build --quiet --release -p injector-cli --bin sidecar-injector --example transport_only
-binary=${BIN:-./target/release/sidecar-injector}
-transport=./target/release/examples/transport_only
+echo "--- building the release binary and the transport-only server (build/release.sh: static, profile-guided)"
+bash build/release.sh
+binary=${BIN:-./target/x86_64-unknown-linux-gnu/release/sidecar-injector}
+transport=./target/x86_64-unknown-linux-gnu/release/examples/transport_only
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
     -keyout "$work/tls.key" -out "$work/tls.crt" -subj "/CN=127.0.0.1" \
