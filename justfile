@@ -137,7 +137,7 @@ bench-webhook-instructions:
 bench-e2e: release
     SIDECAR_INJECTOR_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
 
-# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the image ~9); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
+# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the profile-guided image ~12); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages image
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
     {{just_executable()}} e2e-next
@@ -209,11 +209,11 @@ chart-lint:
         --set serviceMonitor.enabled=true --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24" >/dev/null
     echo "chart OK"
 
-# The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs llvm-profdata, `sudo bash build/packages.sh`; SIDECAR_INJECTOR_PGO=0 builds without a profile)
+# The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs the llvm-profdata of rustc's LLVM, see build-packages; SIDECAR_INJECTOR_PGO=0 builds without a profile)
 release: build-packages
     bash build/release.sh
 
-# Install the llvm-profdata `just release` needs (Debian's llvm-<major> of rustc's LLVM) when missing (needs root)
+# Install the llvm-profdata `just release` needs (Debian's llvm-<major> of rustc's LLVM) when missing (needs root; `rustup component add llvm-tools` serves too)
 build-packages:
     bash build/packages.sh
 

@@ -2,7 +2,8 @@
 # Instructions per admission of the whole webhook server, its transport and log line included
 # (`just bench-webhook-instructions`).
 #
-# Runs `sidecar-injector serve` (release build, the templates of bench/fixtures/templates, log
+# Runs `sidecar-injector serve` (the plain release build, without the profile of
+# build/release.sh: its counts compare code, not profiles; the templates of bench/fixtures/templates, log
 # level info as in production, LOG_FORMAT text or json) under callgrind on 127.0.0.1, posts the typical review N times
 # (default 600) over 8 TLS keep-alive connections with oha, stops the server and prints the
 # instructions of its user space per request and of the parts that matter. Unlike times on a

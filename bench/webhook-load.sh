@@ -14,8 +14,8 @@
 #
 # Environment: DURATION (per run, default 10s), ROUNDS (default 3), LOG (the webhook's log
 # filter, default info: one line per admission, as in production; written to a file), BIN
-# (another build of sidecar-injector to measure, say the previous commit's; default the one
-# just built).
+# (another build of sidecar-injector to measure, say the previous commit's, made by
+# build/release.sh too, as the transport-only server always is; default the one just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -31,7 +31,7 @@ def reviews(typical_only):
     return [typical] * 8 + variants
 
 
-def drive(port, context, bodies, count, failures):
+def drive(port, context, bodies, count, failures, answered):
     try:
         connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
         for n in range(count):
@@ -40,11 +40,13 @@ def drive(port, context, bodies, count, failures):
                 headers={"Content-Type": "application/json"},
             )
             response = connection.getresponse()
-            response.read()
-            if response.status != 200:
-                failures.append(f"HTTP {response.status}")
+            answer = response.read()
+            if response.status != 200 or b'"allowed":true' not in answer:
+                failures.append(f"HTTP {response.status}: {answer[:200]!r}")
+            else:
+                answered.append(1)
         connection.close()
-    except (OSError, http.client.HTTPException) as error:
+    except Exception as error:  # noqa: BLE001 - any failure of a thread fails the training
         failures.append(repr(error))
 
 
@@ -52,17 +54,18 @@ def main():
     port, cert, requests = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     bodies = reviews("--typical-only" in sys.argv[4:])
     context = ssl.create_default_context(cafile=cert)
-    failures = []
+    failures, answered = [], []
+    each = requests // CONNECTIONS
     threads = [
-        threading.Thread(target=drive, args=(port, context, bodies, requests // CONNECTIONS, failures))
+        threading.Thread(target=drive, args=(port, context, bodies, each, failures, answered))
         for _ in range(CONNECTIONS)
     ]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    if failures:
-        sys.exit(f"pgo-train: {len(failures)} failures: {sorted(set(failures))}")
+    if failures or len(answered) != each * CONNECTIONS:
+        sys.exit(f"pgo-train: {len(answered)} of {each * CONNECTIONS} answered; failures: {sorted(set(failures))[:5]}")
 
 
 if __name__ == "__main__":
