@@ -5,8 +5,8 @@
 # llvm-tools too). Nothing is installed when it is already there, or when the build is asked to
 # go without a profile (SIDECAR_INJECTOR_PGO=0).
 #
-# Usage: packages.sh         install it when missing (needs root and apt-get; not through sudo
-#                            when rustc is on your own PATH only: run its apt-get instead)
+# Usage: packages.sh         install it when missing (build/apt-install.sh: needs root and
+#                            apt-get; not through sudo when rustc is on your own PATH only)
 #        packages.sh --check exit 1 when it is missing, instead of installing
 set -euo pipefail
 
@@ -24,23 +24,7 @@ if [[ "${1:-}" == "--check" ]]; then
   log "missing: llvm-profdata for LLVM $llvm_major (as root: apt-get install $package; or: rustup component add llvm-tools)"
   exit 1
 fi
-if [[ "$(id -u)" != 0 ]]; then
-  log "error: the release build needs the llvm-profdata of LLVM $llvm_major (rustc's)"
-  log "run as root: apt-get install -y --no-install-recommends $package"
+bash "$(dirname "$0")/apt-install.sh" build-packages "$package" || {
   log "or, without root: rustup component add llvm-tools; or build without a profile: SIDECAR_INJECTOR_PGO=0"
   exit 1
-fi
-command -v apt-get >/dev/null || { log "error: no apt-get here; install $package by hand"; exit 1; }
-
-install() {
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$package" >&2
 }
-started=$SECONDS
-log "installing $package"
-if ! install; then
-  # A fresh machine often has no package lists yet.
-  log "install failed; running apt-get update and trying again"
-  apt-get update -q >&2 || { log "error: apt-get update failed"; exit 1; }
-  install || { log "error: cannot install $package (see apt-get's output above); rustup component add llvm-tools serves too"; exit 1; }
-fi
-log "installed in $((SECONDS - started)) s"

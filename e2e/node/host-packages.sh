@@ -36,25 +36,6 @@ if [[ "${1:-}" == "--check" ]]; then
   log "missing: ${missing[*]} (run: sudo bash e2e/node/host-packages.sh)"
   exit 1
 fi
-if [[ "$(id -u)" != 0 ]]; then
-  log "error: the e2e node needs these Debian packages: ${missing[*]}"
-  log "run as root: apt-get install -y --no-install-recommends ${missing[*]}"
-  log "(or: sudo bash e2e/node/host-packages.sh)"
-  exit 1
-fi
-command -v apt-get >/dev/null || { log "error: no apt-get here; install ${missing[*]} by hand"; exit 1; }
-
-install() {
-  # The packages' maintainer scripts must not start a system containerd: the harness runs its own.
-  DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-    apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
-}
-started=$SECONDS
-log "installing ${missing[*]}"
-if ! install; then
-  # A fresh machine often has no package lists yet.
-  log "install failed; running apt-get update and trying again"
-  apt-get update -q >&2 || { log "error: apt-get update failed"; exit 1; }
-  install || { log "error: cannot install ${missing[*]} (see apt-get's output above)"; exit 1; }
-fi
-log "installed in $((SECONDS - started)) s"
+# The packages' maintainer scripts must not start a system containerd: the harness runs its own.
+RUNLEVEL=1 bash "$(dirname "$0")/../../build/apt-install.sh" node-packages "${missing[@]}" \
+  || { log "(or: sudo bash e2e/node/host-packages.sh)"; exit 1; }
