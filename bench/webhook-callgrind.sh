@@ -11,6 +11,8 @@
 # kernel's share (TCP, syscalls) is not counted. Everything is stopped at exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/local.sh
+source bench/local.sh
 
 requests=${N:-600}
 work=$(mktemp -d)
@@ -32,10 +34,7 @@ if [ -z "${BIN:-}" ]; then
 fi
 binary=${BIN:-./target/release/sidecar-injector}
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-    -keyout "$work/tls.key" -out "$work/tls.crt" -subj "/CN=127.0.0.1" \
-    -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+self_signed "$work"
 port=$(free_port)
 admin=$(free_port)
 

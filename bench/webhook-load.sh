@@ -18,6 +18,8 @@
 # build/release.sh too, as the transport-only server always is; default the one just built).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/local.sh
+source bench/local.sh
 
 duration=${DURATION:-10s}
 rounds=${ROUNDS:-3}
@@ -42,11 +44,8 @@ bash build/release.sh
 binary=${BIN:-./target/x86_64-unknown-linux-gnu/release/sidecar-injector}
 transport=./target/x86_64-unknown-linux-gnu/release/examples/transport_only
 
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-    -keyout "$work/tls.key" -out "$work/tls.crt" -subj "/CN=127.0.0.1" \
-    -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
+self_signed "$work"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # "USER SYSTEM PREEMPTED" of process $1: its CPU in clock ticks (fields 14 and 15 of its stat,
 # threads that ended included) and the involuntary context switches of the threads it has now
 # (both servers keep theirs for the whole run).

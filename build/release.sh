@@ -16,6 +16,8 @@
 # changed, so it always describes the code being built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/local.sh
+source bench/local.sh
 
 target=x86_64-unknown-linux-gnu
 # Cargo's encoded form (flags separated by 0x1f): a path with a space stays one flag, and an
@@ -84,10 +86,7 @@ rm -f "$pgo/merged.profdata" "$pgo/merged.source"
 echo "--- release: training" >&2
 rm -rf "$pgo/profiles"
 mkdir -p "$pgo/profiles"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-    -keyout "$work/tls.key" -out "$work/tls.crt" -subj "/CN=127.0.0.1" \
-    -addext "subjectAltName=IP:127.0.0.1" 2>/dev/null
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+self_signed "$work"
 post() { # PORT OUTPUT: the typical review, once
     curl -fsS --cacert "$work/tls.crt" -X POST -H "Content-Type: application/json" \
         --data-binary @bench/fixtures/typical-pod-review.json -o "$2" "https://127.0.0.1:$1/mutate"
