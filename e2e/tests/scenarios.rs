@@ -2322,6 +2322,7 @@ spec:
   podSelector:
     matchLabels: {app: kept}
   failurePolicy: Fail
+  updateStrategy: {type: InPlace}
   containers:
     - name: kept-agent
       image: busybox:1.36
@@ -2356,7 +2357,8 @@ fn set_image(
 
 /// After admission, a required template's container cannot be replaced: `kubectl set image`
 /// on it is refused by the after-admission policy, saying why, on every backend; the app's own
-/// container may still change, `kubectl debug` (an ephemeral container) is still allowed, and
+/// container may still change, `kubectl debug` (an ephemeral container) is still allowed, the
+/// operator's own in-place update to the template's new version (its exact patch) passes, and
 /// a best-effort template's Pods are not affected.
 fn required_after_admission(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
@@ -2444,6 +2446,68 @@ fn required_after_admission(env: &mut Env<'_>) -> anyhow::Result<()> {
             "ephemeral containers: {}",
             stored["spec"]["ephemeralContainers"]
         );
+
+        // A new version differing only in images: the operator's own in-place update to it
+        // (the patch `in_place_patch` builds, sent as the rollout sends it) passes; the same
+        // images without the record moved do not.
+        cp.apply_yaml(&KEPT_TEMPLATE.replace("image: busybox:1.36", "image: busybox:1.37"))?;
+        wait_dry_run_image(cp, &ns, &[("app", "kept")], "kept-agent", "busybox:1.37")?;
+        let template: injector_api::SidecarTemplate =
+            serde_json::from_value(cp.get_json("sidecartemplate", None, "e2e-kept")?)?;
+        let template =
+            injector_core::template::compile(&template).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(cp.get_json("pod", Some(&ns), "kept")?)?;
+        let patch = injector_core::rollout::in_place_patch(&template, &pod)
+            .context("no in-place patch for the Pod")?;
+        let refused = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.37", true)?;
+        ensure!(
+            refused.is_err(),
+            "the new version's image without the record was allowed"
+        );
+        // The API server loads the new version of the policy on its own time.
+        let patch_args = |dry_run: bool| {
+            let mut args = vec![
+                "patch".to_owned(),
+                "-n".to_owned(),
+                ns.clone(),
+                "pod/kept".to_owned(),
+                "--type=strategic".to_owned(),
+                format!("--patch={patch}"),
+            ];
+            if dry_run {
+                args.push("--dry-run=server".to_owned());
+            }
+            args
+        };
+        poll(
+            Duration::from_secs(30),
+            "the operator's in-place update to be allowed",
+            || {
+                Ok(cp
+                    .kubectl(&patch_args(true))?
+                    .status
+                    .success()
+                    .then_some(()))
+            },
+        )?;
+        cp.kubectl_ok(&patch_args(false))
+            .context("the operator's in-place update")?;
+        let updated = cp.get_json("pod", Some(&ns), "kept")?;
+        ensure!(
+            container_image(&updated, "kept-agent") == Some("busybox:1.37"),
+            "kept-agent after the in-place update: {:?}",
+            container_image(&updated, "kept-agent")
+        );
+        ensure!(
+            annotation(&updated, INJECTED)
+                .is_some_and(|r| r.starts_with(&format!("e2e-kept@{}#", template.generation))),
+            "the record after the in-place update: {:?}",
+            annotation(&updated, INJECTED)
+        );
+        // And the sidecar stays at that version.
+        let back = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.36", false)?;
+        ensure!(back.is_err(), "the sidecar's image was set back");
 
         // A best-effort template's container is not kept.
         let loose_pod = run_pod(cp, &ns, "loose", &["app=loose"], &[])?;
