@@ -524,7 +524,32 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
         "RolloutBlocked message: {message}"
     );
     eprintln!("[chart] a RollingRestart template without rollouts.enabled: {message}");
+    // It is required (the default failurePolicy) and adds a container: the after-admission
+    // policy keeps it, written under the chart's RBAC on every backend and owned by the
+    // ClusterRole (so `helm uninstall` removes it), and goes with the last such template.
+    let after_admission = format!("{RELEASE}-after-admission");
+    let policy = poll(
+        Duration::from_secs(30),
+        "the after-admission policy",
+        || cp.try_get_json("validatingadmissionpolicy", None, &after_admission),
+    )?;
+    ensure!(
+        policy["metadata"]["ownerReferences"][0]["name"] == RELEASE,
+        "the after-admission policy is not owned by the chart's ClusterRole: {}",
+        policy["metadata"]
+    );
     cp.kubectl_ok(&["delete", "sidecartemplate", "chart-rolling"])?;
+    poll(
+        Duration::from_secs(30),
+        "the after-admission policy to be removed",
+        || {
+            Ok(cp
+                .try_get_json("validatingadmissionpolicy", None, &after_admission)?
+                .is_none()
+                .then_some(()))
+        },
+    )?;
+    eprintln!("[chart] the after-admission policy {after_admission}: owned, then removed");
 
     CHART.check_owned(cp)?;
 
