@@ -17,8 +17,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use injector_api::FailurePolicy;
 use injector_api::names::INJECTED_ANNOTATION;
+use injector_api::{FailurePolicy, UpdateStrategyType};
 use serde_json::{Value, json};
 
 use super::{
@@ -166,12 +166,17 @@ fn keeps(template: &CompiledTemplate) -> String {
 }
 
 /// The CEL condition that an UPDATE is the operator's in-place update of a Pod to `template`'s
-/// current version, as [`crate::rollout::in_place_patch`] makes it: the record entry moves to
-/// the current one, and of the template's containers and native sidecars only the images
-/// change, to the template's (resources too stay, so no `resize` passes); plain init containers
-/// stay as they are. `None` when the operator never updates the template in place (an image
-/// not written out in the template).
+/// current version, as [`crate::rollout::in_place_patch`] makes it for a Pod stale only in
+/// images ([`crate::lifecycle::carried`]): the record's one entry for it, of a version whose
+/// fingerprint differs from the current one's only in its images half, moves to the current
+/// one, and of the template's containers and native sidecars only the images change, to the
+/// template's (resources too stay, so no `resize` passes); plain init containers stay as they
+/// are. `None` when the operator never updates the template in place (not `InPlace`, or an
+/// image not written out in the template).
 fn in_place_update(template: &CompiledTemplate, old: &str, new: &str) -> Option<String> {
+    if template.update_strategy.type_ != UpdateStrategyType::InPlace {
+        return None;
+    }
     let mut images = BTreeMap::new();
     let mut plain_init = Vec::new();
     for item in template.containers.iter().chain(&template.init_containers) {
@@ -184,6 +189,9 @@ fn in_place_update(template: &CompiledTemplate, old: &str, new: &str) -> Option<
         }
     }
     let current = cel_string(&Applied::of(template).to_string());
+    // The first 8 of the fingerprint's 16 hex digits cover everything but the images.
+    let fingerprint = template.fingerprint.to_string();
+    let shape = cel_string(fingerprint.get(..8).unwrap_or_default());
     let image_map = format!(
         "{{{}}}",
         images
@@ -197,8 +205,11 @@ fn in_place_update(template: &CompiledTemplate, old: &str, new: &str) -> Option<
             "{new}.all(c, !(c.name in {image_map}) || {old}.exists(o, o.name == c.name && (o == c || (c.image == {image_map}[c.name] && has(o.resources) == has(c.resources) && (!has(o.resources) || o.resources == c.resources)))))"
         )
     };
+    let stale_in_images = format!(
+        "size({old}) == 1 && {old}.all(e, e != {current} && e.lastIndexOf(\"#\") >= 0 && size(e) - e.lastIndexOf(\"#\") == 17 && e.substring(e.lastIndexOf(\"#\") + 1).startsWith({shape}))"
+    );
     let mut conditions = vec![
-        format!("{old} != [{current}]"),
+        stale_in_images,
         format!("{new} == [{current}]"),
         only_images("object.spec.containers", "oldObject.spec.containers"),
         only_images("variables.newInit", "variables.oldInit"),

@@ -33,13 +33,24 @@ fn options() -> PolicyOptions {
 
 /// A required mesh: a container, a native sidecar and a plain init container.
 fn mesh(proxy: &str, agent: &str, generation: i64) -> Arc<CompiledTemplate> {
+    mesh_with(proxy, agent, generation, "InPlace", "--pod")
+}
+
+/// [`mesh`] with another update strategy, or another argument (what else a version changes).
+fn mesh_with(
+    proxy: &str,
+    agent: &str,
+    generation: i64,
+    strategy: &str,
+    flag: &str,
+) -> Arc<CompiledTemplate> {
     template(
         "mesh",
         generation,
         json!({
             "failurePolicy": "Fail",
-            "updateStrategy": {"type": "InPlace"},
-            "containers": [{"name": "proxy", "image": proxy, "args": ["--pod", "{{ pod.name }}"]}],
+            "updateStrategy": {"type": strategy},
+            "containers": [{"name": "proxy", "image": proxy, "args": [flag, "{{ pod.name }}"]}],
             "initContainers": [
                 {"name": "setup", "image": "setup:1"},
                 {"name": "agent", "image": agent, "restartPolicy": "Always"},
@@ -345,4 +356,36 @@ fn the_operators_in_place_update_to_the_current_version_is_allowed() {
     let current = pod(&new_mesh, "proxy:2", "agent:2");
     let new = set(&current, "/spec/containers/1/image", json!("proxy:1"));
     assert!(!admits(policy, &current, &new));
+}
+
+#[test]
+fn only_a_pod_stale_in_images_of_an_in_place_template_may_move_to_its_current_version() {
+    let new_mesh = mesh("proxy:2", "agent:2", 3);
+    let compiled = compile_after_admission(&[Arc::clone(&new_mesh)], &options()).unwrap();
+    // The Pod carries a version that differs in more than images (another flag): the operator
+    // restarts its workload rather than update it in place, so moving its record to the current
+    // version with the current images (which would hide it from the rollout) is refused.
+    let other_shape = mesh_with("proxy:1", "agent:1", 2, "InPlace", "--name");
+    assert!(
+        !new_mesh
+            .fingerprint
+            .only_images_differ(&other_shape.fingerprint)
+    );
+    let old = pod(&other_shape, "proxy:1", "agent:1");
+    let typed: Pod = serde_json::from_value(old.clone()).unwrap();
+    let forged = strategic_merge(&old, &in_place_patch(&new_mesh, &typed).unwrap());
+    assert!(!admits(&compiled.policy, &old, &forged));
+
+    // A template the operator never updates in place (RollingRestart): no exception at all.
+    let rolling = mesh_with("proxy:2", "agent:2", 2, "RollingRestart", "--pod");
+    let compiled = compile_after_admission(&[Arc::clone(&rolling)], &options()).unwrap();
+    let old = pod(&mesh("proxy:1", "agent:1", 1), "proxy:1", "agent:1");
+    let typed: Pod = serde_json::from_value(old.clone()).unwrap();
+    let moved = strategic_merge(&old, &in_place_patch(&rolling, &typed).unwrap());
+    assert!(!admits(&compiled.policy, &old, &moved));
+    // The same move under InPlace passes (the control).
+    let in_place = mesh("proxy:2", "agent:2", 2);
+    let compiled = compile_after_admission(&[Arc::clone(&in_place)], &options()).unwrap();
+    let moved = strategic_merge(&old, &in_place_patch(&in_place, &typed).unwrap());
+    assert!(admits(&compiled.policy, &old, &moved));
 }
