@@ -6,10 +6,12 @@
 //! (`sidecar.dev/injected`, of the old object) names a required template in force, and per
 //! such template refuses the update unless the template's containers and init containers and
 //! its record entry are unchanged, or the update is the operator's `InPlace` update to the
-//! template's current version ([`crate::rollout::in_place_patch`]): the entry rewritten to the
-//! current `name@generation#fingerprint` and the images of its containers and native sidecars
-//! set to the template's, nothing else of them changed. Volumes need no rule: the API server
-//! refuses any change of `spec.volumes` on a Pod UPDATE.
+//! template's current version ([`crate::rollout::in_place_patch`]) of a Pod stale only in
+//! images: the entry rewritten to the current `name@generation#fingerprint` and the images of
+//! its containers and native sidecars set to the template's, nothing else of them changed.
+//! Whoever makes that update sets exactly the version the operator would, so it is not limited
+//! to the operator's user. Volumes need no rule: the API server refuses any change of
+//! `spec.volumes` on a Pod UPDATE.
 //!
 //! Not matched: `pods/ephemeralcontainers` (`kubectl debug` adds a debugging container beside
 //! the injected ones and cannot change them), `pods/status` and `pods/binding`.
