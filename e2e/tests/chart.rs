@@ -2,9 +2,12 @@
 //! validation of what it renders (and of the examples) with kubeconform, `helm install`, and
 //! the operator run out of cluster with the chart's ServiceAccount token and the Deployment's
 //! arguments (its RBAC is enough for everything the operator does, including adopting a Lease
-//! left by an older release). The chart installed for real on the node, its `kubectl auth
-//! can-i` matrix (no more than enough) and `helm uninstall` leaving nothing behind are node
-//! scenarios (`e2e/tests/node.rs`).
+//! left by an older release). Least privilege past RBAC, impersonating that ServiceAccount:
+//! what the chart's ValidatingAdmissionPolicy refuses and admits, that no API-registered policy
+//! runs on admission policies while the chart's static policy does (1.37+), and no `create` on
+//! them with the webhook backend. Then `helm uninstall` leaving nothing behind. The chart
+//! installed for real on the node and its `kubectl auth can-i` matrix (no more than enough) are
+//! node scenarios too (`e2e/tests/node.rs`).
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), like the scenarios.
 
