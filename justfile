@@ -142,7 +142,7 @@ e2e: node-packages image
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
     {{just_executable()}} e2e-next
 
-# The scenarios, the chart test, the policy backend differential test and the policy-only test again on every other Kubernetes version of e2e/control-plane/versions.env (KUBE_VERSIONS; the node and the 3-minute rotation run on the default version only)
+# The scenarios, the chart test, the policy backend differential test, the policy-only test and the one-verdict test again on every other Kubernetes version of e2e/control-plane/versions.env (KUBE_VERSIONS; the node and the 3-minute rotation run on the default version only)
 e2e-next:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -151,7 +151,7 @@ e2e-next:
         if [[ "$version" == "$KUBE_VERSION" ]]; then continue; fi
         echo "[e2e] ===== the scenarios and the chart test on Kubernetes $version" >&2
         SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=0 SIDECAR_INJECTOR_KUBE_VERSION="$version" \
-            cargo test -p injector-e2e --test scenarios --test chart --test policy --test policy_only -- --nocapture
+            cargo test -p injector-e2e --test scenarios --test chart --test policy --test policy_only --test one_verdict -- --nocapture
     done
 
 # Install the node's host packages (containerd, runc, CNI plugins, iptables, busybox-static) from Debian when missing (needs root)

@@ -42,6 +42,7 @@ pub struct ControlPlane {
     processes: Mutex<Vec<Process>>,
     namespaces: AtomicU32,
     operators: AtomicU32,
+    static_policies: bool,
 }
 
 /// Where a [`ControlPlane`] serves.
@@ -50,12 +51,18 @@ pub struct ControlPlaneOptions {
     /// The API server's bind and advertise address: 127.0.0.1, or the node's bridge address
     /// so that Pods reach it through the `kubernetes` Service.
     pub address: Ipv4Addr,
+    /// Load static ValidatingAdmissionPolicies from [`ControlPlane::static_policy_dir`] (the
+    /// `staticManifestsDir` of the plugin's configuration; Kubernetes 1.37+, where the
+    /// `ManifestBasedAdmissionControlConfig` feature is on by default). The API server reads
+    /// the directory again every minute, so a test may write its manifests once the plane runs.
+    pub static_policies: bool,
 }
 
 impl Default for ControlPlaneOptions {
     fn default() -> Self {
         Self {
             address: Ipv4Addr::LOCALHOST,
+            static_policies: false,
         }
     }
 }
@@ -82,6 +89,7 @@ impl ControlPlane {
             processes: Mutex::new(Vec::new()),
             namespaces: AtomicU32::new(0),
             operators: AtomicU32::new(0),
+            static_policies: options.static_policies,
         };
         if let Err(e) = plane.boot() {
             plane.print_logs(40);
@@ -172,6 +180,23 @@ impl ControlPlane {
             format!("--kubelet-client-certificate={}", path(&certs.admin_cert)),
             format!("--kubelet-client-key={}", path(&certs.admin_key)),
         ]);
+        if self.static_policies {
+            let policies = self.dir.join("static-policies");
+            std::fs::create_dir_all(&policies)?;
+            let config = self.dir.join("admission-configuration.yaml");
+            std::fs::write(
+                &config,
+                format!(
+                    "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n\
+                     \x20 - name: ValidatingAdmissionPolicy\n    configuration:\n\
+                     \x20     apiVersion: apiserver.config.k8s.io/v1\n\
+                     \x20     kind: ValidatingAdmissionPolicyConfiguration\n\
+                     \x20     staticManifestsDir: {}\n",
+                    path(&policies)
+                ),
+            )?;
+            apiserver_args.push(format!("--admission-control-config-file={}", path(&config)));
+        }
         self.spawn(
             "kube-apiserver",
             &self.binaries.kube_apiserver.clone(),
@@ -269,6 +294,13 @@ impl ControlPlane {
     /// The temporary directory: certificates, the kubeconfig, etcd's data and every log.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The directory the API server loads static ValidatingAdmissionPolicies from, when
+    /// started with [`ControlPlaneOptions::static_policies`].
+    pub fn static_policy_dir(&self) -> Option<PathBuf> {
+        self.static_policies
+            .then(|| self.dir.join("static-policies"))
     }
 
     /// The admin kubeconfig (`O=system:masters`).

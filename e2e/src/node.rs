@@ -92,6 +92,7 @@ impl Cluster {
         host::create_network()?;
         let plane = ControlPlane::start_with(ControlPlaneOptions {
             address: BRIDGE_ADDRESS,
+            ..ControlPlaneOptions::default()
         })?;
         let dir = plane.dir().join("node");
         std::fs::create_dir_all(&dir)?;

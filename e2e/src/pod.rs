@@ -1,6 +1,8 @@
 //! Reading Pods (as `kubectl get -o json` prints them) for assertions and the demo.
 
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use crate::ControlPlane;
 
 /// The `name` of every item of a JSON list (containers, volumes, …); empty when absent.
 pub fn names(list: &Value) -> Vec<String> {
@@ -19,4 +21,63 @@ pub fn containers(pod: &Value) -> Vec<String> {
 /// The Pod's init container names, in order.
 pub fn init_containers(pod: &Value) -> Vec<String> {
     names(&pod["spec"]["initContainers"])
+}
+
+/// Creates `pod` in `namespace` with a server-side dry run (admission runs, nothing is stored):
+/// the Pod the API server would store, or its refusal.
+pub fn dry_run_create(
+    cp: &ControlPlane,
+    namespace: &str,
+    pod: &Value,
+) -> anyhow::Result<Result<Value, String>> {
+    let output = cp.kubectl_with_stdin(
+        &[
+            "create",
+            "--dry-run=server",
+            "-o",
+            "json",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+        ],
+        &pod.to_string(),
+    )?;
+    if output.status.success() {
+        Ok(Ok(serde_json::from_slice(&output.stdout)?))
+    } else {
+        Ok(Err(String::from_utf8_lossy(&output.stderr)
+            .trim()
+            .to_owned()))
+    }
+}
+
+/// What two admissions of one Pod must agree on: labels, annotations and spec, with the random
+/// suffix of the ServiceAccount token's volume (`kube-api-access-` and 5 characters) and the
+/// namespace's name made fixed. A Pod author's volume of another name stays as it is.
+pub fn stored_view(pod: &Value, namespace: &str) -> anyhow::Result<Value> {
+    const TOKEN_VOLUME: &str = "kube-api-access-";
+    // `{{ pod.namespace }}` renders the namespace's name, which differs by design.
+    let text = pod.to_string().replace(namespace, "NAMESPACE");
+    let mut fixed = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find(TOKEN_VOLUME) {
+        let end = at + TOKEN_VOLUME.len();
+        fixed.push_str(&rest[..end]);
+        rest = &rest[end..];
+        let suffix = rest
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(rest.len());
+        if suffix == 5 {
+            fixed.push_str("xxxxx");
+            rest = &rest[5..];
+        }
+    }
+    fixed.push_str(rest);
+    let pod: Value = serde_json::from_str(&fixed)?;
+    Ok(json!({
+        "labels": pod["metadata"]["labels"],
+        "annotations": pod["metadata"]["annotations"],
+        "spec": pod["spec"],
+    }))
 }

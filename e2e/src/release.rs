@@ -48,6 +48,13 @@ impl Release<'_> {
         format!("{}-leader", self.fullname)
     }
 
+    /// The ValidatingAdmissionPolicy and binding that hold the operator's ServiceAccount to
+    /// what RBAC cannot limit (`leastPrivilegePolicy.enabled`, the default, on Kubernetes
+    /// 1.30+).
+    pub fn least_privilege_policy(&self) -> String {
+        format!("{}-least-privilege", self.fullname)
+    }
+
     /// The operator's ServiceAccount, as a user name for `--as`.
     pub fn service_account(&self) -> String {
         format!("system:serviceaccount:{}:{}", self.namespace, self.fullname)
@@ -105,6 +112,15 @@ impl Release<'_> {
         for (kind, namespace) in self.installed() {
             if cp.try_get_json(kind, namespace, self.fullname)?.is_some() {
                 left.push(format!("{kind}/{}", self.fullname));
+            }
+        }
+        let policy = self.least_privilege_policy();
+        for kind in [
+            "validatingadmissionpolicy",
+            "validatingadmissionpolicybinding",
+        ] {
+            if cp.try_get_json(kind, None, &policy)?.is_some() {
+                left.push(format!("{kind}/{policy}"));
             }
         }
         Ok(left)

@@ -2,9 +2,13 @@
 //! validation of what it renders (and of the examples) with kubeconform, `helm install`, and
 //! the operator run out of cluster with the chart's ServiceAccount token and the Deployment's
 //! arguments (its RBAC is enough for everything the operator does, including adopting a Lease
-//! left by an older release). The chart installed for real on the node, its `kubectl auth
-//! can-i` matrix (no more than enough) and `helm uninstall` leaving nothing behind are node
-//! scenarios (`e2e/tests/node.rs`).
+//! left by an older release). Least privilege past RBAC, impersonating that ServiceAccount:
+//! what the chart's ValidatingAdmissionPolicy refuses and admits, that no API-registered policy
+//! runs on admission policies while the chart's static policy does (1.37+), and no `create` on
+//! MutatingAdmissionPolicies with the webhook backend (ValidatingAdmissionPolicies it still
+//! creates: the after-admission policy). Then `helm uninstall` leaving nothing behind. The chart
+//! installed for real on the node and its `kubectl auth can-i` matrix (no more than enough) are
+//! node scenarios too (`e2e/tests/node.rs`).
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), like the scenarios.
 
@@ -20,7 +24,10 @@ use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
 use injector_e2e::steps::{
     example, wait_condition, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
 };
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, tool, workspace_root};
+use injector_e2e::{
+    ControlPlane, ControlPlaneOptions, Operator, OperatorOptions, kube_version, poll, tool,
+    workspace_root,
+};
 use serde_json::Value;
 
 /// The release, its namespace, and so (the chart's full name being the release name when it
@@ -61,7 +68,14 @@ fn chart() {
     ])
     .unwrap();
 
-    let cp = ControlPlane::start().expect("the control plane starts");
+    // Static admission policies, the one kind the API server runs on admission policies, are on
+    // by default from Kubernetes 1.37 (the default control plane is 1.34).
+    let static_policies = kube_minor().is_some_and(|minor| minor >= 37);
+    let cp = ControlPlane::start_with(ControlPlaneOptions {
+        static_policies,
+        ..ControlPlaneOptions::default()
+    })
+    .expect("the control plane starts");
 
     step("helm install (no --wait: nothing runs Pods here)");
     helm.run_with(
@@ -87,6 +101,13 @@ fn chart() {
             "helm rendered {kind} {name}: the operator owns it"
         );
     }
+    for kind in [
+        "validatingadmissionpolicy",
+        "validatingadmissionpolicybinding",
+    ] {
+        cp.get_json(kind, None, &least_privilege_policy())
+            .unwrap_or_else(|e| panic!("helm install created no least-privilege {kind}: {e:#}"));
+    }
 
     step("helm template validated by kubeconform against this API server's own schemas");
     validate_with_kubeconform(&cp, &helm, &chart).unwrap();
@@ -95,6 +116,15 @@ fn chart() {
     let mut operator = start_operator_as_service_account(&cp).expect("the operator starts");
     exercise_operator(&cp, &operator)
         .unwrap_or_else(|e| panic!("the chart's RBAC is not enough: {e:#}"));
+
+    step("least privilege in the cluster: what RBAC allows and the chart's policy refuses");
+    prove_least_privilege(&cp).unwrap();
+    if static_policies {
+        step(
+            "the chart's static policy, loaded by the API server, limits the admission policies' names too",
+        );
+        prove_static_policy(&cp, &helm, &chart).unwrap();
+    }
     let log = std::fs::read_to_string(operator.log_path().unwrap()).unwrap();
     assert!(
         !log.to_lowercase().contains("forbidden"),
@@ -120,6 +150,30 @@ fn chart() {
     )
     .unwrap();
     CHART.can_i_matrix(&cp, true).unwrap();
+
+    step(
+        "operator.injectionBackend=webhook: no create on MutatingAdmissionPolicies or Pods, the after-admission ValidatingAdmissionPolicy still written, and the operator removes its other policies under that",
+    );
+    helm.run_with(
+        &cp,
+        &[
+            "upgrade",
+            RELEASE,
+            path(&chart),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            "operator.injectionBackend=webhook",
+        ],
+    )
+    .unwrap();
+    webhook_backend_needs_no_create(&cp).unwrap();
+
+    step("helm uninstall leaves nothing behind, the least-privilege policy included");
+    helm.run_with(&cp, &["uninstall", RELEASE, "--namespace", NAMESPACE])
+        .unwrap();
+    CHART.wait_uninstalled(&cp).unwrap();
     eprintln!("[chart] passed in {:.1?}", started.elapsed());
 }
 
@@ -331,6 +385,8 @@ fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> an
         "ServiceAccount",
         "ServiceMonitor",
         "SidecarTemplate",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         ensure!(
             kinds.iter().any(|k| k == kind),
@@ -570,5 +626,452 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
         "[chart] the configuration, Secret and Lease are owned by the ClusterRole; a deleted configuration was restored"
     );
     cp.kubectl_ok(&["delete", "sidecartemplate", "chart-invalid"])?;
+    Ok(())
+}
+
+/// The chart's ValidatingAdmissionPolicy (and binding) holding the operator's ServiceAccount to
+/// what RBAC cannot say.
+fn least_privilege_policy() -> String {
+    CHART.least_privilege_policy()
+}
+
+/// What a request of the operator's ServiceAccount came to: stored (or accepted as a dry run),
+/// refused by an admission policy (its message), or failed otherwise (kubectl's stderr).
+#[derive(Debug)]
+enum Outcome {
+    Accepted,
+    Refused(String),
+    Failed(String),
+}
+
+/// `kubectl create -f - ARGS` of `yaml` as the operator's ServiceAccount (impersonated by the
+/// admin, who may).
+fn create_as_operator(cp: &ControlPlane, yaml: &str, args: &[&str]) -> anyhow::Result<Outcome> {
+    let service_account = CHART.service_account();
+    let mut all = vec!["create", "-f", "-", "--as", &service_account];
+    all.extend(args);
+    let out = cp.kubectl_with_stdin(&all, yaml)?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    Ok(if out.status.success() {
+        Outcome::Accepted
+    } else if stderr.contains("ValidatingAdmissionPolicy") && stderr.contains("denied request") {
+        Outcome::Refused(stderr)
+    } else {
+        Outcome::Failed(stderr)
+    })
+}
+
+/// A Pod named `name` (nothing schedules it here).
+fn pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {NAMESPACE}}}\n\
+         spec: {{containers: [{{name: app, image: least-privilege.invalid/none:1}}]}}\n"
+    )
+}
+
+/// Impersonating the operator's ServiceAccount, which RBAC lets create Pods in its namespace
+/// and Secrets, Leases, webhook configurations and admission policies under any name: a real
+/// Pod is refused by the chart's policy and a dry-run Pod accepted; a Secret, a Lease or a
+/// MutatingWebhookConfiguration under another name is refused, under its own name it passes
+/// admission (and only then finds its object already there, created by the operator under this
+/// very policy). Admission policies and their bindings are beyond any policy registered
+/// through the API: with a probe policy in force that refuses everything the ServiceAccount
+/// creates under the probe's name, the API server still accepts such a policy from it, so
+/// their names stay limited by RBAC for every verb but `create` (docs/operations.md).
+fn prove_least_privilege(cp: &ControlPlane) -> anyhow::Result<()> {
+    let policy = least_privilege_policy();
+    // The policy in force: the API server compiles a new policy shortly after it is stored
+    // (helm created this one before the operator started, so this returns at once).
+    let other_secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: least-privilege-other, namespace: {NAMESPACE}}}\n"
+    );
+    poll(
+        Duration::from_secs(30),
+        "the least-privilege policy in force",
+        || {
+            Ok(
+                match create_as_operator(cp, &other_secret, &["--dry-run=server"])? {
+                    Outcome::Refused(message) => Some(message),
+                    _ => None,
+                },
+            )
+        },
+    )?;
+
+    let real = create_as_operator(cp, &pod("least-privilege-real"), &[])?;
+    let Outcome::Refused(message) = real else {
+        bail!("a real Pod of the operator's ServiceAccount was not refused: {real:?}");
+    };
+    ensure!(
+        message.contains(&policy) && message.contains("dry runs"),
+        "a real Pod refused, but not by {policy}: {message}"
+    );
+    ensure!(
+        cp.try_get_json("pod", Some(NAMESPACE), "least-privilege-real")?
+            .is_none(),
+        "the refused Pod was stored"
+    );
+    eprintln!("[chart] a real Pod of the operator's ServiceAccount: refused by {policy}");
+    let dry = create_as_operator(cp, &pod("least-privilege-dry-run"), &["--dry-run=server"])?;
+    ensure!(
+        matches!(dry, Outcome::Accepted),
+        "a dry-run Pod of the operator's ServiceAccount: {dry:?}"
+    );
+    eprintln!("[chart] a dry-run Pod of the operator's ServiceAccount: accepted");
+
+    let lease = |name: &str| {
+        format!(
+            "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {{name: {name}, namespace: {NAMESPACE}}}\n"
+        )
+    };
+    let secret = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {NAMESPACE}}}\n"
+        )
+    };
+    let configuration = |name: &str| {
+        format!(
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n\
+             metadata: {{name: {name}}}\nwebhooks: []\n"
+        )
+    };
+    let cases = [
+        (
+            "Secret",
+            secret("least-privilege-other"),
+            secret(&CHART.secret()),
+        ),
+        (
+            "Lease",
+            lease("least-privilege-other"),
+            lease(&CHART.lease()),
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            configuration("least-privilege-other"),
+            configuration(RELEASE),
+        ),
+    ];
+    for (kind, other, own) in cases {
+        let refused = create_as_operator(cp, &other, &["--dry-run=server"])?;
+        ensure!(
+            matches!(&refused, Outcome::Refused(m) if m.contains(&policy)),
+            "a {kind} of another name: {refused:?}"
+        );
+        let own = create_as_operator(cp, &own, &["--dry-run=server"])?;
+        ensure!(
+            matches!(&own, Outcome::Failed(m) if m.contains("AlreadyExists")),
+            "the operator's own {kind}: {own:?}"
+        );
+        eprintln!("[chart] a {kind} of another name: refused; of its own name: admitted");
+    }
+
+    // The API server runs no policy registered through the API on admission policies and
+    // their bindings: proved with a probe that refuses whatever the ServiceAccount creates
+    // under the probe's name, Pods included (which show it in force).
+    let service_account = CHART.service_account();
+    let probe = "least-privilege-probe";
+    cp.apply_yaml(&format!(
+        r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata: {{name: {probe}}}
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - {{apiGroups: [""], apiVersions: ["*"], operations: ["CREATE"], resources: ["pods"]}}
+      - apiGroups: ["admissionregistration.k8s.io"]
+        apiVersions: ["*"]
+        operations: ["CREATE"]
+        resources: [validatingadmissionpolicies, validatingadmissionpolicybindings, mutatingadmissionpolicies, mutatingadmissionpolicybindings]
+  matchConditions:
+    - name: the-probe
+      expression: 'request.userInfo.username == "{service_account}" && object.metadata.name.startsWith("{probe}")'
+  validations:
+    - {{expression: "false", message: "refused by the probe"}}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata: {{name: {probe}}}
+spec: {{policyName: {probe}, validationActions: [Deny]}}
+"#
+    ))?;
+    poll(Duration::from_secs(30), "the probe policy in force", || {
+        Ok(
+            match create_as_operator(cp, &pod(&format!("{probe}-pod")), &["--dry-run=server"])? {
+                Outcome::Refused(message) if message.contains("refused by the probe") => Some(()),
+                _ => None,
+            },
+        )
+    })?;
+    let other = format!("{probe}-other");
+    for kind in admission_policy_kinds(cp)? {
+        let outcome =
+            create_as_operator(cp, &admission_policy(kind, &other), &["--dry-run=server"])?;
+        ensure!(
+            matches!(outcome, Outcome::Accepted),
+            "a {kind} of another name, with a policy refusing it in force: {outcome:?} \
+             (if the API server now runs policies on admission policies, the chart's policy can \
+             limit their names too)"
+        );
+        eprintln!(
+            "[chart] a {kind} of another name: accepted although a policy refusing it is in force \
+             (the API server runs no API-registered policy on admission policies)"
+        );
+    }
+    cp.kubectl_ok(&["delete", "validatingadmissionpolicybinding", probe])?;
+    cp.kubectl_ok(&["delete", "validatingadmissionpolicy", probe])?;
+
+    // The ServiceAccount cannot undo the chart's policy.
+    for (verb, resource) in [
+        (
+            "delete",
+            format!("validatingadmissionpolicies.admissionregistration.k8s.io/{policy}"),
+        ),
+        (
+            "patch",
+            format!("validatingadmissionpolicies.admissionregistration.k8s.io/{policy}"),
+        ),
+        (
+            "update",
+            format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{policy}"),
+        ),
+        (
+            "delete",
+            format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{policy}"),
+        ),
+    ] {
+        let out = cp.kubectl(&["auth", "can-i", verb, &resource, "--as", &service_account])?;
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        ensure!(answer == "no", "can-i {verb} {resource}: {answer}");
+    }
+    eprintln!("[chart] the ServiceAccount may neither change nor delete {policy}");
+    Ok(())
+}
+
+/// With `operator.injectionBackend=webhook` the chart grants no `create` on
+/// MutatingAdmissionPolicies, their bindings or Pods (the backend proves and applies no policy;
+/// it only deletes what another backend applied, by name), but does on ValidatingAdmissionPolicies
+/// and their bindings: the after-admission policy is written on every backend. The operator, run
+/// again with the Deployment's arguments and the ServiceAccount's token, removes the policies it
+/// applied before and writes the after-admission policy for a required template, with nothing
+/// refused.
+fn webhook_backend_needs_no_create(cp: &ControlPlane) -> anyhow::Result<()> {
+    let service_account = CHART.service_account();
+    let policies_served = cp.serves_mutating_admission_policies()?;
+    let mut checks = vec![
+        // The after-admission policy, on every backend.
+        (
+            "create",
+            "validatingadmissionpolicies.admissionregistration.k8s.io".to_owned(),
+            None,
+            true,
+        ),
+        (
+            "create",
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io".to_owned(),
+            None,
+            true,
+        ),
+        ("create", "pods".to_owned(), Some(NAMESPACE), false),
+        (
+            "delete",
+            format!("validatingadmissionpolicies.admissionregistration.k8s.io/{RELEASE}-warnings"),
+            None,
+            true,
+        ),
+    ];
+    if policies_served {
+        checks.extend([
+            (
+                "create",
+                "mutatingadmissionpolicies.admissionregistration.k8s.io".to_owned(),
+                None,
+                false,
+            ),
+            (
+                "create",
+                "mutatingadmissionpolicybindings.admissionregistration.k8s.io".to_owned(),
+                None,
+                false,
+            ),
+            (
+                "delete",
+                format!("mutatingadmissionpolicies.admissionregistration.k8s.io/{RELEASE}"),
+                None,
+                true,
+            ),
+        ]);
+    }
+    for (verb, resource, namespace, allowed) in &checks {
+        let mut args = vec!["auth", "can-i", verb, resource, "--as", &service_account];
+        match namespace {
+            Some(ns) => args.extend(["--namespace", ns]),
+            None => args.push("--all-namespaces"),
+        }
+        let out = cp.kubectl(&args)?;
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        eprintln!("[chart] can-i {verb} {resource}: {answer}");
+        ensure!(
+            answer == if *allowed { "yes" } else { "no" },
+            "with the webhook backend, can-i {verb} {resource}: {answer}"
+        );
+    }
+
+    let mut operator = start_operator_as_service_account(cp)?;
+    poll(Duration::from_secs(30), "the operator to lead", || {
+        Ok(operator
+            .metrics()?
+            .lines()
+            .any(|l| l.trim() == "sidecar_injector_leader 1")
+            .then_some(()))
+    })?;
+    if policies_served {
+        poll(Duration::from_secs(30), "the policy removed", || {
+            Ok(cp
+                .try_get_json("mutatingadmissionpolicy", None, RELEASE)?
+                .is_none()
+                .then_some(()))
+        })?;
+        eprintln!("[chart] the webhook backend removed the MutatingAdmissionPolicy {RELEASE}");
+    }
+    // The webhook is still kept: a template is served by it.
+    cp.apply_yaml(
+        "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata:\n  name: chart-webhook-only\n\
+         spec:\n  namespaceSelector: {matchLabels: {none: none}}\n\
+         \x20 containers:\n    - name: webhook-only\n      image: busybox:1.36\n",
+    )?;
+    let entry = wait_served(cp, "chart-webhook-only", RELEASE)?;
+    eprintln!("[chart] a template served by {entry} with the webhook backend");
+    // It is required (the default failurePolicy): the after-admission policy keeps it.
+    let after_admission = format!("{RELEASE}-after-admission");
+    poll(
+        Duration::from_secs(30),
+        "the after-admission policy with the webhook backend",
+        || cp.try_get_json("validatingadmissionpolicy", None, &after_admission),
+    )?;
+    eprintln!("[chart] the webhook backend wrote {after_admission}");
+    cp.kubectl_ok(&["delete", "sidecartemplate", "chart-webhook-only"])?;
+    let log = std::fs::read_to_string(operator.log_path().context("the operator has no log")?)?;
+    ensure!(
+        !log.to_lowercase().contains("forbidden"),
+        "the operator was refused something with the webhook backend:\n{}",
+        operator.log_tail(40)
+    );
+    operator.stop()?;
+    Ok(())
+}
+
+/// The minor version of [`kube_version`] (`v1.37.2`: 37); `None` for the default (1.34).
+fn kube_minor() -> Option<u32> {
+    kube_version()?.split('.').nth(1)?.parse().ok()
+}
+
+/// One admission policy object of `kind` named `name`, valid (a policy matching ConfigMaps; a
+/// binding to the policy of the same name), as YAML.
+fn admission_policy(kind: &str, name: &str) -> String {
+    let head = format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}\nmetadata: {{name: {name}}}\n"
+    );
+    let rules = "  matchConstraints:\n    resourceRules:\n      - {apiGroups: [\"\"], apiVersions: [v1], operations: [CREATE], resources: [configmaps]}\n";
+    match kind {
+        "ValidatingAdmissionPolicy" => {
+            format!("{head}spec:\n{rules}  validations: [{{expression: \"true\"}}]\n")
+        }
+        "ValidatingAdmissionPolicyBinding" => {
+            format!("{head}spec: {{policyName: {name}, validationActions: [Deny]}}\n")
+        }
+        "MutatingAdmissionPolicy" => format!(
+            "{head}spec:\n{rules}  reinvocationPolicy: Never\n  mutations:\n    - patchType: ApplyConfiguration\n\
+             \x20     applyConfiguration: {{expression: 'Object{{metadata: Object.metadata{{labels: {{\"a\": \"b\"}}}}}}'}}\n"
+        ),
+        _ => format!("{head}spec: {{policyName: {name}}}\n"),
+    }
+}
+
+/// The four kinds of admission policy objects (the mutating ones only where served).
+fn admission_policy_kinds(cp: &ControlPlane) -> anyhow::Result<Vec<&'static str>> {
+    let mut kinds = vec![
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ];
+    if cp.serves_mutating_admission_policies()? {
+        kinds.extend(["MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"]);
+    }
+    Ok(kinds)
+}
+
+/// The chart's static policy (`leastPrivilegePolicy.staticManifest`, rendered with `helm
+/// template --show-only`), copied into the API server's static policy directory: impersonating
+/// the operator's ServiceAccount, an admission policy or binding of another name is refused,
+/// and every one of the operator's own names is admitted (dry runs: nothing is stored).
+fn prove_static_policy(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    let dir = cp
+        .static_policy_dir()
+        .context("the control plane loads no static policies")?;
+    let manifest = helm.run(&[
+        "template",
+        RELEASE,
+        path(chart),
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "leastPrivilegePolicy.staticManifest=true",
+        "--show-only",
+        "templates/leastprivilege-static.yaml",
+    ])?;
+    std::fs::write(dir.join("sidecar-injector-least-privilege.yaml"), &manifest)?;
+    let kinds = admission_policy_kinds(cp)?;
+    let other = format!("{RELEASE}-least-privilege-other");
+    // The API server reads its static policy directory again every minute.
+    poll(
+        Duration::from_secs(150),
+        "the static policy in force",
+        || {
+            Ok(
+                match create_as_operator(
+                    cp,
+                    &admission_policy("ValidatingAdmissionPolicy", &other),
+                    &["--dry-run=server"],
+                )? {
+                    Outcome::Refused(message) if message.contains(".static.k8s.io") => Some(()),
+                    _ => None,
+                },
+            )
+        },
+    )?;
+    let own_mutating = [RELEASE.to_owned(), format!("{RELEASE}-proof")];
+    let own_validating = [
+        format!("{RELEASE}-guard"),
+        format!("{RELEASE}-warnings"),
+        format!("{RELEASE}-after-admission"),
+    ];
+    for kind in kinds {
+        let refused =
+            create_as_operator(cp, &admission_policy(kind, &other), &["--dry-run=server"])?;
+        ensure!(
+            matches!(&refused, Outcome::Refused(m) if m.contains(".static.k8s.io")),
+            "a {kind} of another name under the static policy: {refused:?}"
+        );
+        let own = if kind.starts_with("Mutating") {
+            &own_mutating[..]
+        } else {
+            &own_validating[..]
+        };
+        for name in own {
+            let outcome =
+                create_as_operator(cp, &admission_policy(kind, name), &["--dry-run=server"])?;
+            // Admitted: stored as a dry run, or found already there (applied by the operator).
+            ensure!(
+                matches!(&outcome, Outcome::Accepted)
+                    || matches!(&outcome, Outcome::Failed(m) if m.contains("AlreadyExists")),
+                "the operator's own {kind} {name} under the static policy: {outcome:?}"
+            );
+        }
+        eprintln!(
+            "[chart] static policy: a {kind} of another name refused, of the operator's names ({}) admitted",
+            own.join(", ")
+        );
+    }
     Ok(())
 }

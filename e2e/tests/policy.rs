@@ -216,28 +216,6 @@ fn generated_pod(index: usize, random: &mut Lcg) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
 }
 
-/// What both paths must agree on: labels, annotations and spec, with the random suffix of the
-/// ServiceAccount token volume and the namespace's name made fixed.
-fn stored_view(pod: &Value, namespace: &str) -> Value {
-    // `{{ pod.namespace }}` renders the namespace's name, which differs by design.
-    let text = pod.to_string().replace(namespace, "NAMESPACE");
-    let mut fixed = String::with_capacity(text.len());
-    let mut rest = text.as_str();
-    while let Some(at) = rest.find("kube-api-access-") {
-        let end = at + "kube-api-access-".len();
-        fixed.push_str(&rest[..end]);
-        fixed.push_str("xxxxx");
-        rest = &rest[(end + 5).min(rest.len())..];
-    }
-    fixed.push_str(rest);
-    let pod: Value = serde_json::from_str(&fixed).unwrap();
-    json!({
-        "labels": pod["metadata"]["labels"],
-        "annotations": pod["metadata"]["annotations"],
-        "spec": pod["spec"],
-    })
-}
-
 /// The JSON pointers at which `a` and `b` differ.
 fn differences(a: &Value, b: &Value, at: String, out: &mut Vec<String>) {
     match (a, b) {
@@ -274,25 +252,12 @@ fn webhook_calls(operator: &Operator) -> u64 {
 }
 
 fn dry_run_create(cp: &ControlPlane, namespace: &str, pod: &Value) -> anyhow::Result<Value> {
-    let output = cp.kubectl_with_stdin(
-        &[
-            "create",
-            "--dry-run=server",
-            "-o",
-            "json",
-            "-n",
-            namespace,
-            "-f",
-            "-",
-        ],
-        &pod.to_string(),
-    )?;
-    anyhow::ensure!(
-        output.status.success(),
-        "kubectl create -n {namespace}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(serde_json::from_slice(&output.stdout)?)
+    injector_e2e::pod::dry_run_create(cp, namespace, pod)?
+        .map_err(|refusal| anyhow::anyhow!("kubectl create -n {namespace}: {refusal}"))
+}
+
+fn stored_view(pod: &Value, namespace: &str) -> Value {
+    injector_e2e::pod::stored_view(pod, namespace).unwrap()
 }
 
 #[test]

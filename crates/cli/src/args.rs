@@ -138,6 +138,10 @@ pub(crate) struct PolicyArgs {
     /// The operator's namespace, never injected (like kube-system).
     #[arg(long, default_value = "sidecar-injector")]
     operator_namespace: String,
+    /// The policy alone, as `--injection-backend policy` compiles it: no webhook behind it, so
+    /// a template after one left to the webhook stays in the policy.
+    #[arg(long)]
+    no_webhook: bool,
 }
 
 impl PolicyArgs {
@@ -147,6 +151,7 @@ impl PolicyArgs {
             options: injector_core::policy::PolicyOptions {
                 name: self.name,
                 operator_namespace: self.operator_namespace,
+                webhook_behind: !self.no_webhook,
             },
         }
     }

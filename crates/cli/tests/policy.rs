@@ -15,6 +15,7 @@ fn the_examples_compile_into_one_policy_and_its_binding() {
         options: PolicyOptions {
             name: "injector".into(),
             operator_namespace: "injector-system".into(),
+            webhook_behind: true,
         },
     })
     .unwrap();
@@ -28,18 +29,20 @@ fn the_examples_compile_into_one_policy_and_its_binding() {
         "{}",
         documents[0]
     );
-    // Four templates, then the mark of a dry run asking whether this version runs.
-    assert_eq!(documents[0].matches("patchType: JSONPatch").count(), 5);
+    // One template, then the mark of a dry run asking whether this version runs.
+    assert_eq!(documents[0].matches("patchType: JSONPatch").count(), 2);
     assert!(documents[1].contains("kind: MutatingAdmissionPolicyBinding\n"));
     assert!(documents[1].contains("policyName: injector\n"));
-    // In application order (priority, then name), then what stays on the webhook.
+    // In application order (priority, then name). `app-env` stays on the webhook, which is
+    // called after the policy: the templates after it that may select the same Pods stay with
+    // it, so that they apply in order.
     assert_eq!(
         output.stderr,
         "security-agent: served by the policy\n\
-         native-proxy: served by the policy\n\
-         nginx-sidecar: served by the policy\n\
-         log-shipper: served by the policy\n\
-         app-env: webhook only: appContainers.envFrom is compared by content, which a policy cannot do\n"
+         app-env: webhook only: appContainers.envFrom is compared by content, which a policy cannot do\n\
+         native-proxy: webhook only: SidecarTemplate \"app-env\" applies before it and may select the same Pods, but is left to the webhook, called after the policy\n\
+         nginx-sidecar: webhook only: SidecarTemplate \"native-proxy\" applies before it and may select the same Pods, but is left to the webhook, called after the policy\n\
+         log-shipper: webhook only: SidecarTemplate \"native-proxy\" applies before it and may select the same Pods, but is left to the webhook, called after the policy\n"
     );
 }
 
@@ -50,6 +53,7 @@ fn a_missing_file_is_an_error_naming_it() {
         options: PolicyOptions {
             name: "x".into(),
             operator_namespace: "y".into(),
+            webhook_behind: true,
         },
     })
     .unwrap_err();

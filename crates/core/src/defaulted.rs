@@ -225,9 +225,13 @@ fn default_pull_policy(image: &str) -> &'static str {
     }
 }
 
+/// The prefix of the name of the volume the ServiceAccount admission plugin adds.
+pub(crate) const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
 /// The mount the ServiceAccount admission plugin adds: read-only, at the token's path, of a
 /// `kube-api-access-*` volume of the Pod that holds a ServiceAccount token, and nothing else
 /// (a Pod author's own volume mounted there would hand the sidecar a token of their choice).
+/// [`service_account_mount_cel`] is the same rule for the policies: keep the two together.
 fn is_service_account_mount(mount: &Value, pod: &Surroundings<'_>) -> bool {
     let Some(mount) = mount.as_object() else {
         return false;
@@ -239,8 +243,26 @@ fn is_service_account_mount(mount: &Value, pod: &Surroundings<'_>) -> bool {
     mount.len() == 3
         && mount.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
         && mount.get("readOnly") == Some(&Value::Bool(true))
-        && name.starts_with("kube-api-access-")
+        && name.starts_with(TOKEN_VOLUME_PREFIX)
         && pod.token_volumes.contains(&name)
+}
+
+/// [`is_service_account_mount`] as a CEL condition on the mount `mount` of a container of
+/// `object`, the Pod under admission (its token volumes are those `holds_service_account_token`
+/// accepts). Only the name prefix was checked once, and an `emptyDir` named `kube-api-access-x`
+/// mounted over the sidecar's binaries passed for the token's mount in the policies, where the
+/// webhook refused it.
+pub(crate) fn service_account_mount_cel(mount: &str) -> String {
+    format!(
+        "({mount}.all(key, key in [\"name\", \"mountPath\", \"readOnly\"]) \
+         && {mount}.?mountPath.orValue(\"\") == {path} \
+         && {mount}.?readOnly.orValue(false) == true \
+         && {mount}.name.startsWith({prefix}) \
+         && object.spec.?volumes.orValue([]).exists(v, v.name == {mount}.name \
+         && v.?projected.?sources.orValue([]).exists(s, has(s.serviceAccountToken))))",
+        path = serde_json::Value::from(SERVICE_ACCOUNT_MOUNT_PATH),
+        prefix = serde_json::Value::from(TOKEN_VOLUME_PREFIX),
+    )
 }
 
 fn is_empty(value: &Value) -> bool {

@@ -31,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::defaulted::{TOKEN_VOLUME_PREFIX, service_account_mount_cel};
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -59,6 +60,9 @@ pub struct PolicyOptions {
     pub name: String,
     /// The operator's own namespace, never injected (beside `kube-system` and the others).
     pub operator_namespace: String,
+    /// Whether the webhook stands behind the policy (the `auto` backend), called after it for
+    /// the templates left to it; `false` with the `policy` backend, where nothing is.
+    pub webhook_behind: bool,
 }
 
 /// Why a template stays on the webhook.
@@ -89,6 +93,13 @@ pub enum WebhookOnly {
         /// The template that adds it.
         added_by: String,
     },
+    /// A template applied before it, which may select the same Pods, is left to the webhook:
+    /// the webhook is called after the policy ran, so the policy would apply this one first
+    /// (its init containers before the other's, its env winning, its record entry first).
+    AfterWebhookTemplate {
+        /// That template.
+        template: String,
+    },
 }
 
 impl fmt::Display for WebhookOnly {
@@ -109,6 +120,10 @@ impl fmt::Display for WebhookOnly {
             WebhookOnly::ReadsWebhookMetadata { key, added_by } => write!(
                 f,
                 "a placeholder reads {key:?}, which SidecarTemplate {added_by:?} adds from the webhook, called after the policy"
+            ),
+            WebhookOnly::AfterWebhookTemplate { template } => write!(
+                f,
+                "SidecarTemplate {template:?} applies before it and may select the same Pods, but is left to the webhook, called after the policy"
             ),
         }
     }
@@ -154,12 +169,23 @@ pub fn compile_policy(
     let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
     let mut webhook_only = Vec::new();
     for (index, template) in ordered.iter().enumerate() {
-        let reason = webhook_only_reason(template, &ordered[index + 1..]).or_else(|| {
-            let by_webhook: Vec<&Arc<CompiledTemplate>> =
-                webhook_only.iter().map(|(t, _)| t).collect();
-            reads_added_by(template, &by_webhook)
-                .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
-        });
+        let by_webhook: Vec<&Arc<CompiledTemplate>> = webhook_only.iter().map(|(t, _)| t).collect();
+        let reason = webhook_only_reason(template, &ordered[index + 1..])
+            .or_else(|| {
+                reads_added_by(template, &by_webhook)
+                    .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
+            })
+            .or_else(|| {
+                // Behind the policy, the webhook applies its templates after the policy's,
+                // whatever their priority: a template after one of them stays with it, so that
+                // `plan` applies both in order. Without a webhook, nothing applies that one.
+                let earlier = by_webhook
+                    .iter()
+                    .find(|w| options.webhook_behind && may_select_alike(w, template))?;
+                Some(WebhookOnly::AfterWebhookTemplate {
+                    template: earlier.name.clone(),
+                })
+            });
         match reason {
             Some(reason) => webhook_only.push((Arc::clone(template), reason)),
             None => served.push(Arc::clone(template)),
@@ -185,19 +211,23 @@ pub fn compile_policy(
         .collect();
     let rounds = proof_rounds(&served);
     let several_rounds = rounds.iter().any(|&round| round > 0);
-    let mut earlier_init: Vec<&str> = Vec::new();
+    // Every init container a template adds: the leading ones of the Pod's are templates', and
+    // a template's go after them, where `plan` puts them.
+    let template_init: BTreeSet<&str> = ordered
+        .iter()
+        .flat_map(|t| t.init_containers.iter().map(|i| i.key.as_str()))
+        .collect();
     let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
     for (template, &round) in served.iter().zip(&rounds) {
         let patch = |expression: String| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}});
-        mutations.push(patch(mutation(template, &injected, &earlier_init, true)));
-        let proof = mutation(template, &injected, &earlier_init, false);
+        mutations.push(patch(mutation(template, &injected, &template_init, true)));
+        let proof = mutation(template, &injected, &template_init, false);
         proof_mutations.push(patch(if several_rounds {
             format!("{}\n? ({proof})\n: []", proof_round_condition(round))
         } else {
             proof
         }));
-        earlier_init.extend(template.init_containers.iter().map(|i| i.key.as_str()));
     }
     let required = served
         .iter()
@@ -621,6 +651,88 @@ fn webhook_only_reason(
         .map(|(key, added_by)| WebhookOnly::ReadsLaterMetadata { key, added_by })
 }
 
+/// Whether `a` and `b` may select one Pod: not when their namespace or pod selectors ask for
+/// different values of one label.
+fn may_select_alike(a: &CompiledTemplate, b: &CompiledTemplate) -> bool {
+    !(disjoint(
+        &a.namespace_selector.to_label_selector(),
+        &b.namespace_selector.to_label_selector(),
+    ) || disjoint(
+        &a.pod_selector.to_label_selector(),
+        &b.pod_selector.to_label_selector(),
+    ))
+}
+
+/// Whether no label set matches both selectors, as far as one label's requirements tell.
+fn disjoint(a: &LabelSelector, b: &LabelSelector) -> bool {
+    /// The values a selector allows for a label (`None`: any), whether it must be absent, and
+    /// the values it excludes.
+    fn allowed(
+        selector: &LabelSelector,
+        key: &str,
+    ) -> (Option<BTreeSet<String>>, bool, BTreeSet<String>) {
+        let mut values: Option<BTreeSet<String>> = None;
+        let mut absent = false;
+        let mut excluded = BTreeSet::new();
+        let mut narrow = |set: BTreeSet<String>| {
+            values = Some(match values.take() {
+                Some(current) => current.intersection(&set).cloned().collect(),
+                None => set,
+            });
+        };
+        if let Some(value) = selector.match_labels.as_ref().and_then(|m| m.get(key)) {
+            narrow(BTreeSet::from([value.clone()]));
+        }
+        for requirement in selector.match_expressions.iter().flatten() {
+            if requirement.key != key {
+                continue;
+            }
+            let set: BTreeSet<String> = requirement.values.iter().flatten().cloned().collect();
+            match requirement.operator.as_str() {
+                "In" => narrow(set),
+                "NotIn" => excluded.extend(set),
+                "DoesNotExist" => absent = true,
+                // Exists: any value.
+                _ => {}
+            }
+        }
+        (values, absent, excluded)
+    }
+    let keys: BTreeSet<&str> = [a, b]
+        .iter()
+        .flat_map(|s| {
+            s.match_labels
+                .iter()
+                .flatten()
+                .map(|(k, _)| k.as_str())
+                .chain(s.match_expressions.iter().flatten().map(|r| r.key.as_str()))
+        })
+        .collect();
+    keys.into_iter().any(|key| {
+        let (a_values, a_absent, a_excluded) = allowed(a, key);
+        let (b_values, b_absent, b_excluded) = allowed(b, key);
+        let present = |values: &Option<BTreeSet<String>>, s: &LabelSelector| {
+            values.is_some()
+                || s.match_expressions
+                    .iter()
+                    .flatten()
+                    .any(|r| r.key == key && r.operator == "Exists")
+        };
+        if (a_absent && present(&b_values, b)) || (b_absent && present(&a_values, a)) {
+            return true;
+        }
+        match (a_values, b_values) {
+            (Some(x), Some(y)) => x
+                .iter()
+                .filter(|v| !b_excluded.contains(*v))
+                .all(|v| !y.contains(v) || a_excluded.contains(v)),
+            (Some(x), None) => x.iter().all(|v| b_excluded.contains(v)),
+            (None, Some(y)) => y.iter().all(|v| a_excluded.contains(v)),
+            (None, None) => false,
+        }
+    })
+}
+
 /// A label or annotation a placeholder of `template` reads that one of `others` adds, and
 /// which one.
 fn reads_added_by(
@@ -643,10 +755,6 @@ fn reads_added_by(
     None
 }
 
-/// The prefix of the volume the ServiceAccount admission plugin adds for the Pod's token: its
-/// mount in every container is the API server's, not the template's.
-const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
-
 /// CEL conditions, per template the policy serves, that hold when the Pod carries the
 /// template's containers, init containers and volumes exactly as the API server stores what the
 /// policy adds: `proven` holds the proof's dry-run Pods, one per round (each template is read
@@ -665,6 +773,7 @@ pub fn presence_conditions(
     proven: &[Value],
 ) -> BTreeMap<String, String> {
     let mut conditions = BTreeMap::new();
+    let template_init = cel_list(template_init_names(compiled).into_iter());
     'templates: for (template, &round) in compiled.served.iter().zip(&compiled.proof_rounds) {
         let Some(proven) = proven.get(round) else {
             continue;
@@ -686,7 +795,7 @@ pub fn presence_conditions(
                     continue 'templates;
                 };
                 let term = if container {
-                    container_presence(list, &item.body, stored)
+                    container_presence(list, &item.body, stored, &template_init)
                 } else {
                     // Volumes hold no placeholder: the stored volume is the whole expectation.
                     Some(format!(
@@ -707,9 +816,29 @@ pub fn presence_conditions(
     conditions
 }
 
+/// Every init container name a template of `compiled` adds (the webhook's too): one of these
+/// in front of a native sidecar is a template's, which `plan` lets stand there.
+fn template_init_names(compiled: &CompiledPolicy) -> BTreeSet<&str> {
+    compiled
+        .served
+        .iter()
+        .chain(compiled.webhook_only.iter().map(|(t, _)| t))
+        .flat_map(|t| t.init_containers.iter().map(|i| i.key.as_str()))
+        .collect()
+}
+
 /// Whether the Pod's `list` holds a container equal to `stored` (the template's `body` as the
-/// API server stored it), the token's mounts aside.
-fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String> {
+/// API server stored it), up to what the API server adds as the webhook's comparison
+/// (`crate::defaulted`) allows it: the ServiceAccount token's mount, a LimitRange's resources,
+/// `imagePullPolicy: Always` (the AlwaysPullImages plugin) and, on a hostNetwork Pod, each
+/// port's `hostPort`. A native sidecar must also stand before the Pod's own plain init
+/// containers (`template_init`, a CEL list, names those that are templates'), as `plan` asks.
+fn container_presence(
+    list: &str,
+    body: &Node,
+    stored: &Value,
+    template_init: &str,
+) -> Option<String> {
     let mut stored = stored.as_object()?.clone();
     if let Some(Value::Array(mounts)) = stored.get_mut("volumeMounts") {
         mounts.retain(|m| {
@@ -721,14 +850,26 @@ fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String>
             stored.remove("volumeMounts");
         }
     }
+    // The API server stores `resources: {}` for a container that sets none: any resources
+    // may stand there (a LimitRange's).
+    if stored
+        .get("resources")
+        .is_some_and(|r| r.as_object().is_some_and(serde_json::Map::is_empty))
+    {
+        stored.remove("resources");
+    }
     let expected = expected_fields(body, &stored)?;
     let keys = cel_list(expected.iter().map(|(k, _)| k.as_str()));
-    let token_mounts = format!(
-        "c.volumeMounts.all(m, m.name.startsWith({}))",
-        cel_string(TOKEN_VOLUME_PREFIX)
-    );
+    let token_mount = service_account_mount_cel("m");
+    let token_mounts = format!("c.volumeMounts.all(m, {token_mount})");
+    // A LimitRange gives resources to a container that sets none.
+    let limit_range = if stored.contains_key("resources") {
+        String::new()
+    } else {
+        " || k == \"resources\"".to_owned()
+    };
     let mut terms = vec![format!(
-        "c.all(k, k in {keys} || (k == \"volumeMounts\" && {token_mounts}))"
+        "c.all(k, k in {keys} || (k == \"volumeMounts\" && {token_mounts}){limit_range})"
     )];
     if !stored.contains_key("volumeMounts") {
         terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
@@ -742,22 +883,82 @@ fn container_presence(list: &str, body: &Node, stored: &Value) -> Option<String>
                 continue;
             }
         };
-        if key == "volumeMounts" {
-            terms.push(format!(
-                "c.?volumeMounts.orValue([]).filter(m, !m.name.startsWith({})) == {value}",
-                cel_string(TOKEN_VOLUME_PREFIX)
-            ));
-        } else {
-            // `in` first: an absent key must make the condition false, never an error (an
-            // error fails a required entry's call).
-            let key = cel_string(key);
-            terms.push(format!("({key} in c && c[{key}] == {value})"));
-        }
+        let field = format!("c[{}]", cel_string(key));
+        let equal = match (key.as_str(), stored.get(key)) {
+            ("volumeMounts", _) => {
+                terms.push(format!(
+                    "c.?volumeMounts.orValue([]).filter(m, !{token_mount}) == {value}"
+                ));
+                continue;
+            }
+            ("imagePullPolicy", _) => format!("({field} == {value} || {field} == \"Always\")"),
+            // A LimitRange fills in what the template's resources leave out.
+            ("resources", Some(resources)) => includes(&field, resources),
+            ("ports", Some(Value::Array(ports))) => match host_ports(ports) {
+                Some(on_host) => format!(
+                    "({field} == {value} || (object.spec.?hostNetwork.orValue(false) && {field} == {on_host}))"
+                ),
+                None => format!("{field} == {value}"),
+            },
+            _ => format!("{field} == {value}"),
+        };
+        // `in` first: an absent key must make the condition false, never an error (an
+        // error fails a required entry's call).
+        terms.push(format!("({} in c && {equal})", cel_string(key)));
+    }
+    if list == "initContainers"
+        && stored.get("restartPolicy").and_then(Value::as_str) == Some("Always")
+    {
+        terms.push(format!(
+            "!object.spec.initContainers.exists(d, object.spec.initContainers.indexOf(d) < object.spec.initContainers.indexOf(c) && d.?restartPolicy.orValue(\"\") != \"Always\" && !(d.name in {template_init}))"
+        ));
     }
     Some(format!(
         "object.spec.?{list}.orValue([]).exists(c, {})",
         terms.join(" && ")
     ))
+}
+
+/// A CEL condition that `expression` holds `stored` with perhaps more keys in its objects, as
+/// the webhook's comparison reads resources (`crate::defaulted`).
+fn includes(expression: &str, stored: &Value) -> String {
+    match stored {
+        Value::Object(fields) if !fields.is_empty() => {
+            let terms: Vec<String> = fields
+                .iter()
+                .map(|(key, value)| {
+                    let key = cel_string(key);
+                    format!(
+                        "({key} in {expression} && {})",
+                        includes(&format!("{expression}[{key}]"), value)
+                    )
+                })
+                .collect();
+            format!("({})", terms.join(" && "))
+        }
+        _ => format!("{expression} == {}", cel_json(stored)),
+    }
+}
+
+/// `ports` as the API server stores them on a hostNetwork Pod, each `hostPort` its
+/// `containerPort`; `None` when that changes nothing.
+fn host_ports(ports: &[Value]) -> Option<String> {
+    let mut changed = false;
+    let on_host: Vec<Value> = ports
+        .iter()
+        .map(|port| {
+            let mut port = port.clone();
+            if let Some(fields) = port.as_object_mut()
+                && !fields.contains_key("hostPort")
+                && let Some(container_port) = fields.get("containerPort").cloned()
+            {
+                fields.insert("hostPort".to_owned(), container_port);
+                changed = true;
+            }
+            port
+        })
+        .collect();
+    changed.then(|| cel_json(&Value::Array(on_host)))
 }
 
 /// What a field of a stored item is expected to be.
@@ -874,7 +1075,7 @@ const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 fn mutation(
     template: &CompiledTemplate,
     injected: &BTreeSet<&str>,
-    earlier_init: &[&str],
+    template_init: &BTreeSet<&str>,
     selection: bool,
 ) -> String {
     let mut conditions = if selection {
@@ -904,7 +1105,7 @@ fn mutation(
 
     let mut ops: Vec<String> = Vec::new();
     if !template.init_containers.is_empty() {
-        ops.push(init_container_ops(&template.init_containers, earlier_init));
+        ops.push(init_container_ops(&template.init_containers, template_init));
     }
     if !template.containers.is_empty() {
         let adds: Vec<String> = template
@@ -1012,25 +1213,24 @@ fn selection_conditions(template: &CompiledTemplate) -> Vec<String> {
     conditions
 }
 
-/// Places the template's init containers after those earlier templates placed and before the
-/// Pod's own, in order.
-fn init_container_ops(items: &[Item], earlier_init: &[&str]) -> String {
-    let first = if earlier_init.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "size(object.spec.?initContainers.orValue([]).filter(c, c.name in {}))",
-            cel_list(earlier_init.iter().copied())
-        )
-    };
+/// Places the template's init containers after the Pod's leading init containers that are
+/// templates' (`template_init`, by name) and before the Pod's own, in order, as `plan` places
+/// them. Counting templates' init containers anywhere in the Pod put a template's after one of
+/// the Pod's own whenever a template's stood behind it.
+fn init_container_ops(items: &[Item], template_init: &BTreeSet<&str>) -> String {
+    let leading = format!(
+        "object.spec.?initContainers.orValue([]).map(c, c.name in {}).indexOf(false)",
+        cel_list(template_init.iter().copied())
+    );
+    let first =
+        format!("({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading})");
     let inserts: Vec<String> = items
         .iter()
         .enumerate()
         .map(|(offset, item)| {
-            let index = match (first.as_str(), offset) {
-                ("", offset) => offset.to_string(),
-                (first, 0) => first.to_owned(),
-                (first, offset) => format!("{first} + {offset}"),
+            let index = match offset {
+                0 => first.clone(),
+                offset => format!("{first} + {offset}"),
             };
             json_patch(
                 &format!("\"/spec/initContainers/\" + string({index})"),

@@ -105,6 +105,7 @@ impl Operator {
         let options = PolicyOptions {
             name: self.options.policy_name.clone(),
             operator_namespace: self.options.namespace.clone(),
+            webhook_behind: self.options.backend != Backend::Policy,
         };
         let mut leading = self.leading.clone();
         let mut term = PolicyTerm::default();

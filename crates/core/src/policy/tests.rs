@@ -11,6 +11,7 @@ fn options() -> PolicyOptions {
     PolicyOptions {
         name: "sidecar-injector".into(),
         operator_namespace: "operator-ns".into(),
+        webhook_behind: true,
     }
 }
 
@@ -103,11 +104,14 @@ fn one_policy_serves_templates_in_application_order() {
         "{agent}"
     );
     // Best effort: the opt-out, the pod selector, the volume guard; the native sidecar goes
-    // first, before the Pod's own init containers.
+    // first, before the Pod's own init containers (after templates' leading ones).
     assert!(proxy.contains("lowerAscii() != \"false\""), "{proxy}");
     assert!(proxy.contains(r#"("app" in object.metadata.?labels.orValue({}) && object.metadata.?labels.orValue({})["app"] == "web")"#), "{proxy}");
     assert!(proxy.contains(r#"v.name in ["proxy-certs"]"#), "{proxy}");
-    assert!(proxy.contains(r#"string(0)"#), "{proxy}");
+    assert!(
+        proxy.contains(r#"string((object.spec.?initContainers.orValue([]).map(c, c.name in ["proxy"]).indexOf(false) < 0"#),
+        "{proxy}"
+    );
     // The placeholder is a CEL expression, never spliced into the literal.
     assert!(proxy.contains("object.metadata.?generateName"), "{proxy}");
     assert!(!proxy.contains("{{"), "{proxy}");
@@ -119,8 +123,10 @@ fn only_best_effort_templates_make_a_policy_that_fails_open() {
     assert_eq!(compiled.policy.unwrap()["spec"]["failurePolicy"], "Ignore");
 }
 
+/// Init containers go after the Pod's leading init containers that are templates', as `plan`
+/// puts them: counting templates' anywhere in the Pod put them behind one of the Pod's own.
 #[test]
-fn init_containers_go_after_earlier_templates_ones() {
+fn init_containers_go_after_the_leading_templates_ones() {
     let early = template(
         r#"
 apiVersion: sidecar.dev/v1alpha1
@@ -134,10 +140,15 @@ spec:
     let compiled = compile_policy(&[template(PROXY), early], &options());
     let policy = compiled.policy.unwrap();
     let proxy = expressions(&policy)[1];
+    let leading = r#"object.spec.?initContainers.orValue([]).map(c, c.name in ["early-init", "proxy"]).indexOf(false)"#;
     assert!(
-        proxy.contains(
-            r#"size(object.spec.?initContainers.orValue([]).filter(c, c.name in ["early-init"])))"#
-        ),
+        proxy.contains(&format!(
+            "string(({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading}))"
+        )),
+        "{proxy}"
+    );
+    assert!(
+        !proxy.contains("size(object.spec.?initContainers.orValue([]).filter("),
         "{proxy}"
     );
 }
@@ -168,7 +179,12 @@ spec:
   containers: [{name: meshed, image: "m:1"}]
 "#,
     );
-    let compiled = compile_policy(&[env_from, meshed, template(PROXY)], &options());
+    let templates = [env_from, meshed, template(PROXY)];
+    let alone = PolicyOptions {
+        webhook_behind: false,
+        ..options()
+    };
+    let compiled = compile_policy(&templates, &alone);
     // `env-from` stays on the webhook and adds a label, which a policy template could select
     // on: the policy runs again after the webhook.
     assert_eq!(
@@ -177,17 +193,26 @@ spec:
     );
     let served: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(served, ["proxy"]);
-    let reasons: Vec<(String, String)> = compiled
-        .webhook_only
-        .iter()
-        .map(|(t, why)| (t.name.clone(), why.to_string()))
-        .collect();
+    let reasons = |compiled: &CompiledPolicy| -> Vec<(String, String)> {
+        compiled
+            .webhook_only
+            .iter()
+            .map(|(t, why)| (t.name.clone(), why.to_string()))
+            .collect()
+    };
     assert_eq!(
-        reasons,
+        reasons(&compiled),
         [
             ("meshed".to_owned(), "its podSelector reads label \"mesh\", which SidecarTemplate \"proxy\" adds after it".to_owned()),
             ("env-from".to_owned(), "appContainers.envFrom is compared by content, which a policy cannot do".to_owned()),
         ]
+    );
+    // Behind the policy the webhook would apply `meshed` after `proxy`: `proxy` stays with it.
+    let behind = compile_policy(&templates, &options());
+    assert!(behind.served.is_empty() && behind.policy.is_none());
+    assert_eq!(
+        reasons(&behind)[1],
+        ("proxy".to_owned(), "SidecarTemplate \"meshed\" applies before it and may select the same Pods, but is left to the webhook, called after the policy".to_owned())
     );
 }
 
@@ -265,6 +290,7 @@ fn presence_is_learned_from_the_stored_proof_pod() {
             {"name": "agent", "image": "agent:2",
              "env": [{"name": "NS", "value": "sidecar-injector"}],
              "imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
+             "resources": {},
              "volumeMounts": [{"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}]},
         ],
         "initContainers": [
@@ -278,8 +304,27 @@ fn presence_is_learned_from_the_stored_proof_pod() {
     // Every stored field is expected, the default included; nothing else is allowed but the
     // token's mounts.
     assert!(agent.contains(r#"c.all(k, k in ["env", "image", "imagePullPolicy", "name", "terminationMessagePath"] || (k == "volumeMounts""#), "{agent}");
+    // What the API server adds as the webhook's comparison allows it: the AlwaysPullImages
+    // plugin's pull policy, a LimitRange's resources where the template sets none.
     assert!(
-        agent.contains(r#"("imagePullPolicy" in c && c["imagePullPolicy"] == "IfNotPresent")"#),
+        agent.contains(r#"("imagePullPolicy" in c && (c["imagePullPolicy"] == "IfNotPresent" || c["imagePullPolicy"] == "Always"))"#),
+        "{agent}"
+    );
+    assert!(agent.contains(r#" || k == "resources")"#), "{agent}");
+    // The token's mount is the plugin's, of a volume holding a token, not any mount named
+    // like it.
+    let token_mount = crate::defaulted::service_account_mount_cel("m");
+    assert!(token_mount.contains(
+        r#"m.?mountPath.orValue("") == "/var/run/secrets/kubernetes.io/serviceaccount""#
+    ));
+    assert!(token_mount.contains("m.?readOnly.orValue(false) == true"));
+    assert!(token_mount.contains("has(s.serviceAccountToken)"));
+    assert!(
+        agent.contains(&format!("c.volumeMounts.all(m, {token_mount})")),
+        "{agent}"
+    );
+    assert!(
+        agent.contains(&format!("filter(m, !{token_mount})")) || !agent.contains("filter(m,"),
         "{agent}"
     );
     // The placeholder stays an expression over the Pod at hand, not the proof Pod's value.
@@ -295,6 +340,12 @@ fn presence_is_learned_from_the_stored_proof_pod() {
         !proxy.contains("--node\", \"sidecar-injector-policy-proof-"),
         "{proxy}"
     );
+    // The native sidecar counts only before the Pod's own plain init containers.
+    assert!(
+        proxy.contains(r#"!object.spec.initContainers.exists(d, object.spec.initContainers.indexOf(d) < object.spec.initContainers.indexOf(c) && d.?restartPolicy.orValue("") != "Always" && !(d.name in ["proxy"]))"#),
+        "{proxy}"
+    );
+    assert!(!agent.contains("indexOf(d)"), "{agent}");
 
     // A template whose items the stored Pod lacks gets no condition.
     let mut lacking = proven.clone();
@@ -804,7 +855,7 @@ spec:
         .iter()
         .map(|(t, why)| (t.name.clone(), why.to_string()))
         .collect();
-    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert_eq!(reasons[1].0, "reader");
     assert!(
         reasons[1]
@@ -812,6 +863,145 @@ spec:
             .contains("\"settings\", which SidecarTemplate \"settings\" adds from the webhook"),
         "{reasons:?}"
     );
-    let served: Vec<&str> = compiled.served.iter().map(|t| t.name.as_str()).collect();
-    assert_eq!(served, ["proxy"]);
+    // And `proxy`, applied after `settings`, stays with it on the webhook.
+    assert_eq!(reasons[2].0, "proxy");
+    assert!(compiled.served.is_empty());
+}
+
+/// The presence conditions allow what the API server adds to an injected container as the
+/// webhook's comparison (`crate::defaulted`) does: a hostNetwork Pod's `hostPort`s, a
+/// LimitRange's resources beside the template's. The guard refused such Pods.
+#[test]
+fn presence_allows_host_ports_and_limit_range_resources() {
+    let ported = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: ported}
+spec:
+  failurePolicy: Fail
+  containers:
+  - name: ported
+    image: "ported:1"
+    ports: [{containerPort: 9100, name: metrics}, {containerPort: 53, hostPort: 1053, protocol: UDP}]
+    resources: {limits: {memory: 64Mi}}
+"#,
+    );
+    let compiled = compile_policy(&[ported], &options());
+    let proven = json!({"spec": {"containers": [
+        {"name": "ported", "image": "ported:1", "imagePullPolicy": "IfNotPresent",
+         "ports": [{"containerPort": 9100, "name": "metrics", "protocol": "TCP"},
+                   {"containerPort": 53, "hostPort": 1053, "protocol": "UDP"}],
+         "resources": {"limits": {"memory": "64Mi"}}},
+    ]}});
+    let present = presence_conditions(&compiled, std::slice::from_ref(&proven));
+    let ported = &present["ported"];
+    // On a hostNetwork Pod each port without one gets its containerPort as hostPort.
+    assert!(
+        ported.contains(r#"(object.spec.?hostNetwork.orValue(false) && c["ports"] == [dyn({"containerPort": dyn(9100), "hostPort": dyn(9100), "name": dyn("metrics"), "protocol": dyn("TCP")}), dyn({"containerPort": dyn(53), "hostPort": dyn(1053), "protocol": dyn("UDP")})])"#),
+        "{ported}"
+    );
+    // The template's resources must be there; a LimitRange may add others.
+    assert!(
+        ported.contains(r#"("resources" in c && (("limits" in c["resources"] && (("memory" in c["resources"]["limits"] && c["resources"]["limits"]["memory"] == "64Mi")))))"#),
+        "{ported}"
+    );
+    // Resources the template sets are expected, so not allowed as an addition.
+    assert!(!ported.contains(r#" || k == "resources")"#), "{ported}");
+}
+
+/// Behind the policy, the webhook applies its templates after the policy's whatever their
+/// priority: a template after one left to the webhook, which may select the same Pods, stays
+/// with it (its plain init container went before the webhook template's native sidecar, and its
+/// env won). Without a webhook (`policy` backend) nothing would apply it, so it stays served.
+#[test]
+fn a_template_after_a_webhook_template_stays_with_it_behind_the_policy() {
+    let mesh = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: mesh}
+spec:
+  priority: 1
+  initContainers: [{name: mesh-proxy, image: "mesh:1", restartPolicy: Always}]
+  appContainers:
+    env: [{name: MODE, value: mesh}]
+    envFrom: [{configMapRef: {name: mesh-env}}]
+"#,
+    );
+    let fetch = |name: &str, selector: &str| {
+        template(&format!(
+            r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {{name: {name}}}
+spec:
+  priority: 5
+  failurePolicy: Ignore
+  {selector}
+  initContainers: [{{name: {name}-init, image: "fetch:1"}}]
+  appContainers:
+    env: [{{name: MODE, value: fetch}}]
+"#
+        ))
+    };
+    let templates = [
+        mesh.clone(),
+        fetch("fetch", ""),
+        // Selects other namespaces than the mesh: nothing to order.
+        fetch("apart", "namespaceSelector: {matchLabels: {team: b}}"),
+    ];
+    let compiled = compile_policy(&templates, &options());
+    let left: Vec<(&str, String)> = compiled
+        .webhook_only
+        .iter()
+        .map(|(t, why)| (t.name.as_str(), why.to_string()))
+        .collect();
+    // The mesh selects every namespace, so `apart` may meet it too.
+    let names: Vec<&str> = left.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["mesh", "apart", "fetch"], "{left:?}");
+    assert!(left[2].1.contains("\"mesh\" applies before it"), "{left:?}");
+    assert!(compiled.served.is_empty());
+
+    let alone = compile_policy(
+        &templates,
+        &PolicyOptions {
+            webhook_behind: false,
+            ..options()
+        },
+    );
+    let served: Vec<&str> = alone.served.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(served, ["apart", "fetch"]);
+}
+
+#[test]
+fn selectors_asking_for_different_values_of_a_label_select_apart() {
+    let selector = |yaml: &str| -> LabelSelector { serde_saphyr::from_str(yaml).unwrap() };
+    let team_a = selector("matchLabels: {team: a}");
+    assert!(disjoint(&team_a, &selector("matchLabels: {team: b}")));
+    assert!(disjoint(
+        &team_a,
+        &selector("matchExpressions: [{key: team, operator: In, values: [b, c]}]")
+    ));
+    assert!(disjoint(
+        &team_a,
+        &selector("matchExpressions: [{key: team, operator: NotIn, values: [a]}]")
+    ));
+    assert!(disjoint(
+        &team_a,
+        &selector("matchExpressions: [{key: team, operator: DoesNotExist}]")
+    ));
+    assert!(!disjoint(
+        &team_a,
+        &selector("matchLabels: {team: a, tier: web}")
+    ));
+    assert!(!disjoint(&team_a, &selector("{}")));
+    assert!(!disjoint(
+        &team_a,
+        &selector("matchExpressions: [{key: team, operator: In, values: [a, b]}]")
+    ));
+    assert!(!disjoint(
+        &team_a,
+        &selector("matchExpressions: [{key: team, operator: Exists}]")
+    ));
 }

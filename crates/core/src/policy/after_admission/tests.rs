@@ -28,6 +28,7 @@ fn options() -> PolicyOptions {
     PolicyOptions {
         name: "sidecar-injector".into(),
         operator_namespace: "operator-ns".into(),
+        webhook_behind: true,
     }
 }
 

@@ -1,0 +1,436 @@
+//! One verdict whichever engine decides: Pod authors' attempts at skipping a required template,
+//! and legitimate Pods the API server changes on its own, through every injection backend the
+//! API server supports (`webhook` and `auto` everywhere, `policy` where MutatingAdmissionPolicies
+//! are served: Kubernetes 1.36+, so v1.37.2 in `just e2e-next`).
+//!
+//! Each case is a Pod created with a server-side dry run under each backend in turn (the
+//! operator restarted with `--injection-backend`): every backend must refuse it or admit it
+//! alike, and store the same Pod. The webhook backend is `plan`, what `render` prints, so it is
+//! the reference. The cases are the rows of issue 33 that the policy backend got wrong:
+//!
+//! * an exact copy of the required sidecars with an `emptyDir` named like the token's volume
+//!   (`kube-api-access-x`) mounted into the sidecar over its binaries: the policies took any
+//!   mount of that name for the token's;
+//! * the Pod's own plain init container, then an exact copy of the required native sidecar:
+//!   the policies did not ask where the sidecar stands;
+//! * a `hostNetwork` Pod, whose ports the API server gives a `hostPort`;
+//! * a Pod in a namespace with a LimitRange, which gives the sidecar resources;
+//! * a best-effort template applied after a required one the policy cannot express: under
+//!   `auto` the webhook applied the required one after the policy applied the other, so the
+//!   other's init container ran first and its env value won. Under `policy` that required
+//!   template refuses what it selects, as documented.
+//!
+//! Off unless `SIDECAR_INJECTOR_E2E=1`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use injector_e2e::pod::{dry_run_create, stored_view};
+use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established, wait_served};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use serde_json::{Value, json};
+
+const TEMPLATES: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: mesh}
+spec:
+  priority: 10
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {verdict: "on"}}
+  initContainers:
+  - name: mesh-proxy
+    image: "mesh.invalid/proxy:1"
+    restartPolicy: Always
+    ports: [{containerPort: 15001, name: proxy}]
+    volumeMounts: [{name: mesh-config, mountPath: /etc/mesh}]
+  volumes:
+  - {name: mesh-config, emptyDir: {}}
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: logs}
+spec:
+  priority: 20
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {verdict: "on"}}
+  containers:
+  - name: log-agent
+    image: "logs.invalid/agent:1"
+    args: ["--pod", "{{ pod.name }}"]
+    ports: [{containerPort: 9100, name: metrics}]
+"#;
+
+/// A required template the policy cannot express (`appContainers.envFrom`), applied first, and
+/// a best-effort one after it that a policy could, both adding an init container and one app
+/// env var: in a namespace of their own (`verdict: order`, apart from the others' by that
+/// label, so the others stay in the policy).
+const ORDERED: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: ordered-mesh}
+spec:
+  priority: 1
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {verdict: order}}
+  initContainers:
+  - {name: ordered-proxy, image: "mesh.invalid/proxy:2", restartPolicy: Always}
+  appContainers:
+    env: [{name: MODE, value: mesh}]
+    envFrom: [{configMapRef: {name: mesh-env, optional: true}}]
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: fetch}
+spec:
+  priority: 5
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {verdict: order}}
+  initContainers:
+  - {name: fetch-config, image: "fetch.invalid/fetch:1"}
+  appContainers:
+    env: [{name: MODE, value: fetch}]
+"#;
+
+/// The templates the policy serves under `auto` and `policy`.
+const TEMPLATE_NAMES: [&str; 2] = ["mesh", "logs"];
+
+/// The policy (and its guard) beside the operator's default names.
+const POLICY: &str = "sidecar-injector";
+const GUARD: &str = "sidecar-injector-guard";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Webhook,
+    Auto,
+    Policy,
+}
+
+impl Backend {
+    fn arg(self) -> &'static str {
+        match self {
+            Backend::Webhook => "webhook",
+            Backend::Auto => "auto",
+            Backend::Policy => "policy",
+        }
+    }
+}
+
+/// One attempt: a name, where, and the Pod.
+struct Case {
+    name: &'static str,
+    namespace: String,
+    pod: Value,
+    /// Whether the webhook (the reference) must refuse it: checked too, so that a case that
+    /// stopped testing what it names fails.
+    refused: bool,
+    /// Whether the `policy` backend refuses it by design: a required template it selects cannot
+    /// be expressed by a policy (docs/reference.md), so nothing can inject it there.
+    policy_refuses: bool,
+}
+
+/// The outcome of a dry-run create: the stored Pod (as compared) or the refusal.
+fn create(cp: &ControlPlane, namespace: &str, pod: &Value) -> Result<Value, String> {
+    dry_run_create(cp, namespace, pod)
+        .unwrap()
+        .map(|stored| stored_view(&stored, namespace).unwrap())
+}
+
+fn pod(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+}
+
+fn app() -> Value {
+    json!({"name": "app", "image": "app.invalid/app:1"})
+}
+
+/// A stored item with the token's mount taken out (the plugin adds its own to the copy).
+fn without_token_mount(item: &Value) -> Value {
+    let mut item = item.clone();
+    if let Some(mounts) = item["volumeMounts"].as_array_mut() {
+        mounts.retain(|m| {
+            !m["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("kube-api-access-"))
+        });
+        if mounts.is_empty() {
+            item.as_object_mut().unwrap().remove("volumeMounts");
+        }
+    }
+    item
+}
+
+fn named<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
+    pod["spec"][list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{list} {name} in {pod}"))
+}
+
+/// The cases, the exact copies taken from what the webhook stored for a plain Pod.
+fn cases(namespace: &str, limited: &str, ordered: &str, injected: &Value) -> Vec<Case> {
+    let proxy = without_token_mount(named(injected, "initContainers", "mesh-proxy"));
+    let mut agent = without_token_mount(named(injected, "containers", "log-agent"));
+    let config = named(injected, "volumes", "mesh-config").clone();
+
+    // The copy, and a volume named like the token's mounted over the sidecar's binaries.
+    agent["args"] = json!(["--pod", "forged-mount"]);
+    let mut forged_agent = agent.clone();
+    forged_agent["volumeMounts"] = json!([{"name": "kube-api-access-x", "mountPath": "/bin"}]);
+    let forged_mount = pod(
+        "forged-mount",
+        json!({
+            "containers": [app(), forged_agent],
+            "initContainers": [proxy.clone()],
+            "volumes": [config.clone(), {"name": "kube-api-access-x", "emptyDir": {}}],
+        }),
+    );
+
+    // The Pod's own plain init container first, then the copy of the native sidecar.
+    agent["args"] = json!(["--pod", "sidecar-behind"]);
+    let behind = pod(
+        "sidecar-behind",
+        json!({
+            "containers": [app(), agent.clone()],
+            "initContainers": [{"name": "setup", "image": "app.invalid/setup:1"}, proxy],
+            "volumes": [config],
+        }),
+    );
+
+    vec![
+        Case {
+            name: "a volume named like the token's mounted into the sidecar",
+            namespace: namespace.to_owned(),
+            pod: forged_mount,
+            refused: true,
+            policy_refuses: false,
+        },
+        Case {
+            name: "the native sidecar behind the Pod's own init container",
+            namespace: namespace.to_owned(),
+            pod: behind,
+            refused: true,
+            policy_refuses: false,
+        },
+        Case {
+            name: "a hostNetwork Pod (hostPort defaulted)",
+            namespace: namespace.to_owned(),
+            pod: pod(
+                "host-network",
+                json!({"hostNetwork": true, "containers": [app()]}),
+            ),
+            refused: false,
+            policy_refuses: false,
+        },
+        Case {
+            name: "a namespace with a LimitRange (resources defaulted)",
+            namespace: limited.to_owned(),
+            pod: pod("limited", json!({"containers": [app()]})),
+            refused: false,
+            policy_refuses: false,
+        },
+        // Under `auto` the policy applied `fetch` before the webhook applied `ordered-mesh`:
+        // its init container ran before the proxy, and its env value won.
+        Case {
+            name: "a best-effort template after one the policy cannot express",
+            namespace: ordered.to_owned(),
+            pod: pod("ordered", json!({"containers": [app()]})),
+            refused: false,
+            policy_refuses: true,
+        },
+        Case {
+            name: "a plain Pod",
+            namespace: namespace.to_owned(),
+            pod: pod("plain", json!({"containers": [app()]})),
+            refused: false,
+            policy_refuses: false,
+        },
+    ]
+}
+
+/// Starts the operator with `backend` and waits until what it puts in force is in force: the
+/// required templates served by it, and a look-alike refused.
+fn start(cp: &ControlPlane, backend: Backend, namespace: &str, policies: bool) -> Operator {
+    let operator = Operator::start(
+        cp,
+        OperatorOptions {
+            extra_args: vec!["--injection-backend".into(), backend.arg().into()],
+            ..OperatorOptions::default()
+        },
+    )
+    .expect("the operator starts");
+    let by_policy = policies && backend != Backend::Webhook;
+    for name in TEMPLATE_NAMES {
+        if by_policy {
+            wait_condition(
+                cp,
+                name,
+                ("PolicyServed", "True", "Served"),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        }
+    }
+    if backend != Backend::Policy {
+        for name in TEMPLATE_NAMES.into_iter().chain(["ordered-mesh", "fetch"]) {
+            wait_served(cp, name, CONFIGURATION).unwrap();
+        }
+    }
+    if policies {
+        // What the backend does not use is gone.
+        let wanted = [(POLICY, by_policy), (GUARD, backend == Backend::Policy)];
+        for (object, wanted) in wanted {
+            let kind = if object == POLICY {
+                "mutatingadmissionpolicy"
+            } else {
+                "validatingadmissionpolicy"
+            };
+            poll(Duration::from_secs(30), &format!("{kind} {object}"), || {
+                let there = cp.try_get_json(kind, None, object)?.is_some();
+                Ok((there == wanted).then_some(()))
+            })
+            .unwrap();
+        }
+    }
+    // The API server loads admission objects asynchronously: wait until it refuses a
+    // look-alike and injects a plain Pod, then every case is tried once.
+    let look_alike = pod(
+        "look-alike",
+        json!({"containers": [app(), {"name": "log-agent", "image": "elsewhere.invalid/agent:1"}]}),
+    );
+    poll(
+        Duration::from_secs(30),
+        "a look-alike to be refused",
+        || Ok(create(cp, namespace, &look_alike).err().map(|_| ())),
+    )
+    .unwrap();
+    poll(
+        Duration::from_secs(30),
+        "a plain Pod to be injected",
+        || {
+            Ok(
+                create(cp, namespace, &pod("probe", json!({"containers": [app()]})))
+                    .ok()
+                    .filter(|p| {
+                        p.to_string().contains("mesh-proxy") && p.to_string().contains("log-agent")
+                    })
+                    .map(|_| ()),
+            )
+        },
+    )
+    .unwrap();
+    operator
+}
+
+#[test]
+fn every_backend_gives_one_verdict_and_stores_one_pod() {
+    if !injector_e2e::enabled() {
+        eprintln!(
+            "[one-verdict] skipped: set {}=1 to run it",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let cp = ControlPlane::start().expect("the control plane starts");
+    cp.apply_file(&workspace_root().join("crds")).unwrap();
+    wait_crd_established(&cp).unwrap();
+    let namespace = cp.namespace("verdict", &[("verdict", "on")]).unwrap();
+    let limited = cp.namespace("limited", &[("verdict", "on")]).unwrap();
+    let limit_range = json!({
+        "apiVersion": "v1",
+        "kind": "LimitRange",
+        "metadata": {"name": "defaults", "namespace": limited},
+        "spec": {"limits": [{
+            "type": "Container",
+            "default": {"cpu": "200m", "memory": "128Mi"},
+            "defaultRequest": {"cpu": "100m", "memory": "64Mi"},
+        }]},
+    });
+    cp.apply_yaml(&limit_range.to_string()).unwrap();
+    let ordered = cp.namespace("ordered", &[("verdict", "order")]).unwrap();
+    cp.apply_yaml(TEMPLATES).unwrap();
+    cp.apply_yaml(ORDERED).unwrap();
+    let policies = cp.serves_mutating_admission_policies().unwrap();
+    let backends: &[Backend] = if policies {
+        &[Backend::Webhook, Backend::Auto, Backend::Policy]
+    } else {
+        &[Backend::Webhook, Backend::Auto]
+    };
+
+    let mut outcomes: Vec<(Backend, Vec<Result<Value, String>>)> = Vec::new();
+    let mut all_cases = Vec::new();
+    for &backend in backends {
+        let mut operator = start(&cp, backend, &namespace, policies);
+        if all_cases.is_empty() {
+            let injected = create(
+                &cp,
+                &namespace,
+                &pod("copied", json!({"containers": [app()]})),
+            )
+            .expect("a plain Pod is admitted");
+            all_cases = cases(&namespace, &limited, &ordered, &injected);
+        }
+        let results: Vec<Result<Value, String>> = all_cases
+            .iter()
+            .map(|case| create(&cp, &case.namespace, &case.pod))
+            .collect();
+        for (case, result) in all_cases.iter().zip(&results) {
+            let verdict = match result {
+                Ok(_) => "admitted".to_owned(),
+                Err(refusal) => format!("refused: {refusal}"),
+            };
+            eprintln!("[one-verdict] {}: {}: {verdict}", backend.arg(), case.name);
+        }
+        outcomes.push((backend, results));
+        operator.stop().unwrap();
+    }
+
+    let mut disagreements = Vec::new();
+    let (_, reference) = &outcomes[0];
+    for (index, case) in all_cases.iter().enumerate() {
+        assert_eq!(
+            reference[index].is_err(),
+            case.refused,
+            "the webhook's verdict on {:?}: {:?}",
+            case.name,
+            reference[index]
+        );
+        for (backend, results) in &outcomes[1..] {
+            if *backend == Backend::Policy && case.policy_refuses {
+                if let Ok(stored) = &results[index] {
+                    disagreements.push(format!(
+                        "policy: {:?} admitted, a required template it cannot express selects it: {stored}",
+                        case.name
+                    ));
+                }
+                continue;
+            }
+            match (&reference[index], &results[index]) {
+                (Ok(expected), Ok(stored)) if expected != stored => disagreements.push(format!(
+                    "{}: {:?} stored another Pod:\n  {stored}\n  the webhook's: {expected}",
+                    backend.arg(),
+                    case.name
+                )),
+                (Err(_), Ok(_)) => disagreements.push(format!(
+                    "{}: {:?} admitted, the webhook refused it",
+                    backend.arg(),
+                    case.name
+                )),
+                (Ok(_), Err(refusal)) => disagreements.push(format!(
+                    "{}: {:?} refused, the webhook admitted it: {refusal}",
+                    backend.arg(),
+                    case.name
+                )),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "the backends disagree:\n{}",
+        disagreements.join("\n")
+    );
+}
