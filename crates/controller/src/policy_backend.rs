@@ -179,7 +179,7 @@ pub async fn prove(
                     // Standard: the template's Pods would too. Final (a version of the proof
                     // policy being replaced leaves this Pod alone, and the Pod itself passes).
                     Answer::Refused(message) if message.contains(POD_SECURITY_REFUSAL) => {
-                        return Check::Failed(answer.refusal());
+                        return Check::Failed(Answer::Refused(&unnamed(message)).refusal());
                     }
                     Answer::Refused(_) => return Check::NotYet(answer.refusal()),
                 };
@@ -263,6 +263,16 @@ pub async fn apply_guard_and_confirm(
         PolicyBackendError::Proof(last) => PolicyBackendError::Guard(last),
         other => other,
     })
+}
+
+/// `message` without the generated name of the Pod it refuses: the same refusal reads the
+/// same each time (it ends up in the guard, whose every change is applied and confirmed, and in
+/// the template's status).
+fn unnamed(message: &str) -> String {
+    message
+        .strip_prefix("pods \"")
+        .and_then(|rest| rest.split_once("\" is forbidden: "))
+        .map_or_else(|| message.to_owned(), |(_, why)| why.to_owned())
 }
 
 /// What the API server answered a dry-run Pod.
@@ -436,4 +446,25 @@ async fn delete_all<const N: usize>(
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unnamed;
+
+    #[test]
+    fn a_refusal_reads_the_same_whatever_the_pods_name() {
+        let refusal = |name: &str| {
+            format!(
+                "pods \"{name}\" is forbidden: violates PodSecurity \"restricted:latest\": privileged (container \"a\" must not set securityContext.privileged=true)"
+            )
+        };
+        let first = unnamed(&refusal("sidecar-injector-policy-proof-abcde"));
+        assert_eq!(
+            first,
+            unnamed(&refusal("sidecar-injector-policy-proof-fghij"))
+        );
+        assert!(first.starts_with("violates PodSecurity"), "{first}");
+        assert_eq!(unnamed("something else"), "something else");
+    }
 }
