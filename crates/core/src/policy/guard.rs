@@ -130,6 +130,14 @@ fn carries_message(template: &str) -> String {
     )
 }
 
+/// The message of a refused Pod of `template`, new to the guard, while the API server does
+/// not run the policy that injects it yet (or it carries a look-alike).
+fn not_injected_yet_message(template: &str) -> String {
+    format!(
+        "SidecarTemplate {template:?} is required and not injected yet: the API server does not run the policy that injects it yet (or the Pod has a container, init container or volume named like one of the template's that differs from it); try again"
+    )
+}
+
 /// The prefix of the message of a template that cannot be injected, before why.
 fn cannot_inject_prefix(template: &str) -> String {
     format!("SidecarTemplate {template:?} is required and cannot be injected: ")
@@ -202,6 +210,14 @@ pub fn compile_guard(
                     kept.refuses = None;
                 }
                 kept.conditions = conditions;
+            }
+            if previous.is_some()
+                && kept.conditions.len() == 1
+                && matches!(rule, GuardRule::Carries(_))
+            {
+                // Only the new version passes: until the policy runs, a Pod is refused for
+                // not carrying it yet, not for a look-alike (mostly).
+                kept.message = not_injected_yet_message(&template.name);
             }
             (template.name.clone(), kept)
         })

@@ -655,8 +655,11 @@ fn the_guard_between_two_policies_accepts_either_version() {
     let settled = compile_guard(&options(), &after, None).unwrap();
     assert_ne!(settled.hash, between.hash);
     assert_eq!(settled.passes.len(), 2);
+    // With nothing in force, the new rules alone.
     let fresh = compile_guard(&options(), &after, Some(&BTreeMap::new())).unwrap();
-    assert_eq!(fresh.hash, settled.hash);
+    for (name, kept) in &fresh.passes {
+        assert_eq!(kept.conditions, settled.passes[name].conditions);
+    }
 }
 
 #[test]
@@ -749,7 +752,19 @@ fn before_a_proof_the_guard_keeps_what_is_in_force_and_refuses_the_rest() {
     )
     .unwrap();
     assert_eq!(between.passes["proxy"].conditions.len(), 1);
+    assert!(
+        between.passes["proxy"]
+            .message
+            .contains("\"proxy\" is required and not injected yet"),
+        "{}",
+        between.passes["proxy"].message
+    );
     assert_eq!(between.passes["agent"].conditions.len(), 2);
+    assert!(
+        between.passes["agent"]
+            .message
+            .contains("named like one of")
+    );
 }
 
 #[test]
