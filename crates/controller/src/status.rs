@@ -356,7 +356,17 @@ pub fn not_injected_by_policy(
     } else if let Some(why) = state.refused.get(name) {
         why.clone()
     } else if let Some(failure) = &state.failure {
-        format!("the injection backend is policy, and the generated policy failed: {failure}")
+        let why =
+            format!("the injection backend is policy, and the generated policy failed: {failure}");
+        // The guard in force does not refuse all its Pods (or is not known yet): claim no more
+        // than it enforces.
+        return Some(if required {
+            format!(
+                "{why}; it is required, so the guard refuses the Pods it selects unless they carry a version the policy in force injects"
+            )
+        } else {
+            why
+        });
     } else {
         return None;
     };

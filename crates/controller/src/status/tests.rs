@@ -834,6 +834,15 @@ fn a_required_template_the_guard_refuses_says_so_and_is_not_ready() {
         why.contains("violates PodSecurity") && why.contains("refused"),
         "{why}"
     );
+    // Where the guard in force does not refuse them all (it keeps a version the policy in
+    // force injects, or this leader does not know it yet), no more is claimed.
+    let mut kept = state.clone();
+    kept.refused.clear();
+    let why = not_injected_by_policy(Some(&kept), "log-shipper", true).unwrap();
+    assert!(
+        why.contains("unless they carry a version the policy in force injects"),
+        "{why}"
+    );
     let status = with_policy(&template, base, Some(&state), false, at(200));
     let condition = policy_condition(&status).unwrap();
     assert_eq!(
