@@ -631,6 +631,22 @@ fn under_the_restricted_standard_a_required_template_never_fails_open() {
         .cloned()
         .unwrap();
     assert_eq!(ready["status"], "False", "{ready}");
+    // The guard is the settled one for each template, never a guard wrapping another: one
+    // condition (a variable) per template, however often the proof is tried again.
+    let guard = cp
+        .get_json("validatingadmissionpolicy", None, GUARD)
+        .unwrap();
+    assert_eq!(
+        guard["metadata"]["annotations"]["sidecar.dev/guard-templates"], "privileged,secure",
+        "{guard}"
+    );
+    let variables: Vec<&str> = guard["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["t0_0", "t1_0"], "{guard}");
     // The policy in force stays, and still injects the template it serves.
     let app = json!([{"name": "app", "image": "app.invalid/app:1"}]);
     let stored = create(&cp, &secure_ns, &pod("still-served", app), true)
