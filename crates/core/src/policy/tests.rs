@@ -792,6 +792,39 @@ spec:
 }
 
 #[test]
+fn a_guard_a_crashed_leader_left_between_two_policies_is_recovered_not_wrapped() {
+    let agent = template(AGENT);
+    let settled = compile_guard(&options(), &[carries(&agent, "V1")], None)
+        .unwrap()
+        .passes;
+    // The leader crashed between the guard in between and the policy: either may run.
+    let left = compile_guard(&options(), &[carries(&agent, "V2")], Some(&settled)).unwrap();
+    let in_force = guard_in_force_of(&left.policy);
+    assert_eq!(
+        in_force["agent"].conditions,
+        ["(false || (V2))", "(false || (V1))"]
+    );
+    // The next leader, before its proof, keeps it as it is: nothing to apply.
+    let unproven = unserved_rules(std::slice::from_ref(&agent), &BTreeSet::new(), "not proven");
+    let kept = keep_guard(&options(), &unproven, &in_force, false).unwrap();
+    assert_eq!(kept.passes, in_force);
+    assert_eq!(kept.hash, left.hash);
+    // Its change accepts both versions and the new one, each as it is.
+    let between = compile_guard(&options(), &[carries(&agent, "V3")], Some(&in_force)).unwrap();
+    assert_eq!(
+        between.passes["agent"].conditions,
+        ["(false || (V3))", "(false || (V2))", "(false || (V1))"]
+    );
+    let variables = between.policy["spec"]["variables"].as_array().unwrap();
+    assert_eq!(variables.len(), 3);
+    assert!(
+        variables
+            .iter()
+            .all(|v| !v["expression"].as_str().unwrap().contains("variables."))
+    );
+}
+
+#[test]
 fn a_guard_from_before_variables_is_read_whole() {
     let stored = json!({
         "metadata": {"annotations": {"sidecar.dev/guard-templates": "agent"}},
