@@ -14,6 +14,12 @@
 //! with one version or the other. Where it does not (v1.34), the required template's Pods are
 //! refused, saying why, and the template's status says so.
 //!
+//! With the operator's namespace enforcing the `restricted` Pod Security Standard (where the
+//! proof's dry-run Pods are made), the guard never fails open: from the moment a required
+//! template is applied, each Pod it selects is refused or injected, never admitted without it;
+//! a template whose sidecar passes the standard is proven and injected; one whose sidecar
+//! breaks it fails its proof, and its Pods are refused saying why, as its status does.
+//!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -21,6 +27,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established};
@@ -72,6 +79,39 @@ spec:
   namespaceSelector: {matchLabels: {guard: "on"}}
   podSelector: {matchLabels: {app: shadow}}
   containers: [{name: guarded-agent, image: "shadow.invalid/agent:1"}]
+"#;
+
+/// One control plane at a time: the tests of this file run one after the other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Required, and passes `restricted` (with the Pod's own `runAsNonRoot` and seccomp profile).
+const SECURE: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: secure}
+spec:
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {secure: "on"}}
+  containers:
+  - name: secure-agent
+    image: "secure.invalid/agent:1"
+    securityContext:
+      allowPrivilegeEscalation: false
+      capabilities: {drop: [ALL]}
+"#;
+
+/// Required, and breaks `restricted`: a privileged sidecar.
+const PRIVILEGED: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: privileged}
+spec:
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {privileged: "on"}}
+  containers:
+  - name: privileged-agent
+    image: "privileged.invalid/agent:1"
+    securityContext: {privileged: true}
 "#;
 
 /// The guard's name beside the operator's default policy name.
@@ -180,6 +220,9 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         );
         return;
     }
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = ControlPlane::start().expect("the control plane starts");
     cp.apply_file(&workspace_root().join("crds")).unwrap();
     wait_crd_established(&cp).unwrap();
@@ -476,6 +519,197 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         || Ok(create(&cp, &guarded_ns, &old, true)?.err()),
     )
     .unwrap();
+}
+
+/// Creates Pods (server-side dry runs) of `app` in `namespace` one after another until `done`
+/// holds for one (at most 90 s), and checks each: refused with a message `refused` accepts, or
+/// admitted with `sidecar`. Once one was, never one admitted without it: before, the operator
+/// has not taken the template in yet (a template is in force once the guard refuses what it
+/// selects). The refusals' reasons, in order, deduplicated.
+fn each_refused_or_injected(
+    cp: &ControlPlane,
+    namespace: &str,
+    sidecar: &str,
+    refused: impl Fn(&str) -> bool,
+    done: impl Fn(&Result<Value, String>) -> bool,
+) -> Vec<String> {
+    let app = json!([{"name": "app", "image": "app.invalid/app:1"}]);
+    let started = Instant::now();
+    let mut refusals: Vec<String> = Vec::new();
+    let mut before = 0;
+    for n in 0.. {
+        let answer = create(cp, namespace, &pod(&format!("pod-{n}"), app.clone()), true).unwrap();
+        match &answer {
+            Ok(stored) if container_image(stored, sidecar).is_none() => {
+                assert!(
+                    refusals.is_empty() && before == n,
+                    "a Pod was admitted without {sidecar:?} after the guard answered: {stored}"
+                );
+                before += 1;
+            }
+            Ok(_) => {}
+            Err(refusal) => {
+                assert!(refused(refusal), "an unexpected refusal: {refusal}");
+                // The same refusal of each Pod, whatever its name.
+                let why = refusal
+                    .split_once("denied request: ")
+                    .map_or(refusal.as_str(), |(_, why)| why);
+                if refusals.last().map(String::as_str) != Some(why) {
+                    refusals.push(why.to_owned());
+                }
+            }
+        }
+        if done(&answer) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "never done; {before} admitted without {sidecar:?} first; refusals: {refusals:?}"
+        );
+    }
+    eprintln!("[policy-only] {before} Pods admitted before the template was taken in");
+    refusals
+}
+
+#[test]
+fn under_the_restricted_standard_a_required_template_never_fails_open() {
+    if std::env::var(injector_e2e::ENABLE_VAR).as_deref() != Ok("1") {
+        eprintln!(
+            "[policy-only] skipped: set {}=1 to run it",
+            injector_e2e::ENABLE_VAR
+        );
+        return;
+    }
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let cp = ControlPlane::start().expect("the control plane starts");
+    cp.apply_file(&workspace_root().join("crds")).unwrap();
+    wait_crd_established(&cp).unwrap();
+    // The operator's namespace, where the proof's dry-run Pods are made, enforces `restricted`
+    // (labelled before the operator applies it, which keeps labels it did not set).
+    let operator_ns = "sidecar-injector-restricted";
+    cp.kubectl_ok(&["create", "namespace", operator_ns])
+        .unwrap();
+    cp.kubectl_ok(&[
+        "label",
+        "namespace",
+        operator_ns,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])
+    .unwrap();
+    let _operator = Operator::start(
+        &cp,
+        OperatorOptions {
+            namespace: operator_ns.to_owned(),
+            extra_args: vec!["--injection-backend".into(), "policy".into()],
+            ..OperatorOptions::default()
+        },
+    )
+    .expect("the operator starts");
+    let labels = cp.get_json("namespace", None, operator_ns).unwrap()["metadata"]["labels"].clone();
+    assert_eq!(
+        labels["pod-security.kubernetes.io/enforce"], "restricted",
+        "{labels}"
+    );
+    let secure_ns = cp.namespace("secure", &[("secure", "on")]).unwrap();
+    let privileged_ns = cp.namespace("privileged", &[("privileged", "on")]).unwrap();
+    let serves = cp.serves_mutating_admission_policies().unwrap();
+
+    // (a) From the moment it is applied, each Pod the required template selects is refused
+    // (until its policy runs) or injected: never admitted without it.
+    cp.apply_yaml(SECURE).unwrap();
+    let refusals = each_refused_or_injected(
+        &cp,
+        &secure_ns,
+        "secure-agent",
+        |refusal| refusal.contains("\"secure\" is required"),
+        |answer| match answer {
+            Ok(stored) => container_image(stored, "secure-agent").is_some(),
+            Err(_) => !serves,
+        },
+    );
+    eprintln!("[policy-only] restricted, secure: refused {refusals:?}");
+    if !serves {
+        // Nothing can inject: refused, saying why (the guard's probe Pod passes `restricted`).
+        assert!(
+            refusals
+                .iter()
+                .any(|r| r.contains("does not serve MutatingAdmissionPolicies")),
+            "{refusals:?}"
+        );
+        return;
+    }
+    wait_condition(
+        &cp,
+        "secure",
+        ("PolicyServed", "True", "Served"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+
+    // (b) A sidecar that breaks `restricted` fails its proof: the Pods the template selects are
+    // refused from the start, saying why once the proof failed; never admitted without it.
+    cp.apply_yaml(PRIVILEGED).unwrap();
+    let refusals = each_refused_or_injected(
+        &cp,
+        &privileged_ns,
+        "privileged-agent",
+        |refusal| refusal.contains("\"privileged\" is required"),
+        |answer| {
+            answer
+                .as_ref()
+                .is_err_and(|refusal| refusal.contains("its proof failed"))
+        },
+    );
+    eprintln!("[policy-only] restricted, privileged: refused {refusals:?}");
+    let last = refusals.last().unwrap();
+    assert!(last.contains("violates PodSecurity"), "{last}");
+    let served = wait_condition(
+        &cp,
+        "privileged",
+        ("PolicyServed", "False", "ProofFailed"),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let message = served["message"].as_str().unwrap();
+    assert!(
+        message.contains("violates PodSecurity") && message.contains("refuses"),
+        "{message}"
+    );
+    let ready = cp.get_json("sidecartemplate", None, "privileged").unwrap()["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready["status"], "False", "{ready}");
+    // The guard is the settled one for each template, never a guard wrapping another: one
+    // condition (a variable) per template, however often the proof is tried again.
+    let guard = cp
+        .get_json("validatingadmissionpolicy", None, GUARD)
+        .unwrap();
+    assert_eq!(
+        guard["metadata"]["annotations"]["sidecar.dev/guard-templates"], "privileged,secure",
+        "{guard}"
+    );
+    let variables: Vec<&str> = guard["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["t0_0", "t1_0"], "{guard}");
+    // The policy in force stays, and still injects the template it serves.
+    let app = json!([{"name": "app", "image": "app.invalid/app:1"}]);
+    let stored = create(&cp, &secure_ns, &pod("still-served", app), true)
+        .unwrap()
+        .expect("the served template's Pods are admitted");
+    assert!(
+        container_image(&stored, "secure-agent").is_some(),
+        "{stored}"
+    );
 }
 
 /// With the `policy` backend, the webhook configuration has no entry: the webhook is never

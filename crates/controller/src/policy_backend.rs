@@ -3,11 +3,10 @@
 //! dry run, applying it and its binding, putting the guard in force, keeping required templates
 //! after admission, and removing them. What to apply is decided in `injector_core::policy`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledAfterAdmission, CompiledGuard, CompiledPolicy, POLICY_API_VERSION,
+    CompiledAfterAdmission, CompiledGuard, CompiledPolicy, GuardConditions, POLICY_API_VERSION,
     after_admission_name, guard_in_force, guard_in_force_of, guard_name, guard_probe_pod,
     proof_pod, proof_problem, proof_round_pod, runs_live, warnings_name,
 };
@@ -69,6 +68,9 @@ pub enum PolicyBackendError {
     #[error("the guard (ValidatingAdmissionPolicy) is not in force: {0}")]
     Guard(String),
 }
+
+/// What the API server's refusal of a Pod by the PodSecurity admission plugin says.
+const POD_SECURITY_REFUSAL: &str = "violates PodSecurity";
 
 /// How long the proof waits for the API server to load a new proof policy.
 const PROOF_TIMEOUT: Duration = Duration::from_secs(20);
@@ -171,8 +173,15 @@ pub async fn prove(
             namespace,
             &proof_round_pod(compiled, round),
             |answer| {
-                let Answer::Stored(stored) = answer else {
-                    return Check::NotYet(answer.refusal());
+                let stored = match answer {
+                    Answer::Stored(stored) => stored,
+                    // The Pod the proof policy made breaks the namespace's Pod Security
+                    // Standard: the template's Pods would too. Final (a version of the proof
+                    // policy being replaced leaves this Pod alone, and the Pod itself passes).
+                    Answer::Refused(message) if message.contains(POD_SECURITY_REFUSAL) => {
+                        return Check::Failed(Answer::Refused(&unnamed(message)).refusal());
+                    }
+                    Answer::Refused(_) => return Check::NotYet(answer.refusal()),
                 };
                 let marked = stored
                     .pointer("/metadata/annotations")
@@ -254,6 +263,16 @@ pub async fn apply_guard_and_confirm(
         PolicyBackendError::Proof(last) => PolicyBackendError::Guard(last),
         other => other,
     })
+}
+
+/// `message` without the generated name of the Pod it refuses: the same refusal reads the
+/// same each time (it ends up in the guard, whose every change is applied and confirmed, and in
+/// the template's status).
+fn unnamed(message: &str) -> String {
+    message
+        .strip_prefix("pods \"")
+        .and_then(|rest| rest.split_once("\" is forbidden: "))
+        .map_or_else(|| message.to_owned(), |(_, why)| why.to_owned())
 }
 
 /// What the API server answered a dry-run Pod.
@@ -350,12 +369,12 @@ pub async fn remove(client: &Client, name: &str) -> Result<bool, PolicyBackendEr
     .await
 }
 
-/// Per template, the condition of the guard beside the policy `name` that is in force (empty
-/// when there is none).
+/// What the guard beside the policy `name` puts in force, per template (empty when there is
+/// none).
 pub async fn read_guard_in_force(
     client: &Client,
     name: &str,
-) -> Result<BTreeMap<String, String>, PolicyBackendError> {
+) -> Result<GuardConditions, PolicyBackendError> {
     let name = guard_name(name);
     match guards(client).get_opt(&name).await {
         Ok(Some(guard)) => {
@@ -366,7 +385,7 @@ pub async fn read_guard_in_force(
                 })?;
             Ok(guard_in_force_of(&guard))
         }
-        Ok(None) => Ok(BTreeMap::new()),
+        Ok(None) => Ok(GuardConditions::new()),
         Err(source) => Err(PolicyBackendError::Api {
             what: format!("reading {name}"),
             source,
@@ -454,4 +473,25 @@ async fn delete_all<const N: usize>(
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unnamed;
+
+    #[test]
+    fn a_refusal_reads_the_same_whatever_the_pods_name() {
+        let refusal = |name: &str| {
+            format!(
+                "pods \"{name}\" is forbidden: violates PodSecurity \"restricted:latest\": privileged (container \"a\" must not set securityContext.privileged=true)"
+            )
+        };
+        let first = unnamed(&refusal("sidecar-injector-policy-proof-abcde"));
+        assert_eq!(
+            first,
+            unnamed(&refusal("sidecar-injector-policy-proof-fghij"))
+        );
+        assert!(first.starts_with("violates PodSecurity"), "{first}");
+        assert_eq!(unnamed("something else"), "something else");
+    }
 }

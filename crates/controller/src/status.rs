@@ -244,11 +244,15 @@ pub struct PolicyState {
     /// Per template the policy in force serves, the CEL condition that a Pod carries it as
     /// the policy adds it (the webhook entries skip such Pods).
     pub present: BTreeMap<String, String>,
+    /// The required templates the guard in force refuses every selected Pod for, and why
+    /// (`policy` backend): not proven yet, their proof failed, or no policy can serve them.
+    pub refused: BTreeMap<String, String>,
 }
 
 /// `desired` with its `PolicyServed` condition: `True`/`Served` when the policy in force
 /// serves the template, else `False` with why (`NotExpressible`, `NotAvailable`,
-/// `ProofFailed`); none while the backend is off or has not decided yet.
+/// `ProofFailed`, `NotProven` while the guard refuses its Pods until its proof ends); none
+/// while the backend is off or has not decided yet.
 ///
 /// `webhook_behind`: the webhook serves what the policy does not (`auto`); without it (the
 /// `policy` backend) such a template is not injected.
@@ -295,6 +299,18 @@ pub fn with_policy(
                 "{otherwise}: the API server does not serve MutatingAdmissionPolicies (admissionregistration.k8s.io/v1, Kubernetes 1.36+)"
             ),
         )
+    } else if let Some(why) = state.refused.get(name) {
+        // Only the guard says what is in force: the Pods it selects are refused.
+        let reason = if state.failure.is_some() {
+            "ProofFailed"
+        } else {
+            "NotProven"
+        };
+        (
+            "False",
+            reason,
+            format!("{otherwise}: {why}; it is required, so the guard refuses the Pods it selects"),
+        )
     } else if let Some(failure) = &state.failure {
         (
             "False",
@@ -337,8 +353,20 @@ pub fn not_injected_by_policy(
         format!("the injection backend is policy, and a policy cannot serve it: {why}")
     } else if !state.available {
         "the injection backend is policy, and the API server does not serve MutatingAdmissionPolicies (Kubernetes 1.36+)".to_owned()
+    } else if let Some(why) = state.refused.get(name) {
+        why.clone()
     } else if let Some(failure) = &state.failure {
-        format!("the injection backend is policy, and the generated policy failed: {failure}")
+        let why =
+            format!("the injection backend is policy, and the generated policy failed: {failure}");
+        // The guard in force does not refuse all its Pods (or is not known yet): claim no more
+        // than it enforces.
+        return Some(if required {
+            format!(
+                "{why}; it is required, so the guard refuses the Pods it selects unless they carry a version the policy in force injects"
+            )
+        } else {
+            why
+        });
     } else {
         return None;
     };

@@ -46,8 +46,8 @@ pub use after_admission::{CompiledAfterAdmission, after_admission_name, compile_
 pub use warnings::{compile_warnings, warnings_name};
 
 pub use guard::{
-    CompiledGuard, GuardRule, compile_guard, guard_in_force, guard_in_force_of, guard_name,
-    guard_probe_pod, guard_rules,
+    CompiledGuard, GuardConditions, GuardKept, GuardRule, compile_guard, guard_in_force,
+    guard_in_force_of, guard_name, guard_probe_pod, guard_rules, keep_guard, unserved_rules,
 };
 
 /// The policy's API version.
@@ -496,15 +496,42 @@ pub fn proof_pod(compiled: &CompiledPolicy, live: bool) -> Value {
         .map(|n| format!("policy-proof-{n}"))
         .find(|name| !taken.contains(name.as_str()))
         .unwrap_or_default();
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
+    dry_run_pod(
+        json!({
             "generateName": "sidecar-injector-policy-proof-",
             "labels": {"app": "policy-proof"},
             "annotations": {POLICY_PROOF_ANNOTATION: token},
+        }),
+        &app,
+        "policy-proof.invalid/none:1",
+    )
+}
+
+/// A dry-run Pod of the operator's namespace with `metadata` and one container of its own,
+/// that passes the `restricted` Pod Security Standard: a namespace enforcing it refused the
+/// proof Pods, and a required template was left unguarded. The settings are the Pod's and its
+/// own container's, never a template's: a template's containers keep their own, so the proof
+/// fails when they break the namespace's standard, as the template's Pods would.
+pub(crate) fn dry_run_pod(metadata: Value, container: &str, image: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "securityContext": {
+                "runAsNonRoot": true,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{
+                "name": container,
+                "image": image,
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]},
+                    "runAsUser": 65534,
+                },
+            }],
         },
-        "spec": {"containers": [{"name": app, "image": "policy-proof.invalid/none:1"}]},
     })
 }
 

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledPolicy, GuardRule, PolicyOptions, compile_after_admission, compile_guard,
-    compile_policy, compile_warnings, guard_rules, presence_conditions,
+    CompiledPolicy, GuardConditions, GuardRule, PolicyOptions, compile_after_admission,
+    compile_guard, compile_policy, compile_warnings, guard_rules, keep_guard, presence_conditions,
+    unserved_rules,
 };
 use injector_core::template::CompiledTemplate;
 use kube::runtime::utils::Backoff as _;
@@ -23,6 +24,10 @@ use tokio_util::sync::CancellationToken;
 use super::{Operator, RESYNC, next_delay, retry_backoff};
 use crate::policy_backend::{self, Backend, PolicyBackendError, Served};
 use crate::status::PolicyState;
+
+/// Why a required template is refused before the policy that injects it is proven.
+const NOT_PROVEN: &str =
+    "the injection backend is policy, and the policy that injects it is not proven yet";
 
 /// How often the policy loop looks at the templates.
 const POLICY_PERIOD: Duration = Duration::from_secs(1);
@@ -48,9 +53,9 @@ struct PolicyTerm {
     failure: Option<String>,
     /// The presence conditions learned from the last proof of the policy in force.
     present: BTreeMap<String, String>,
-    /// Per template, the condition of the guard in force (`policy` backend; `None` until this
-    /// term read or wrote it), and its hash.
-    guard: Option<BTreeMap<String, String>>,
+    /// Per template, what the guard in force puts in force (`policy` backend; `None` until
+    /// this term read or wrote it), and its hash.
+    guard: Option<GuardConditions>,
     guard_applied: Option<String>,
     retry_at: Option<Instant>,
     /// Whether what this backend does not use (the policy, the guard) was removed.
@@ -84,6 +89,12 @@ impl PolicyTerm {
             webhook_only: self.webhook_only.clone(),
             failure: self.failure.clone(),
             present: self.present.clone(),
+            refused: self
+                .guard
+                .iter()
+                .flatten()
+                .filter_map(|(name, kept)| Some((name.clone(), kept.refuses.clone()?)))
+                .collect(),
         };
         state.send_if_modified(|current| {
             if current.as_deref() == Some(&next) {
@@ -271,7 +282,42 @@ impl Operator {
         let started = Instant::now();
         let owner = self.options.webhook.owner.as_ref();
         let namespace = &self.options.namespace;
-        let proven = policy_backend::prove(&self.client, compiled, namespace, owner).await?;
+        if guarding {
+            // Before the proof: a required template the policy in force does not inject is
+            // refused from now on, never admitted without its sidecar while it is proven.
+            let in_force = match term.guard.take() {
+                Some(in_force) => in_force,
+                None => policy_backend::read_guard_in_force(&self.client, &options.name).await?,
+            };
+            let unproven = unserved_rules(snapshot.templates(), &term.serving, NOT_PROVEN);
+            self.keep_guard(options, term, &unproven, in_force, false)
+                .await?;
+            term.publish(&self.policy_state, &options.name);
+        }
+        let proven = match policy_backend::prove(&self.client, compiled, namespace, owner).await {
+            Ok(proven) => proven,
+            Err(error) => {
+                if guarding
+                    && let PolicyBackendError::Proof(why) = &error
+                    && let Some(in_force) = term.guard.take()
+                {
+                    // The policy in force stays: the guard keeps what it injects, and refuses
+                    // the rest saying why.
+                    let failed = unserved_rules(
+                        snapshot.templates(),
+                        &term.serving,
+                        &format!("the injection backend is policy, and its proof failed: {why}"),
+                    );
+                    if let Err(guard_error) = self
+                        .keep_guard(options, term, &failed, in_force, true)
+                        .await
+                    {
+                        tracing::warn!(policy = %options.name, error = %guard_error, "the guard saying why the proof failed is not in force; the one before it stays");
+                    }
+                }
+                return Err(error);
+            }
+        };
         // The proof takes a second or two: a policy compiled from templates that changed
         // meanwhile would put back what the webhook already stopped injecting. The next
         // round compiles the new ones.
@@ -284,8 +330,8 @@ impl Operator {
         let rules = guard_rules(snapshot.templates(), Some(compiled), &present);
         if guarding {
             // Until the API server runs the new policy, a Pod may get either version: the
-            // guard in between accepts both. A new leader reads the guard in force, which its
-            // predecessor may have left for another version.
+            // guard in between accepts both. A new leader read the guard in force, which its
+            // predecessor may have left for another version, before the proof.
             let in_force = match term.guard.take() {
                 Some(in_force) => in_force,
                 None => policy_backend::read_guard_in_force(&self.client, &options.name).await?,
@@ -380,6 +426,37 @@ impl Operator {
                 term.retry_at = Some(Instant::now() + delay);
             }
         }
+    }
+
+    /// Puts in force the guard keeping what `in_force` (the guard in force) puts in force and
+    /// giving the other templates of `rules` their rule (see [`keep_guard`]), unless it is.
+    async fn keep_guard(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        rules: &[(Arc<CompiledTemplate>, GuardRule)],
+        in_force: GuardConditions,
+        refreshed: bool,
+    ) -> Result<(), PolicyBackendError> {
+        match keep_guard(options, rules, &in_force, refreshed) {
+            Some(guard) if guard.passes != in_force => {
+                let owner = self.options.webhook.owner.as_ref();
+                term.guard_applied = None;
+                policy_backend::apply_guard_and_confirm(
+                    &self.client,
+                    &guard,
+                    &self.options.namespace,
+                    owner,
+                )
+                .await?;
+                tracing::info!(policy = %options.name, hash = %guard.hash, refused = %guard.passes.iter().filter(|(_, k)| k.refuses.is_some()).map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","), "the guard refuses what the templates not served yet select");
+                term.guard_applied = Some(guard.hash);
+                term.guard = Some(guard.passes);
+            }
+            // Nothing to change, or no required template: the settled guard follows the policy.
+            _ => term.guard = Some(in_force),
+        }
+        Ok(())
     }
 
     /// Puts the guard for `rules` in force (removes it when there is no rule), unless it is.

@@ -793,3 +793,66 @@ fn with_the_policy_backend_a_template_the_policy_does_not_serve_is_not_in_use() 
         "{why}"
     );
 }
+
+#[test]
+fn a_required_template_the_guard_refuses_says_so_and_is_not_ready() {
+    let (template, base, mut state) = served_by_policy();
+    state.served.clear();
+    // Before its proof ends, the guard refuses what it selects.
+    state.refused.insert(
+        "log-shipper".into(),
+        "the injection backend is policy, and the policy that injects it is not proven yet".into(),
+    );
+    let why = not_injected_by_policy(Some(&state), "log-shipper", true).unwrap();
+    assert!(
+        why.contains("not proven yet") && why.contains("Pods it selects are refused"),
+        "{why}"
+    );
+    let status = with_policy(
+        &template,
+        desired_status_not_served(&template, &why, at(100)),
+        Some(&state),
+        false,
+        at(100),
+    );
+    let condition = policy_condition(&status).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "NotProven")
+    );
+    assert_eq!(ready_condition(&status).unwrap().status, "False");
+
+    // Its proof failed: the reason is the API server's, and the Pods stay refused.
+    let refusal = "the dry-run Pod was refused: pods \"x\" is forbidden: violates PodSecurity \"restricted:latest\": privileged";
+    state.failure = Some(format!("the generated policy failed its proof: {refusal}"));
+    state.refused.insert(
+        "log-shipper".into(),
+        format!("the injection backend is policy, and its proof failed: {refusal}"),
+    );
+    let why = not_injected_by_policy(Some(&state), "log-shipper", true).unwrap();
+    assert!(
+        why.contains("violates PodSecurity") && why.contains("refused"),
+        "{why}"
+    );
+    // Where the guard in force does not refuse them all (it keeps a version the policy in
+    // force injects, or this leader does not know it yet), no more is claimed.
+    let mut kept = state.clone();
+    kept.refused.clear();
+    let why = not_injected_by_policy(Some(&kept), "log-shipper", true).unwrap();
+    assert!(
+        why.contains("unless they carry a version the policy in force injects"),
+        "{why}"
+    );
+    let status = with_policy(&template, base, Some(&state), false, at(200));
+    let condition = policy_condition(&status).unwrap();
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "ProofFailed")
+    );
+    assert!(
+        condition.message.contains("violates PodSecurity")
+            && condition.message.contains("guard refuses"),
+        "{}",
+        condition.message
+    );
+}

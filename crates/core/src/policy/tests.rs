@@ -590,14 +590,28 @@ fn the_guard_has_a_rule_per_required_template() {
     assert_eq!(spec["failurePolicy"], "Fail");
     assert_eq!(guard.binding["spec"]["validationActions"], json!(["Deny"]));
     let validations = spec["validations"].as_array().unwrap();
-    // The first answers the probe; then one per rule, in order.
+    // The first answers the probe; then one per rule, in order, each reading its condition
+    // from a variable.
     assert_eq!(validations.len(), 3);
-    let settings = validations[2]["expression"].as_str().unwrap();
-    assert!(settings.starts_with("request.namespace == \"operator-ns\""));
+    assert_eq!(
+        validations[2]["expression"],
+        "request.namespace == \"operator-ns\"\n|| variables.t1_0"
+    );
+    let variables = spec["variables"].as_array().unwrap();
+    assert_eq!(variables.len(), 2);
+    assert_eq!(variables[1]["name"], "t1_0");
+    let settings = variables[1]["expression"].as_str().unwrap();
     assert!(settings.contains("namespaceObject.metadata.?labels.orValue({})"));
     assert!(!settings.contains("PRESENT"));
-    let agent = validations[1]["expression"].as_str().unwrap();
-    assert!(agent.ends_with("(false || (AGENT-PRESENT))"), "{agent}");
+    let agent = variables[0]["expression"].as_str().unwrap();
+    assert_eq!(agent, "(false || (AGENT-PRESENT))");
+    assert_eq!(guard.passes["agent"].refuses, None);
+    assert!(
+        guard.passes["settings"]
+            .refuses
+            .as_deref()
+            .is_some_and(|why| why.contains("envFrom"))
+    );
     assert!(
         validations[1]["message"]
             .as_str()
@@ -638,9 +652,24 @@ fn without_policies_every_required_template_refuses_what_it_selects() {
     let guard = compile_guard(&options(), &rules, None).unwrap();
     assert_eq!(
         guard.policy["spec"]["validations"][1]["expression"],
-        "request.namespace == \"operator-ns\"\n|| (false)"
+        "request.namespace == \"operator-ns\"\n|| variables.t0_0"
+    );
+    assert_eq!(
+        guard.policy["spec"]["variables"][0]["expression"],
+        "(false)"
     );
     assert!(compile_guard(&options(), &[], None).is_none());
+}
+
+/// The rule of `template` a guard puts in force reading `condition`.
+fn carries(
+    template: &Arc<CompiledTemplate>,
+    condition: &str,
+) -> (Arc<CompiledTemplate>, GuardRule) {
+    (
+        Arc::clone(template),
+        GuardRule::Carries(condition.to_owned()),
+    )
 }
 
 #[test]
@@ -648,33 +677,267 @@ fn the_guard_between_two_policies_accepts_either_version() {
     let agent = template(AGENT);
     let agent_v2 = template(&AGENT.replace("agent:2", "agent:3"));
     let settings = template(REQUIRED_ENV_FROM);
-    let before = compile_guard(
-        &options(),
-        &[(Arc::clone(&agent), GuardRule::Carries("V1".to_owned()))],
-        None,
-    )
-    .unwrap();
+    let before = compile_guard(&options(), &[carries(&agent, "V1")], None).unwrap();
     // What is in force is read back from the policy as the API server stores it, as a new
     // leader does.
     let in_force = guard_in_force_of(&before.policy);
-    assert_eq!(in_force.len(), 1);
-    assert!(in_force["agent"].contains("(V1)"));
-    assert!(before.passes["agent"].contains("(V1)"));
+    assert_eq!(in_force, before.passes);
+    assert_eq!(in_force["agent"].conditions, ["(false || (V1))"]);
     let after = [
-        (Arc::clone(&agent_v2), GuardRule::Carries("V2".to_owned())),
+        carries(&agent_v2, "V2"),
         (settings, GuardRule::CannotInject("no".to_owned())),
     ];
     let between = compile_guard(&options(), &after, Some(&in_force)).unwrap();
     let validations = between.policy["spec"]["validations"].as_array().unwrap();
-    // `settings` had no rule before: it is guarded once the new policy runs, not yet.
-    assert_eq!(validations.len(), 2);
-    let agent_rule = validations[1]["expression"].as_str().unwrap();
-    assert!(agent_rule.contains("(V2)") && agent_rule.contains("(V1)"));
+    // `settings` had no rule before: it gets its new one alone, refusing what it selects
+    // from now on, never admitting it bare.
+    assert_eq!(validations.len(), 3);
+    assert_eq!(
+        between.passes["agent"].conditions,
+        ["(false || (V2))", "(false || (V1))"]
+    );
+    assert_eq!(
+        validations[1]["expression"],
+        "request.namespace == \"operator-ns\"\n|| variables.t0_0\n|| variables.t0_1"
+    );
+    assert_eq!(between.passes["settings"].conditions.len(), 1);
+    assert!(between.passes["settings"].refuses.is_some());
     assert_eq!(guard_in_force_of(&between.policy), between.passes);
     let settled = compile_guard(&options(), &after, None).unwrap();
     assert_ne!(settled.hash, between.hash);
     assert_eq!(settled.passes.len(), 2);
-    assert!(compile_guard(&options(), &after, Some(&BTreeMap::new())).is_none());
+    // With nothing in force, the new rules alone.
+    let fresh = compile_guard(&options(), &after, Some(&BTreeMap::new())).unwrap();
+    for (name, kept) in &fresh.passes {
+        assert_eq!(kept.conditions, settled.passes[name].conditions);
+    }
+}
+
+#[test]
+fn repeated_failed_changes_keep_the_guard_bounded() {
+    let agent = template(AGENT);
+    let proxy = template(&PROXY.replace("failurePolicy: Ignore", "failurePolicy: Fail"));
+    let mut in_force = compile_guard(&options(), &[carries(&agent, "V0")], None)
+        .unwrap()
+        .passes;
+    let mut sizes = Vec::new();
+    for version in 1..=20 {
+        let rules = [
+            carries(&agent, &format!("V{version}")),
+            carries(&proxy, &format!("P{version}")),
+        ];
+        // The guard in between is applied, the policy is not; a new leader reads it back.
+        let between = compile_guard(&options(), &rules, Some(&in_force)).unwrap();
+        in_force = guard_in_force_of(&between.policy);
+        assert_eq!(in_force, between.passes);
+        // The same version again changes nothing.
+        let again = compile_guard(&options(), &rules, Some(&in_force)).unwrap();
+        assert_eq!(again.hash, between.hash);
+        sizes.push(between.policy.to_string().len());
+        let conditions = &in_force["agent"].conditions;
+        assert!(conditions.len() <= 3, "{conditions:?}");
+        // Never a guard wrapped in another: each condition is one version's.
+        assert!(
+            conditions.iter().all(|c| c.matches("(V").count() == 1),
+            "{conditions:?}"
+        );
+        // The newest and the last confirmed (the oldest) stay.
+        assert_eq!(conditions[0], format!("(false || (V{version}))"));
+        assert_eq!(conditions.last().unwrap(), "(false || (V0))");
+        // `proxy` was not in force before the first change: its new rule alone then.
+        let proxy = &in_force["proxy"].conditions;
+        assert_eq!(proxy.len(), version.min(3), "{proxy:?}");
+    }
+    // Bounded: from the third change on, only the versions' numbers grow.
+    assert!(sizes.iter().all(|&size| size <= sizes[2] + 16), "{sizes:?}");
+}
+
+#[test]
+fn before_a_proof_the_guard_keeps_what_is_in_force_and_refuses_the_rest() {
+    let agent = template(AGENT);
+    let proxy = template(&PROXY.replace("failurePolicy: Ignore", "failurePolicy: Fail"));
+    let in_force = compile_guard(&options(), &[carries(&agent, "V1")], None)
+        .unwrap()
+        .passes;
+    let templates = [Arc::clone(&agent), Arc::clone(&proxy), template(PROXY)];
+    let unproven = unserved_rules(&templates, &BTreeSet::new(), "not proven yet");
+    let names: Vec<&str> = unproven.iter().map(|(t, _)| t.name.as_str()).collect();
+    assert_eq!(names, ["agent", "proxy"]);
+    let guard = keep_guard(&options(), &unproven, &in_force, false).unwrap();
+    // `agent` keeps the rule the policy in force injects it by; `proxy`, with nothing in
+    // force, is refused where it selects, not admitted bare.
+    assert_eq!(guard.passes["agent"], in_force["agent"]);
+    assert_eq!(
+        guard.passes["proxy"].refuses.as_deref(),
+        Some("not proven yet")
+    );
+    let proxy_rule = guard.passes["proxy"].conditions[0].as_str();
+    assert!(
+        proxy_rule.starts_with("(!(") && !proxy_rule.contains("||"),
+        "{proxy_rule}"
+    );
+    assert!(
+        guard.passes["proxy"]
+            .message
+            .contains("\"proxy\" is required and cannot be injected: not proven yet")
+    );
+    // Read back, the same.
+    let read = guard_in_force_of(&guard.policy);
+    assert_eq!(read, guard.passes);
+    // Kept again, nothing changes; when the proof fails, the refusal says why.
+    let again = keep_guard(&options(), &unproven, &read, false).unwrap();
+    assert_eq!(again.hash, guard.hash);
+    let failed = unserved_rules(&templates, &BTreeSet::new(), "its proof failed: a\nb");
+    let failed = keep_guard(&options(), &failed, &read, true).unwrap();
+    assert_eq!(failed.passes["agent"], in_force["agent"]);
+    assert_eq!(
+        failed.passes["proxy"].refuses.as_deref(),
+        Some("its proof failed: a b")
+    );
+    // Once proven, the guard in between gives `proxy` its new rule alone: a refusal in force
+    // was for a version no policy injected.
+    let between = compile_guard(
+        &options(),
+        &[carries(&agent, "V2"), carries(&proxy, "P2")],
+        Some(&failed.passes),
+    )
+    .unwrap();
+    assert_eq!(between.passes["proxy"].conditions.len(), 1);
+    assert!(
+        between.passes["proxy"]
+            .message
+            .contains("\"proxy\" is required and not injected yet"),
+        "{}",
+        between.passes["proxy"].message
+    );
+    assert_eq!(between.passes["agent"].conditions.len(), 2);
+    assert!(
+        between.passes["agent"]
+            .message
+            .contains("named like one of")
+    );
+}
+
+#[test]
+fn a_served_template_with_nothing_to_recognise_is_not_refused_before_a_proof() {
+    let labels_only = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: labels-only}
+spec:
+  failurePolicy: Fail
+  metadata:
+    labels: {team: pay}
+"#,
+    );
+    let templates = [Arc::clone(&labels_only)];
+    // The policy in force injects it and no rule is needed: it stays so while a new policy is
+    // proven. Not served yet, it is refused.
+    let serving = BTreeSet::from(["labels-only".to_owned()]);
+    assert!(unserved_rules(&templates, &serving, "not proven yet").is_empty());
+    assert_eq!(
+        unserved_rules(&templates, &BTreeSet::new(), "not proven yet").len(),
+        1
+    );
+}
+
+#[test]
+fn a_guard_a_crashed_leader_left_between_two_policies_is_recovered_not_wrapped() {
+    let agent = template(AGENT);
+    let settled = compile_guard(&options(), &[carries(&agent, "V1")], None)
+        .unwrap()
+        .passes;
+    // The leader crashed between the guard in between and the policy: either may run.
+    let left = compile_guard(&options(), &[carries(&agent, "V2")], Some(&settled)).unwrap();
+    let in_force = guard_in_force_of(&left.policy);
+    assert_eq!(
+        in_force["agent"].conditions,
+        ["(false || (V2))", "(false || (V1))"]
+    );
+    // The next leader, before its proof, keeps it as it is: nothing to apply.
+    let unproven = unserved_rules(std::slice::from_ref(&agent), &BTreeSet::new(), "not proven");
+    let kept = keep_guard(&options(), &unproven, &in_force, false).unwrap();
+    assert_eq!(kept.passes, in_force);
+    assert_eq!(kept.hash, left.hash);
+    // Its change accepts both versions and the new one, each as it is.
+    let between = compile_guard(&options(), &[carries(&agent, "V3")], Some(&in_force)).unwrap();
+    assert_eq!(
+        between.passes["agent"].conditions,
+        ["(false || (V3))", "(false || (V2))", "(false || (V1))"]
+    );
+    let variables = between.policy["spec"]["variables"].as_array().unwrap();
+    assert_eq!(variables.len(), 3);
+    assert!(
+        variables
+            .iter()
+            .all(|v| !v["expression"].as_str().unwrap().contains("variables."))
+    );
+}
+
+#[test]
+fn a_guard_from_before_variables_is_read_whole() {
+    let stored = json!({
+        "metadata": {"annotations": {"sidecar.dev/guard-templates": "agent"}},
+        "spec": {"validations": [
+            {"expression": "probe", "message": "in force"},
+            {"expression": "OLD || (OLDER)", "message": "SidecarTemplate \"agent\" is required: look-alike"},
+        ]},
+    });
+    let read = guard_in_force_of(&stored);
+    assert_eq!(read["agent"].conditions, ["OLD || (OLDER)"]);
+    assert_eq!(read["agent"].refuses, None);
+}
+
+#[test]
+fn dry_run_pods_pass_the_restricted_pod_security_standard() {
+    let compiled = compile_policy(&[template(AGENT), template(PROXY)], &options());
+    let rules = guard_rules(&[template(AGENT)], Some(&compiled), &BTreeMap::new());
+    let guard = compile_guard(&options(), &rules, None).unwrap();
+    for pod in [
+        proof_pod(&compiled, false),
+        proof_pod(&compiled, true),
+        proof_round_pod(&compiled, 1),
+        guard_probe_pod(&guard),
+    ] {
+        assert_eq!(pod["spec"]["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(
+            pod["spec"]["securityContext"]["seccompProfile"]["type"],
+            "RuntimeDefault"
+        );
+        let containers = pod["spec"]["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1);
+        let security = &containers[0]["securityContext"];
+        assert_eq!(security["allowPrivilegeEscalation"], false);
+        assert_eq!(security["capabilities"]["drop"], json!(["ALL"]));
+        assert_ne!(security["runAsUser"], 0);
+    }
+
+    // What is learned from the proof Pod is the template's containers alone: nothing of the
+    // Pod's own security settings.
+    let mut stored = proof_round_pod(&compiled, 0);
+    stored["metadata"]["annotations"][POLICY_PROVEN_ANNOTATION] = json!(compiled.hash);
+    stored["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "agent", "image": "agent:2", "env": [{"name": "NS", "value": "operator-ns"}]}));
+    stored["spec"]["initContainers"] = json!([
+        {"name": "proxy", "image": "proxy:1", "restartPolicy": "Always", "args": ["--node", "sidecar-injector-policy-proof-"]},
+    ]);
+    stored["spec"]["volumes"] = json!([{"name": "proxy-certs", "emptyDir": {}}]);
+    let present = presence_conditions(&compiled, &[stored]);
+    assert_eq!(present.len(), 2);
+    for condition in present.values() {
+        for field in [
+            "runAsNonRoot",
+            "seccompProfile",
+            "securityContext",
+            "65534",
+            "ALL",
+        ] {
+            assert!(!condition.contains(field), "{field}: {condition}");
+        }
+    }
 }
 
 #[test]
@@ -810,7 +1073,7 @@ spec:
     let guard = compile_guard(&options(), &rules, None).unwrap();
     let (warnings, _) = compile_warnings(&options(), &compiled, &present, true).unwrap();
     for policy in [&guard.policy, &warnings] {
-        let text = policy["spec"]["validations"].to_string();
+        let text = policy["spec"].to_string();
         assert!(
             !text.contains("object.metadata.name : object.metadata.?generateName"),
             "{text}"
