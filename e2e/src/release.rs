@@ -164,6 +164,12 @@ impl Release<'_> {
             format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-warnings");
         let guard_binding =
             format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-guard");
+        let after_admission = format!(
+            "validatingadmissionpolicies.admissionregistration.k8s.io/{name}-after-admission"
+        );
+        let after_admission_binding = format!(
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-after-admission"
+        );
         // (verb, resource, namespace, allowed)
         let matrix: &[(&str, &str, Option<&str>, bool)] = &[
             // What it needs.
@@ -230,6 +236,9 @@ impl Release<'_> {
             ("patch", &guard, None, true),
             ("patch", &warnings, None, true),
             ("delete", &guard_binding, None, true),
+            // The after-admission policy, on every backend.
+            ("patch", &after_admission, None, true),
+            ("delete", &after_admission_binding, None, true),
             (
                 "patch",
                 "validatingadmissionpolicies.admissionregistration.k8s.io/other",

@@ -5,7 +5,8 @@
 //! left by an older release). Least privilege past RBAC, impersonating that ServiceAccount:
 //! what the chart's ValidatingAdmissionPolicy refuses and admits, that no API-registered policy
 //! runs on admission policies while the chart's static policy does (1.37+), and no `create` on
-//! them with the webhook backend. Then `helm uninstall` leaving nothing behind. The chart
+//! MutatingAdmissionPolicies with the webhook backend (ValidatingAdmissionPolicies it still
+//! creates: the after-admission policy). Then `helm uninstall` leaving nothing behind. The chart
 //! installed for real on the node and its `kubectl auth can-i` matrix (no more than enough) are
 //! node scenarios too (`e2e/tests/node.rs`).
 //!
@@ -151,7 +152,7 @@ fn chart() {
     CHART.can_i_matrix(&cp, true).unwrap();
 
     step(
-        "operator.injectionBackend=webhook: no create on admission policies or Pods, and the operator removes its policies under that",
+        "operator.injectionBackend=webhook: no create on MutatingAdmissionPolicies or Pods, the after-admission ValidatingAdmissionPolicy still written, and the operator removes its other policies under that",
     );
     helm.run_with(
         &cp,
@@ -579,7 +580,32 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
         "RolloutBlocked message: {message}"
     );
     eprintln!("[chart] a RollingRestart template without rollouts.enabled: {message}");
+    // It is required (the default failurePolicy) and adds a container: the after-admission
+    // policy keeps it, written under the chart's RBAC on every backend and owned by the
+    // ClusterRole (so `helm uninstall` removes it), and goes with the last such template.
+    let after_admission = format!("{RELEASE}-after-admission");
+    let policy = poll(
+        Duration::from_secs(30),
+        "the after-admission policy",
+        || cp.try_get_json("validatingadmissionpolicy", None, &after_admission),
+    )?;
+    ensure!(
+        policy["metadata"]["ownerReferences"][0]["name"] == RELEASE,
+        "the after-admission policy is not owned by the chart's ClusterRole: {}",
+        policy["metadata"]
+    );
     cp.kubectl_ok(&["delete", "sidecartemplate", "chart-rolling"])?;
+    poll(
+        Duration::from_secs(30),
+        "the after-admission policy to be removed",
+        || {
+            Ok(cp
+                .try_get_json("validatingadmissionpolicy", None, &after_admission)?
+                .is_none()
+                .then_some(()))
+        },
+    )?;
+    eprintln!("[chart] the after-admission policy {after_admission}: owned, then removed");
 
     CHART.check_owned(cp)?;
 
@@ -823,25 +849,29 @@ spec: {{policyName: {probe}, validationActions: [Deny]}}
     Ok(())
 }
 
-/// With `operator.injectionBackend=webhook` the chart grants no `create` on admission policies,
-/// their bindings or Pods (the backend proves and applies nothing; it only deletes what another
-/// backend applied, by name), and the operator, run again with the Deployment's arguments and
-/// the ServiceAccount's token, removes the policies it applied before, with nothing refused.
+/// With `operator.injectionBackend=webhook` the chart grants no `create` on
+/// MutatingAdmissionPolicies, their bindings or Pods (the backend proves and applies no policy;
+/// it only deletes what another backend applied, by name), but does on ValidatingAdmissionPolicies
+/// and their bindings: the after-admission policy is written on every backend. The operator, run
+/// again with the Deployment's arguments and the ServiceAccount's token, removes the policies it
+/// applied before and writes the after-admission policy for a required template, with nothing
+/// refused.
 fn webhook_backend_needs_no_create(cp: &ControlPlane) -> anyhow::Result<()> {
     let service_account = CHART.service_account();
     let policies_served = cp.serves_mutating_admission_policies()?;
     let mut checks = vec![
+        // The after-admission policy, on every backend.
         (
             "create",
             "validatingadmissionpolicies.admissionregistration.k8s.io".to_owned(),
             None,
-            false,
+            true,
         ),
         (
             "create",
             "validatingadmissionpolicybindings.admissionregistration.k8s.io".to_owned(),
             None,
-            false,
+            true,
         ),
         ("create", "pods".to_owned(), Some(NAMESPACE), false),
         (
@@ -913,6 +943,14 @@ fn webhook_backend_needs_no_create(cp: &ControlPlane) -> anyhow::Result<()> {
     )?;
     let entry = wait_served(cp, "chart-webhook-only", RELEASE)?;
     eprintln!("[chart] a template served by {entry} with the webhook backend");
+    // It is required (the default failurePolicy): the after-admission policy keeps it.
+    let after_admission = format!("{RELEASE}-after-admission");
+    poll(
+        Duration::from_secs(30),
+        "the after-admission policy with the webhook backend",
+        || cp.try_get_json("validatingadmissionpolicy", None, &after_admission),
+    )?;
+    eprintln!("[chart] the webhook backend wrote {after_admission}");
     cp.kubectl_ok(&["delete", "sidecartemplate", "chart-webhook-only"])?;
     let log = std::fs::read_to_string(operator.log_path().context("the operator has no log")?)?;
     ensure!(

@@ -8,7 +8,9 @@
 //! annotation a placeholder reads (empty on the proof Pod) is recognised as injected; a best-effort
 //! template that takes the required one's container name first has the Pods it selects
 //! refused and leaves the others to the required one; a look-alike of the
-//! required sidecar is refused by the guard with a readable message; and while the template changes, Pods created one after another are all admitted,
+//! required sidecar is refused by the guard with a readable message; after admission, the
+//! required sidecar's image cannot be changed (the after-admission policy), the app's can; and
+//! while the template changes, Pods created one after another are all admitted,
 //! with one version or the other. Where it does not (v1.34), the required template's Pods are
 //! refused, saying why, and the template's status says so.
 //!
@@ -116,6 +118,8 @@ spec:
 const GUARD: &str = "sidecar-injector-guard";
 /// The warnings policy's.
 const WARNINGS: &str = "sidecar-injector-warnings";
+/// The after-admission policy's.
+const AFTER_ADMISSION: &str = "sidecar-injector-after-admission";
 
 fn guarded(tag: &str) -> String {
     GUARDED.replace("IMAGE_TAG", tag)
@@ -283,6 +287,56 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         Some("guarded.invalid/agent:1")
     );
     assert_no_webhook_entry(&cp);
+    // After admission, the required sidecar cannot be replaced; the app's container can.
+    let refusal = poll(
+        Duration::from_secs(30),
+        "the after-admission policy to refuse a new sidecar image",
+        || {
+            let out = cp.kubectl(&[
+                "set",
+                "image",
+                "-n",
+                &guarded_ns,
+                "pod/injected",
+                "guarded-agent=guarded.invalid/agent:other",
+                "--dry-run=server",
+            ])?;
+            Ok((!out.status.success()).then(|| String::from_utf8_lossy(&out.stderr).into_owned()))
+        },
+    )
+    .unwrap();
+    let out = cp
+        .kubectl(&[
+            "set",
+            "image",
+            "-n",
+            &guarded_ns,
+            "pod/injected",
+            "guarded-agent=guarded.invalid/agent:other",
+        ])
+        .unwrap();
+    assert!(!out.status.success(), "the sidecar's image was replaced");
+    eprintln!("[policy-only] set image: {refusal}");
+    assert!(refusal.contains(AFTER_ADMISSION), "{refusal}");
+    assert!(refusal.contains("\"guarded\" is required"), "{refusal}");
+    cp.kubectl_ok(&[
+        "set",
+        "image",
+        "-n",
+        &guarded_ns,
+        "pod/injected",
+        "app=app.invalid/app:2",
+    ])
+    .unwrap();
+    let stored = cp.get_json("pod", Some(&guarded_ns), "injected").unwrap();
+    assert_eq!(
+        container_image(&stored, "guarded-agent").as_deref(),
+        Some("guarded.invalid/agent:1")
+    );
+    assert_eq!(
+        container_image(&stored, "app").as_deref(),
+        Some("app.invalid/app:2")
+    );
     // A Pod named by the API server (a Deployment's): the policy renders `{{ pod.name }}` from
     // `generateName`, before the name is generated; the guard, which runs after, must judge it
     // the same way.

@@ -46,7 +46,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 21] = [
+const SCENARIOS: [(&str, Scenario); 22] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -115,6 +115,10 @@ const SCENARIOS: [(&str, Scenario); 21] = [
     (
         "kubectl_sidecar_status_and_explain",
         kubectl_sidecar_status_and_explain,
+    ),
+    (
+        "a_required_sidecar_cannot_be_replaced_after_admission",
+        required_after_admission,
     ),
 ];
 
@@ -2304,4 +2308,225 @@ fn wait_dry_run_image(
             Ok((container_image(&pod, container) == Some(image)).then_some(()))
         },
     )
+}
+
+/// A required template selecting Pods labelled `app: kept`.
+const KEPT_TEMPLATE: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata:
+  name: e2e-kept
+spec:
+  namespaceSelector:
+    matchLabels: {e2e.sidecar.dev/scenario: after-admission}
+  podSelector:
+    matchLabels: {app: kept}
+  failurePolicy: Fail
+  updateStrategy: {type: InPlace}
+  containers:
+    - name: kept-agent
+      image: busybox:1.36
+      args: ["--pod", "{{ pod.name }}"]
+"#;
+
+/// The after-admission policy beside the operator's default policy name.
+const AFTER_ADMISSION: &str = "sidecar-injector-after-admission";
+
+/// `kubectl set image pod/POD CONTAINER=IMAGE -n NAMESPACE` (`dry_run`: server-side): `Err`
+/// with kubectl's message when refused.
+fn set_image(
+    cp: &ControlPlane,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    image: &str,
+    dry_run: bool,
+) -> anyhow::Result<Result<(), String>> {
+    let assignment = format!("{container}={image}");
+    let mut args = vec!["set", "image", "-n", namespace, pod, assignment.as_str()];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = cp.kubectl(&args)?;
+    Ok(if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    })
+}
+
+/// After admission, a required template's container cannot be replaced: `kubectl set image`
+/// on it is refused by the after-admission policy, saying why, on every backend; the app's own
+/// container may still change, `kubectl debug` (an ephemeral container) is still allowed, the
+/// operator's own in-place update to the template's new version (its exact patch) passes, and
+/// a best-effort template's Pods are not affected.
+fn required_after_admission(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let loose = "e2e-loose";
+    cp.apply_yaml(KEPT_TEMPLATE)?;
+    cp.apply_yaml(&one_container_template(
+        loose,
+        "after-admission",
+        "loose",
+        "loose-agent",
+        "busybox:1.36",
+        5,
+    ))?;
+    let result = (|| {
+        let ns = cp.namespace(
+            "after-admission",
+            &[("e2e.sidecar.dev/scenario", "after-admission")],
+        )?;
+        wait_injected(cp, &ns, &["app=kept"], "kept-agent")?;
+        wait_injected(cp, &ns, &["app=loose"], "loose-agent")?;
+        let kept = run_pod(cp, &ns, "kept", &["app=kept"], &[])?;
+        ensure!(
+            containers(&kept) == ["kept", "kept-agent"],
+            "kept: {:?}",
+            containers(&kept)
+        );
+        // The API server type-checks the policy's CEL against the Pod's schema (the unit tests'
+        // interpreter has no types): no warning.
+        let checked = poll(
+            Duration::from_secs(30),
+            "the after-admission policy, type-checked",
+            || {
+                let policy = cp.try_get_json("validatingadmissionpolicy", None, AFTER_ADMISSION)?;
+                Ok(policy.filter(|p| p["status"]["typeChecking"].is_object()))
+            },
+        )?;
+        let warnings = &checked["status"]["typeChecking"]["expressionWarnings"];
+        ensure!(
+            warnings.as_array().is_none_or(Vec::is_empty),
+            "type-checking warnings: {warnings}"
+        );
+        // The API server loads the policy on its own time: dry runs until it refuses.
+        let refusal = poll(
+            Duration::from_secs(30),
+            "the after-admission policy to refuse a new sidecar image",
+            || Ok(set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.37", true)?.err()),
+        )?;
+        eprintln!("[e2e] set image refused: {refusal}");
+        for expected in [AFTER_ADMISSION, "SidecarTemplate \"e2e-kept\" is required"] {
+            ensure!(refusal.contains(expected), "no {expected:?} in: {refusal}");
+        }
+        let refused = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.37", false)?;
+        ensure!(refused.is_err(), "the sidecar's image was replaced");
+        let stored = cp.get_json("pod", Some(&ns), "kept")?;
+        ensure!(
+            container_image(&stored, "kept-agent") == Some("busybox:1.36"),
+            "kept-agent: {:?}",
+            container_image(&stored, "kept-agent")
+        );
+
+        // The app's own container may change.
+        set_image(cp, &ns, "pod/kept", "kept", "busybox:1.37", false)?
+            .map_err(anyhow::Error::msg)
+            .context("the app container's image change")?;
+        let stored = cp.get_json("pod", Some(&ns), "kept")?;
+        ensure!(
+            container_image(&stored, "kept") == Some("busybox:1.37"),
+            "kept: {:?}",
+            container_image(&stored, "kept")
+        );
+
+        // `kubectl debug` adds an ephemeral container (pods/ephemeralcontainers): allowed.
+        cp.kubectl_ok(&[
+            "debug",
+            "-n",
+            &ns,
+            "pod/kept",
+            "--image=busybox:1.36",
+            "--container=debugger",
+        ])
+        .context("kubectl debug")?;
+        let stored = cp.get_json("pod", Some(&ns), "kept")?;
+        ensure!(
+            names(&stored["spec"]["ephemeralContainers"]) == ["debugger"],
+            "ephemeral containers: {}",
+            stored["spec"]["ephemeralContainers"]
+        );
+
+        // A new version differing only in images: the operator's own in-place update to it
+        // (the patch `in_place_patch` builds, sent as the rollout sends it) passes; the same
+        // images without the record moved do not.
+        cp.apply_yaml(&KEPT_TEMPLATE.replace("image: busybox:1.36", "image: busybox:1.37"))?;
+        wait_dry_run_image(cp, &ns, &[("app", "kept")], "kept-agent", "busybox:1.37")?;
+        let template: injector_api::SidecarTemplate =
+            serde_json::from_value(cp.get_json("sidecartemplate", None, "e2e-kept")?)?;
+        let template =
+            injector_core::template::compile(&template).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(cp.get_json("pod", Some(&ns), "kept")?)?;
+        let patch = injector_core::rollout::in_place_patch(&template, &pod)
+            .context("no in-place patch for the Pod")?;
+        let refused = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.37", true)?;
+        ensure!(
+            refused.is_err(),
+            "the new version's image without the record was allowed"
+        );
+        // The API server loads the new version of the policy on its own time.
+        let patch_args = |dry_run: bool| {
+            let mut args = vec![
+                "patch".to_owned(),
+                "-n".to_owned(),
+                ns.clone(),
+                "pod/kept".to_owned(),
+                "--type=strategic".to_owned(),
+                format!("--patch={patch}"),
+            ];
+            if dry_run {
+                args.push("--dry-run=server".to_owned());
+            }
+            args
+        };
+        poll(
+            Duration::from_secs(30),
+            "the operator's in-place update to be allowed",
+            || {
+                Ok(cp
+                    .kubectl(&patch_args(true))?
+                    .status
+                    .success()
+                    .then_some(()))
+            },
+        )?;
+        cp.kubectl_ok(&patch_args(false))
+            .context("the operator's in-place update")?;
+        let updated = cp.get_json("pod", Some(&ns), "kept")?;
+        ensure!(
+            container_image(&updated, "kept-agent") == Some("busybox:1.37"),
+            "kept-agent after the in-place update: {:?}",
+            container_image(&updated, "kept-agent")
+        );
+        ensure!(
+            annotation(&updated, INJECTED)
+                .is_some_and(|r| r.starts_with(&format!("e2e-kept@{}#", template.generation))),
+            "the record after the in-place update: {:?}",
+            annotation(&updated, INJECTED)
+        );
+        // And the sidecar stays at that version.
+        let back = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.36", false)?;
+        ensure!(back.is_err(), "the sidecar's image was set back");
+
+        // A best-effort template's container is not kept.
+        let loose_pod = run_pod(cp, &ns, "loose", &["app=loose"], &[])?;
+        ensure!(
+            containers(&loose_pod) == ["loose", "loose-agent"],
+            "loose: {:?}",
+            containers(&loose_pod)
+        );
+        set_image(cp, &ns, "pod/loose", "loose-agent", "busybox:1.37", false)?
+            .map_err(anyhow::Error::msg)
+            .context("a best-effort sidecar's image change")?;
+        Ok(())
+    })();
+    cp.kubectl_ok(&[
+        "delete",
+        "sidecartemplate",
+        "e2e-kept",
+        loose,
+        "--wait=true",
+    ])?;
+    result
 }

@@ -1,14 +1,14 @@
 //! The policy backend's calls to the API server (leader only): whether it serves
 //! MutatingAdmissionPolicies and ValidatingAdmissionPolicies, proving a compiled policy with a
-//! dry run, applying it and its binding, putting the guard in force, and removing them. What to
-//! apply is decided in `injector_core::policy`.
+//! dry run, applying it and its binding, putting the guard in force, keeping required templates
+//! after admission, and removing them. What to apply is decided in `injector_core::policy`.
 
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledGuard, CompiledPolicy, GuardConditions, POLICY_API_VERSION, guard_in_force,
-    guard_in_force_of, guard_name, guard_probe_pod, proof_pod, proof_problem, proof_round_pod,
-    runs_live, warnings_name,
+    CompiledAfterAdmission, CompiledGuard, CompiledPolicy, GuardConditions, POLICY_API_VERSION,
+    after_admission_name, guard_in_force, guard_in_force_of, guard_name, guard_probe_pod,
+    proof_pod, proof_problem, proof_round_pod, runs_live, warnings_name,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -424,6 +424,33 @@ pub async fn put_warnings(
             ])
             .await
             .map(drop)
+        }
+    }
+}
+
+/// Applies the after-admission policy and its binding (`Some`), or deletes them (`None`, with
+/// the name of the policy `name`); whether a policy was deleted. Nothing waits for the API
+/// server to load it: it only ever refuses UPDATEs, and the operator's own in-place update
+/// that a previous version refuses is tried again on the rollout's next round.
+pub async fn put_after_admission(
+    client: &Client,
+    name: &str,
+    after_admission: Option<&CompiledAfterAdmission>,
+    owner: Option<&OwnerReference>,
+) -> Result<bool, PolicyBackendError> {
+    match after_admission {
+        Some(compiled) => {
+            apply(&guards(client), compiled.policy.clone(), owner).await?;
+            apply(&guard_bindings(client), compiled.binding.clone(), owner).await?;
+            Ok(false)
+        }
+        None => {
+            let name = after_admission_name(name);
+            delete_all([
+                (guard_bindings(client), name.as_str()),
+                (guards(client), name.as_str()),
+            ])
+            .await
         }
     }
 }

@@ -37,8 +37,11 @@ use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{CompiledTemplate, Item, Text};
 
+mod after_admission;
 mod guard;
 mod warnings;
+
+pub use after_admission::{CompiledAfterAdmission, after_admission_name, compile_after_admission};
 
 pub use warnings::{compile_warnings, warnings_name};
 
@@ -403,13 +406,17 @@ fn validating_policy(
             "validations": validations,
         },
     });
-    let binding = json!({
+    (policy, validating_binding(name, action))
+}
+
+/// The ValidatingAdmissionPolicyBinding of the policy `name`, with `action` (`Deny` or `Warn`).
+fn validating_binding(name: &str, action: &str) -> Value {
+    json!({
         "apiVersion": POLICY_API_VERSION,
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": name},
         "spec": {"policyName": name, "validationActions": [action]},
-    });
-    (policy, binding)
+    })
 }
 
 /// Pod CREATE, the only request a policy mutates.

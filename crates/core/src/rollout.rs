@@ -190,7 +190,7 @@ pub fn max_unavailable(value: Option<&IntOrString>, pods: u32) -> u32 {
 
 /// A string field of an injected container as written, when it holds no placeholder (an
 /// image never does).
-fn fixed_field<'i>(item: &'i Item, field: &str) -> Option<&'i str> {
+pub(crate) fn fixed_field<'i>(item: &'i Item, field: &str) -> Option<&'i str> {
     match &item.body {
         Node::Fixed(fixed) => fixed.value().get(field)?.as_str(),
         Node::Object(fields) => match fields.iter().find(|(key, _)| key == field)? {
@@ -202,7 +202,7 @@ fn fixed_field<'i>(item: &'i Item, field: &str) -> Option<&'i str> {
 }
 
 /// The image an injected container or init container is written with.
-fn image_of(item: &Item) -> Option<&str> {
+pub(crate) fn image_of(item: &Item) -> Option<&str> {
     fixed_field(item, "image")
 }
 

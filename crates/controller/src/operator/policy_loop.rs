@@ -1,18 +1,22 @@
 //! The leader's policy loop: the templates a MutatingAdmissionPolicy can express are compiled
 //! into one (`injector_core::policy`), proven with a dry run and applied whenever they change;
 //! with the `policy` backend, the guard (a ValidatingAdmissionPolicy) keeps required templates'
-//! promise, changed around the policy so that no Pod either version injected is refused.
+//! promise, changed around the policy so that no Pod either version injected is refused. On
+//! every backend, wherever the API server serves ValidatingAdmissionPolicies, the
+//! after-admission policy keeps required templates' containers in running Pods.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledPolicy, GuardConditions, GuardRule, PolicyOptions, compile_guard, compile_policy,
-    compile_warnings, guard_rules, keep_guard, presence_conditions, unserved_rules,
+    CompiledPolicy, GuardConditions, GuardRule, PolicyOptions, compile_after_admission,
+    compile_guard, compile_policy, compile_warnings, guard_rules, keep_guard, presence_conditions,
+    unserved_rules,
 };
 use injector_core::template::CompiledTemplate;
 use kube::runtime::utils::Backoff as _;
+use kube::runtime::watcher::DefaultBackoff;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +60,22 @@ struct PolicyTerm {
     retry_at: Option<Instant>,
     /// Whether what this backend does not use (the policy, the guard) was removed.
     removed: bool,
+    /// Where the after-admission policy stands.
+    after_admission: AfterAdmissionTerm,
+}
+
+/// What the policy loop knows of the after-admission policy during one leadership term. Its
+/// failures are its own: retried after a growing delay, they hold up nothing else.
+#[derive(Default)]
+struct AfterAdmissionTerm {
+    /// The snapshot it was last put in force for, and when.
+    snapshot: Option<Arc<injector_core::Snapshot>>,
+    settled_at: Option<Instant>,
+    /// The hash of the policy applied in this term (`None`: none, or removed).
+    applied: Option<String>,
+    /// After a failure, when to try again.
+    retry_at: Option<Instant>,
+    retry: DefaultBackoff,
 }
 
 impl PolicyTerm {
@@ -130,8 +150,11 @@ impl Operator {
                     let delay = next_delay(&mut retry);
                     tracing::warn!(policy = %options.name, %error, retry_in = ?delay, "the policy backend failed; the policy in force stays; retrying");
                     term.retry_at = Some(Instant::now() + delay);
-                    term.failure = Some(error.to_string());
-                    term.publish(&self.policy_state, &options.name);
+                    // The webhook backend has no policy state to report.
+                    if self.options.backend != Backend::Webhook {
+                        term.failure = Some(error.to_string());
+                        term.publish(&self.policy_state, &options.name);
+                    }
                 }
             }
         }
@@ -144,19 +167,14 @@ impl Operator {
         term: &mut PolicyTerm,
     ) -> Result<(), PolicyBackendError> {
         let backend = self.options.backend;
-        if backend == Backend::Webhook {
-            if !term.removed {
-                policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
-                if policy_backend::remove(&self.client, &options.name).await?
-                    | policy_backend::remove_guard(&self.client, &options.name).await?
-                {
-                    tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy and its guard are removed");
-                }
-                term.removed = true;
+        if backend == Backend::Webhook && !term.removed {
+            policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
+            if policy_backend::remove(&self.client, &options.name).await?
+                | policy_backend::remove_guard(&self.client, &options.name).await?
+            {
+                tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy and its guard are removed");
             }
-            self.policy_state
-                .send_if_modified(|state| state.take().is_some());
-            return Ok(());
+            term.removed = true;
         }
         if backend == Backend::Auto && !term.removed {
             // Behind the webhook a guard is not needed: the webhook refuses what it would.
@@ -178,6 +196,15 @@ impl Operator {
             term.discovered = Some(Instant::now());
         }
         let served = term.served.unwrap_or_default();
+        if served.validating {
+            self.after_admission_round(options, &mut term.after_admission)
+                .await;
+        }
+        if backend == Backend::Webhook {
+            self.policy_state
+                .send_if_modified(|state| state.take().is_some());
+            return Ok(());
+        }
         let snapshot = self.templates.snapshot();
         let unchanged = term
             .snapshot
@@ -347,6 +374,58 @@ impl Operator {
         tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %compiled.served.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","), "the policy was proven and applied");
         self.metrics.record_reconcile("policy", true);
         Ok(true)
+    }
+
+    /// Puts the after-admission policy for the required templates in force (removes it when
+    /// none adds a container): when the templates changed, at each [`RESYNC`] (a no-op unless
+    /// someone changed or deleted it), and after a failure once its delay passed. Before the
+    /// rest of the round, so that a new version's in-place update finds it soon.
+    async fn after_admission_round(&self, options: &PolicyOptions, term: &mut AfterAdmissionTerm) {
+        if term.retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        let snapshot = self.templates.snapshot();
+        let unchanged = term
+            .snapshot
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
+        let resync = term.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
+        if unchanged && !resync {
+            return;
+        }
+        let compiled = compile_after_admission(snapshot.templates(), options);
+        let owner = self.options.webhook.owner.as_ref();
+        match policy_backend::put_after_admission(
+            &self.client,
+            &options.name,
+            compiled.as_ref(),
+            owner,
+        )
+        .await
+        {
+            Ok(removed) => {
+                let hash = compiled.as_ref().map(|c| c.hash.clone());
+                match &compiled {
+                    Some(compiled) if term.applied != hash => {
+                        tracing::info!(policy = %options.name, hash = %compiled.hash, templates = %compiled.templates.join(","), "required templates are kept after admission");
+                    }
+                    None if removed => {
+                        tracing::info!(policy = %options.name, "no required template adds a container: the after-admission policy is removed");
+                    }
+                    _ => {}
+                }
+                term.applied = hash;
+                term.snapshot = Some(snapshot);
+                term.settled_at = Some(Instant::now());
+                term.retry_at = None;
+                term.retry.reset();
+            }
+            Err(error) => {
+                let delay = next_delay(&mut term.retry);
+                tracing::warn!(policy = %options.name, %error, retry_in = ?delay, "putting the after-admission policy in force failed; retrying");
+                term.retry_at = Some(Instant::now() + delay);
+            }
+        }
     }
 
     /// Puts in force the guard keeping what `in_force` (the guard in force) puts in force and
