@@ -18,7 +18,10 @@
 //! * a best-effort template applied after a required one the policy cannot express: under
 //!   `auto` the webhook applied the required one after the policy applied the other, so the
 //!   other's init container ran first and its env value won. Under `policy` that required
-//!   template refuses what it selects, as documented.
+//!   template refuses what it selects, as documented;
+//! * a required template selecting on a label that a template the policy cannot express adds:
+//!   under `policy` the label never came and the Pod was admitted with neither; now the
+//!   required template refuses the Pods the other selects, saying why.
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
@@ -91,6 +94,33 @@ spec:
   - {name: fetch-config, image: "fetch.invalid/fetch:1"}
   appContainers:
     env: [{name: MODE, value: fetch}]
+"#;
+
+/// A best-effort template the policy cannot express adding a label, and a required one selecting
+/// on it: with the `policy` backend the label never comes (`verdict: labelled`).
+const LABELLED: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: labeller}
+spec:
+  priority: 1
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {verdict: labelled}}
+  podSelector: {matchLabels: {app: web}}
+  appContainers:
+    envFrom: [{configMapRef: {name: settings, optional: true}}]
+  metadata:
+    labels: {tier: meshed}
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: labelled-agent}
+spec:
+  priority: 5
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {verdict: labelled}}
+  podSelector: {matchLabels: {tier: meshed}}
+  containers: [{name: labelled-agent, image: "labelled.invalid/agent:1"}]
 "#;
 
 /// The templates the policy serves under `auto` and `policy`.
@@ -171,7 +201,13 @@ fn named<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
 }
 
 /// The cases, the exact copies taken from what the webhook stored for a plain Pod.
-fn cases(namespace: &str, limited: &str, ordered: &str, injected: &Value) -> Vec<Case> {
+fn cases(
+    namespace: &str,
+    limited: &str,
+    ordered: &str,
+    labelled: &str,
+    injected: &Value,
+) -> Vec<Case> {
     let proxy = without_token_mount(named(injected, "initContainers", "mesh-proxy"));
     let mut agent = without_token_mount(named(injected, "containers", "log-agent"));
     let config = named(injected, "volumes", "mesh-config").clone();
@@ -241,6 +277,19 @@ fn cases(namespace: &str, limited: &str, ordered: &str, injected: &Value) -> Vec
             refused: false,
             policy_refuses: true,
         },
+        // Under `policy` the label never came, and the Pod was admitted with neither.
+        Case {
+            name: "a required template selecting on a label a webhook-only template adds",
+            namespace: labelled.to_owned(),
+            pod: json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "labelled", "labels": {"app": "web"}},
+                "spec": {"containers": [app()]},
+            }),
+            refused: false,
+            policy_refuses: true,
+        },
         Case {
             name: "a plain Pod",
             namespace: namespace.to_owned(),
@@ -275,7 +324,8 @@ fn start(cp: &ControlPlane, backend: Backend, namespace: &str, policies: bool) -
         }
     }
     if backend != Backend::Policy {
-        for name in TEMPLATE_NAMES.into_iter().chain(["ordered-mesh", "fetch"]) {
+        let webhook_only = ["ordered-mesh", "fetch", "labeller", "labelled-agent"];
+        for name in TEMPLATE_NAMES.into_iter().chain(webhook_only) {
             wait_served(cp, name, CONFIGURATION).unwrap();
         }
     }
@@ -351,8 +401,12 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
     });
     cp.apply_yaml(&limit_range.to_string()).unwrap();
     let ordered = cp.namespace("ordered", &[("verdict", "order")]).unwrap();
+    let labelled = cp
+        .namespace("labelled", &[("verdict", "labelled")])
+        .unwrap();
     cp.apply_yaml(TEMPLATES).unwrap();
     cp.apply_yaml(ORDERED).unwrap();
+    cp.apply_yaml(LABELLED).unwrap();
     let policies = cp.serves_mutating_admission_policies().unwrap();
     let backends: &[Backend] = if policies {
         &[Backend::Webhook, Backend::Auto, Backend::Policy]
@@ -371,7 +425,7 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
                 &pod("copied", json!({"containers": [app()]})),
             )
             .expect("a plain Pod is admitted");
-            all_cases = cases(&namespace, &limited, &ordered, &injected);
+            all_cases = cases(&namespace, &limited, &ordered, &labelled, &injected);
         }
         let results: Vec<Result<Value, String>> = all_cases
             .iter()

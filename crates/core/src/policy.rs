@@ -93,6 +93,14 @@ pub enum WebhookOnly {
         /// The template that adds it.
         added_by: String,
     },
+    /// Its pod selector reads a label that a template the webhook serves adds: the webhook is
+    /// called after the policy ran (and with the `policy` backend, not at all).
+    SelectsOnWebhookLabel {
+        /// The label key.
+        label: String,
+        /// The template that adds it.
+        added_by: String,
+    },
     /// A template applied before it, which may select the same Pods, is left to the webhook:
     /// the webhook is called after the policy ran, so the policy would apply this one first
     /// (its init containers before the other's, its env winning, its record entry first).
@@ -120,6 +128,10 @@ impl fmt::Display for WebhookOnly {
             WebhookOnly::ReadsWebhookMetadata { key, added_by } => write!(
                 f,
                 "a placeholder reads {key:?}, which SidecarTemplate {added_by:?} adds from the webhook, called after the policy"
+            ),
+            WebhookOnly::SelectsOnWebhookLabel { label, added_by } => write!(
+                f,
+                "its podSelector reads label {label:?}, which SidecarTemplate {added_by:?} adds from the webhook, called after the policy (with the policy backend, never)"
             ),
             WebhookOnly::AfterWebhookTemplate { template } => write!(
                 f,
@@ -174,6 +186,10 @@ pub fn compile_policy(
             .or_else(|| {
                 reads_added_by(template, &by_webhook)
                     .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
+            })
+            .or_else(|| {
+                selects_added_by(template, &by_webhook)
+                    .map(|(label, added_by)| WebhookOnly::SelectsOnWebhookLabel { label, added_by })
             })
             .or_else(|| {
                 // Behind the policy, the webhook applies its templates after the policy's,
@@ -650,6 +666,18 @@ fn webhook_only_reason(
     {
         return Some(WebhookOnly::AppEnvFrom);
     }
+    if let Some((label, added_by)) = selects_added_by(template, later) {
+        return Some(WebhookOnly::SelectsOnLaterLabel { label, added_by });
+    }
+    reads_added_by(template, later)
+        .map(|(key, added_by)| WebhookOnly::ReadsLaterMetadata { key, added_by })
+}
+
+/// A label the pod selector of `template` reads that one of `others` adds, and which one.
+fn selects_added_by(
+    template: &CompiledTemplate,
+    others: &[&Arc<CompiledTemplate>],
+) -> Option<(String, String)> {
     let selector = template.pod_selector.to_label_selector();
     let selected_keys = selector
         .match_labels
@@ -664,18 +692,14 @@ fn webhook_only_reason(
                 .map(|r| r.key.as_str()),
         );
     for key in selected_keys {
-        if let Some(by) = later
+        if let Some(by) = others
             .iter()
             .find(|t| t.labels.iter().any(|(k, _)| k == key))
         {
-            return Some(WebhookOnly::SelectsOnLaterLabel {
-                label: key.to_owned(),
-                added_by: by.name.clone(),
-            });
+            return Some((key.to_owned(), by.name.clone()));
         }
     }
-    reads_added_by(template, later)
-        .map(|(key, added_by)| WebhookOnly::ReadsLaterMetadata { key, added_by })
+    None
 }
 
 /// Whether `a` and `b` may select one Pod: not when their namespace or pod selectors ask for

@@ -16,8 +16,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::{
-    ANNOTATIONS, CompiledPolicy, PolicyOptions, at_validation, cel_string, dry_run_pod,
-    outside_the_operators_namespace, selection_conditions, validating_policy, version_hash,
+    ANNOTATIONS, CompiledPolicy, NAMESPACE_LABELS, PolicyOptions, WebhookOnly, at_validation,
+    cel_string, dry_run_pod, outside_the_operators_namespace, selection_conditions, selector_cel,
+    validating_policy, version_hash,
 };
 use crate::template::CompiledTemplate;
 use injector_api::FailurePolicy;
@@ -30,6 +31,16 @@ pub enum GuardRule {
     Carries(String),
     /// The template cannot be injected (why): every Pod it selects is refused.
     CannotInject(String),
+    /// The template cannot be injected (`why`), and selects on a label a template the policy
+    /// backend never applies would add: every Pod it selects is refused, and so is every Pod
+    /// `also` holds for (that template selects it, in the template's namespaces), which it
+    /// would select once the label were there.
+    CannotInjectWhere {
+        /// Why.
+        why: String,
+        /// The CEL condition of the further Pods refused.
+        also: String,
+    },
 }
 
 /// One rule per required template in force (`templates`), in application order: `compiled`
@@ -53,9 +64,13 @@ pub fn guard_rules(
                     if let Some((_, why)) =
                         compiled.webhook_only.iter().find(|(t, _)| t.name == template.name)
                     {
-                        GuardRule::CannotInject(format!(
+                        let why = format!(
                             "the injection backend is policy, and a policy cannot serve it: {why}"
-                        ))
+                        );
+                        match label_adder(compiled, template) {
+                            Some(also) => GuardRule::CannotInjectWhere { why, also },
+                            None => GuardRule::CannotInject(why),
+                        }
                     } else if let Some(condition) = present.get(&template.name) {
                         GuardRule::Carries(condition.clone())
                     } else if adds_nothing_to_recognise(template) {
@@ -70,6 +85,38 @@ pub fn guard_rules(
             Some((Arc::clone(template), rule))
         })
         .collect()
+}
+
+/// When `template` is left to the webhook for selecting on a label another template the webhook
+/// serves adds, the Pods it would select once that template added it: those the other selects,
+/// in `template`'s namespaces. (Its other pod selector requirements are not asked: refusing too
+/// many is the safe side, and the template's status says why.) Without a webhook the label never
+/// comes, and the Pod was admitted with neither while `plan` injects both.
+fn label_adder(compiled: &CompiledPolicy, template: &CompiledTemplate) -> Option<String> {
+    let added_by = compiled
+        .webhook_only
+        .iter()
+        .find_map(|(t, why)| match why {
+            WebhookOnly::SelectsOnWebhookLabel { added_by, .. } if t.name == template.name => {
+                Some(added_by)
+            }
+            _ => None,
+        })?;
+    let (adder, _) = compiled
+        .webhook_only
+        .iter()
+        .find(|(t, _)| &t.name == added_by)?;
+    let mut conditions = selection_conditions(adder);
+    conditions.push(selector_cel(
+        &template.namespace_selector.to_label_selector(),
+        NAMESPACE_LABELS,
+    ));
+    conditions.retain(|c| c != "true");
+    Some(if conditions.is_empty() {
+        "true".to_owned()
+    } else {
+        conditions.join(" && ")
+    })
 }
 
 /// The required templates of `templates`, in application order.
@@ -152,7 +199,7 @@ pub fn guard_name(name: &str) -> String {
 fn settled(template: &CompiledTemplate, rule: &GuardRule) -> GuardKept {
     let (message, refuses) = match rule {
         GuardRule::Carries(_) => (carries_message(&template.name), None),
-        GuardRule::CannotInject(why) => {
+        GuardRule::CannotInject(why) | GuardRule::CannotInjectWhere { why, .. } => {
             // A validation's message holds no line break (the API server refuses one).
             let why = why.replace(['\n', '\r'], " ");
             (
@@ -347,6 +394,7 @@ fn passes(template: &CompiledTemplate, rule: &GuardRule) -> String {
     match rule {
         GuardRule::Carries(condition) => format!("({not_selected} || ({condition}))"),
         GuardRule::CannotInject(_) => format!("({not_selected})"),
+        GuardRule::CannotInjectWhere { also, .. } => format!("({not_selected} && !({also}))"),
     }
 }
 

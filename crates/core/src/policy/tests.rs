@@ -1268,3 +1268,84 @@ fn selectors_asking_for_different_values_of_a_label_select_apart() {
         &selector("matchExpressions: [{key: team, operator: Exists}]")
     ));
 }
+
+/// A required template selecting on a label that a template left to the webhook adds: with the
+/// `policy` backend that label never comes, so the Pods the other template selects were admitted
+/// with neither while `plan` injects both. It stays on the webhook, and the guard refuses those
+/// Pods too.
+#[test]
+fn a_required_template_selecting_on_a_webhook_label_refuses_where_it_would_select() {
+    let labeller = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: labeller}
+spec:
+  priority: 1
+  failurePolicy: Ignore
+  podSelector: {matchLabels: {app: web}}
+  appContainers:
+    envFrom: [{configMapRef: {name: settings}}]
+  metadata:
+    labels: {tier: meshed}
+"#,
+    );
+    let meshed = template(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: meshed}
+spec:
+  priority: 5
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {mesh: "on"}}
+  podSelector: {matchLabels: {tier: meshed}}
+  containers: [{name: meshed, image: "m:1"}]
+"#,
+    );
+    let templates = [labeller, meshed];
+    for webhook_behind in [true, false] {
+        let compiled = compile_policy(
+            &templates,
+            &PolicyOptions {
+                webhook_behind,
+                ..options()
+            },
+        );
+        assert!(compiled.served.is_empty());
+        assert_eq!(
+            compiled.webhook_only[1].1,
+            WebhookOnly::SelectsOnWebhookLabel {
+                label: "tier".into(),
+                added_by: "labeller".into()
+            }
+        );
+    }
+    let alone = compile_policy(
+        &templates,
+        &PolicyOptions {
+            webhook_behind: false,
+            ..options()
+        },
+    );
+    let rules = guard_rules(&templates, Some(&alone), &BTreeMap::new());
+    let [(_, GuardRule::CannotInjectWhere { why, also })] = &rules[..] else {
+        panic!("{rules:?}")
+    };
+    assert!(why.contains("\"labeller\" adds from the webhook"), "{why}");
+    // The labeller's selection (its pod selector and opt-out), in the meshed template's
+    // namespaces.
+    assert!(
+        also.contains(r#"object.metadata.?labels.orValue({})["app"] == "web""#),
+        "{also}"
+    );
+    assert!(also.contains("lowerAscii"), "{also}");
+    assert!(
+        also.contains(r#"namespaceObject.metadata.?labels.orValue({})["mesh"] == "on""#),
+        "{also}"
+    );
+    let guard = compile_guard(&options(), &rules, None).unwrap();
+    let variables = guard.policy["spec"]["variables"].to_string();
+    assert!(variables.contains("&& !("), "{variables}");
+    assert!(variables.contains("\\\"web\\\""), "{variables}");
+}
