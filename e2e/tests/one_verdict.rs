@@ -19,6 +19,8 @@
 //!   `auto` the webhook applied the required one after the policy applied the other, so the
 //!   other's init container ran first and its env value won. Under `policy` that required
 //!   template refuses what it selects, as documented;
+//! * an app container named like the container of a template that does not select the Pod:
+//!   the policies left it without the required template's env;
 //! * a required template selecting on a label that a template the policy cannot express adds:
 //!   under `policy` the label never came and the Pod was admitted with neither; now the
 //!   required template refuses the Pods the other selects, saying why.
@@ -50,6 +52,8 @@ spec:
     volumeMounts: [{name: mesh-config, mountPath: /etc/mesh}]
   volumes:
   - {name: mesh-config, emptyDir: {}}
+  appContainers:
+    env: [{name: MESH, value: "on"}]
 ---
 apiVersion: sidecar.dev/v1alpha1
 kind: SidecarTemplate
@@ -63,6 +67,14 @@ spec:
     image: "logs.invalid/agent:1"
     args: ["--pod", "{{ pod.name }}"]
     ports: [{containerPort: 9100, name: metrics}]
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: elsewhere}
+spec:
+  failurePolicy: Ignore
+  namespaceSelector: {matchLabels: {verdict: elsewhere}}
+  containers: [{name: elsewhere-agent, image: "elsewhere.invalid/agent:1"}]
 "#;
 
 /// A required template the policy cannot express (`appContainers.envFrom`), applied first, and
@@ -276,6 +288,18 @@ fn cases(
             pod: pod("ordered", json!({"containers": [app()]})),
             refused: false,
             policy_refuses: true,
+        },
+        // The policies left alone every container named like any template's, so this one
+        // missed the required template's env.
+        Case {
+            name: "an app container named like the container of a template that does not select the Pod",
+            namespace: namespace.to_owned(),
+            pod: pod(
+                "named-like",
+                json!({"containers": [app(), {"name": "elsewhere-agent", "image": "app.invalid/helper:1"}]}),
+            ),
+            refused: false,
+            policy_refuses: false,
         },
         // Under `policy` the label never came, and the Pod was admitted with neither.
         Case {

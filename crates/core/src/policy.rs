@@ -220,11 +220,13 @@ pub fn compile_policy(
     }
 
     // Every container a template adds, so that `appContainers` never changes one (a webhook
-    // template's too: the API server re-runs the policy after the webhook added it).
+    // template's too: the API server re-runs the policy after the webhook added it). The proof
+    // applies every template; a Pod, those that select it (`TEMPLATE_CONTAINERS`).
     let injected: BTreeSet<&str> = ordered
         .iter()
         .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
         .collect();
+    let every_container = cel_list(injected.iter().copied());
     let rounds = proof_rounds(&served);
     let several_rounds = rounds.iter().any(|&round| round > 0);
     // Every init container a template adds: the leading ones of the Pod's are templates', and
@@ -237,8 +239,13 @@ pub fn compile_policy(
     let mut proof_mutations = Vec::new();
     for (template, &round) in served.iter().zip(&rounds) {
         let patch = |expression: String| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}});
-        mutations.push(patch(mutation(template, &injected, &template_init, true)));
-        let proof = mutation(template, &injected, &template_init, false);
+        mutations.push(patch(mutation(
+            template,
+            TEMPLATE_CONTAINERS,
+            &template_init,
+            true,
+        )));
+        let proof = mutation(template, TEMPLATE_CONTAINERS, &template_init, false);
         proof_mutations.push(patch(if several_rounds {
             format!("{}\n? ({proof})\n: []", proof_round_condition(round))
         } else {
@@ -278,10 +285,14 @@ pub fn compile_policy(
             // The operator's namespace is never injected, except its dry-run Pod that asks
             // whether the API server runs this version yet (its last mutation marks it).
             "matchConditions": outside_the_operators_namespace(options, &live),
+            "variables": [{
+                "name": TEMPLATE_CONTAINERS_VARIABLE,
+                "expression": template_containers(&ordered),
+            }],
             "mutations": mutations,
         },
     });
-    let proof = proof_policy(options, &hash, proof_mutations);
+    let proof = proof_policy(options, &hash, &every_container, proof_mutations);
     CompiledPolicy {
         policy: Some(policy),
         binding: Some(binding(&options.name)),
@@ -290,6 +301,41 @@ pub fn compile_policy(
         hash,
         proof: Some(proof),
         proof_rounds: rounds,
+    }
+}
+
+/// The policy's variable naming the containers the templates that select the Pod add.
+const TEMPLATE_CONTAINERS_VARIABLE: &str = "templateContainers";
+/// That variable, as the mutations read it.
+const TEMPLATE_CONTAINERS: &str = "variables.templateContainers";
+
+/// The CEL list of the container names that the templates of `ordered` selecting the Pod add:
+/// `appContainers` leaves those alone, as `plan` leaves alone what it recognises as a
+/// template's among those selecting the Pod. Every template's names were left alone, so an
+/// app container named like the container of a template that does not select the Pod lost a
+/// required template's env (`plan` recognises by content too; here, by name).
+fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> String {
+    let parts: Vec<String> = ordered
+        .iter()
+        .filter(|t| !t.containers.is_empty())
+        .map(|t| {
+            let names = cel_list(t.containers.iter().map(|i| i.key.as_str()));
+            let mut selects = vec![
+                selector_cel(&t.namespace_selector.to_label_selector(), NAMESPACE_LABELS),
+                selector_cel(&t.pod_selector.to_label_selector(), LABELS),
+            ];
+            selects.retain(|c| c != "true");
+            if selects.is_empty() {
+                names
+            } else {
+                format!("({} ? {names} : [])", selects.join(" && "))
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "[]".to_owned()
+    } else {
+        parts.join("\n  + ")
     }
 }
 
@@ -464,7 +510,12 @@ pub fn proof_name(name: &str) -> String {
 /// without their selection, on a dry-run Pod of the operator's namespace that carries the
 /// policy's hash, and nothing else: it fails closed, so an expression that errs fails the dry
 /// run, and its last mutation marks the Pod, so the operator knows this version ran.
-fn proof_policy(options: &PolicyOptions, hash: &str, mut mutations: Vec<Value>) -> (Value, Value) {
+fn proof_policy(
+    options: &PolicyOptions,
+    hash: &str,
+    every_container: &str,
+    mut mutations: Vec<Value>,
+) -> (Value, Value) {
     mutations.push(marker_mutation(hash, false));
     let name = proof_name(&options.name);
     let policy = json!({
@@ -486,6 +537,8 @@ fn proof_policy(options: &PolicyOptions, hash: &str, mut mutations: Vec<Value>) 
                     cel_string(hash)
                 ),
             }],
+            // Every template applies to the proof Pod, so every template's containers are.
+            "variables": [{"name": TEMPLATE_CONTAINERS_VARIABLE, "expression": every_container}],
             "mutations": mutations,
         },
     });
@@ -1125,7 +1178,7 @@ const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 /// volumes is there yet, else `[]`.
 fn mutation(
     template: &CompiledTemplate,
-    injected: &BTreeSet<&str>,
+    template_containers: &str,
     template_init: &BTreeSet<&str>,
     selection: bool,
 ) -> String {
@@ -1184,10 +1237,7 @@ fn mutation(
     }
     if let Some(app) = &template.app {
         let targets = {
-            let mut filter = format!(
-                "!(object.spec.containers[i].name in {})",
-                cel_list(injected.iter().copied())
-            );
+            let mut filter = format!("!(object.spec.containers[i].name in {template_containers})");
             if !app.names.is_empty() {
                 write!(
                     filter,

@@ -98,10 +98,20 @@ fn one_policy_serves_templates_in_application_order() {
     // Required: no opt-out; the guard looks for its container in both lists.
     assert!(!agent.contains("lowerAscii"), "{agent}");
     assert!(agent.contains(r#"c.name in ["agent"]"#), "{agent}");
-    // The app containers exclude every injected container.
+    // The app containers exclude the containers of the templates that select the Pod.
     assert!(
-        agent.contains(r#"!(object.spec.containers[i].name in ["agent"])"#),
+        agent.contains("!(object.spec.containers[i].name in variables.templateContainers)"),
         "{agent}"
+    );
+    assert_eq!(
+        policy["spec"]["variables"],
+        json!([{"name": "templateContainers", "expression": r#"["agent"]"#}])
+    );
+    // The proof applies every template: every template's containers are theirs.
+    let (proof, _) = compiled.proof.as_ref().unwrap();
+    assert_eq!(
+        proof["spec"]["variables"],
+        json!([{"name": "templateContainers", "expression": r#"["agent"]"#}])
     );
     // Best effort: the opt-out, the pod selector, the volume guard; the native sidecar goes
     // first, before the Pod's own init containers (after templates' leading ones).
