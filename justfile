@@ -129,6 +129,10 @@ demo: node-packages
 bench-webhook: build-packages
     bench/webhook-load.sh
 
+# The size of every admission object the operator writes for N templates in G groups (default 200 64 and 500 64; figures go in BENCHMARKS.md)
+bench-admission-sizes *args:
+    cargo run --release --quiet -p injector-controller --example admission_sizes -- {{args}}
+
 # Instructions per admission of the whole webhook server under callgrind (user space; steady where load-test times on a shared VM are not; BIN=... to compare a build)
 bench-webhook-instructions:
     bench/webhook-callgrind.sh
