@@ -222,11 +222,13 @@ pub fn compile_policy(
     // Every container a template adds, so that `appContainers` never changes one (a webhook
     // template's too: the API server re-runs the policy after the webhook added it). The proof
     // applies every template; a Pod, those that select it (`TEMPLATE_CONTAINERS`).
-    let injected: BTreeSet<&str> = ordered
-        .iter()
-        .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
-        .collect();
-    let every_container = cel_list(injected.iter().copied());
+    let every_container = cel_list(
+        ordered
+            .iter()
+            .flat_map(|t| t.containers.iter().map(|i| i.key.as_str()))
+            .collect::<BTreeSet<&str>>()
+            .into_iter(),
+    );
     let rounds = proof_rounds(&served);
     let several_rounds = rounds.iter().any(|&round| round > 0);
     // Every init container a template adds: the leading ones of the Pod's are templates', and
@@ -731,20 +733,7 @@ fn selects_added_by(
     template: &CompiledTemplate,
     others: &[&Arc<CompiledTemplate>],
 ) -> Option<(String, String)> {
-    let selector = template.pod_selector.to_label_selector();
-    let selected_keys = selector
-        .match_labels
-        .iter()
-        .flatten()
-        .map(|(k, _)| k.as_str())
-        .chain(
-            selector
-                .match_expressions
-                .iter()
-                .flatten()
-                .map(|r| r.key.as_str()),
-        );
-    for key in selected_keys {
+    for key in template.pod_selector.keys() {
         if let Some(by) = others
             .iter()
             .find(|t| t.labels.iter().any(|(k, _)| k == key))
@@ -758,83 +747,8 @@ fn selects_added_by(
 /// Whether `a` and `b` may select one Pod: not when their namespace or pod selectors ask for
 /// different values of one label.
 fn may_select_alike(a: &CompiledTemplate, b: &CompiledTemplate) -> bool {
-    !(disjoint(
-        &a.namespace_selector.to_label_selector(),
-        &b.namespace_selector.to_label_selector(),
-    ) || disjoint(
-        &a.pod_selector.to_label_selector(),
-        &b.pod_selector.to_label_selector(),
-    ))
-}
-
-/// Whether no label set matches both selectors, as far as one label's requirements tell.
-fn disjoint(a: &LabelSelector, b: &LabelSelector) -> bool {
-    /// The values a selector allows for a label (`None`: any), whether it must be absent, and
-    /// the values it excludes.
-    fn allowed(
-        selector: &LabelSelector,
-        key: &str,
-    ) -> (Option<BTreeSet<String>>, bool, BTreeSet<String>) {
-        let mut values: Option<BTreeSet<String>> = None;
-        let mut absent = false;
-        let mut excluded = BTreeSet::new();
-        let mut narrow = |set: BTreeSet<String>| {
-            values = Some(match values.take() {
-                Some(current) => current.intersection(&set).cloned().collect(),
-                None => set,
-            });
-        };
-        if let Some(value) = selector.match_labels.as_ref().and_then(|m| m.get(key)) {
-            narrow(BTreeSet::from([value.clone()]));
-        }
-        for requirement in selector.match_expressions.iter().flatten() {
-            if requirement.key != key {
-                continue;
-            }
-            let set: BTreeSet<String> = requirement.values.iter().flatten().cloned().collect();
-            match requirement.operator.as_str() {
-                "In" => narrow(set),
-                "NotIn" => excluded.extend(set),
-                "DoesNotExist" => absent = true,
-                // Exists: any value.
-                _ => {}
-            }
-        }
-        (values, absent, excluded)
-    }
-    let keys: BTreeSet<&str> = [a, b]
-        .iter()
-        .flat_map(|s| {
-            s.match_labels
-                .iter()
-                .flatten()
-                .map(|(k, _)| k.as_str())
-                .chain(s.match_expressions.iter().flatten().map(|r| r.key.as_str()))
-        })
-        .collect();
-    keys.into_iter().any(|key| {
-        let (a_values, a_absent, a_excluded) = allowed(a, key);
-        let (b_values, b_absent, b_excluded) = allowed(b, key);
-        let present = |values: &Option<BTreeSet<String>>, s: &LabelSelector| {
-            values.is_some()
-                || s.match_expressions
-                    .iter()
-                    .flatten()
-                    .any(|r| r.key == key && r.operator == "Exists")
-        };
-        if (a_absent && present(&b_values, b)) || (b_absent && present(&a_values, a)) {
-            return true;
-        }
-        match (a_values, b_values) {
-            (Some(x), Some(y)) => x
-                .iter()
-                .filter(|v| !b_excluded.contains(*v))
-                .all(|v| !y.contains(v) || a_excluded.contains(v)),
-            (Some(x), None) => x.iter().all(|v| b_excluded.contains(v)),
-            (None, Some(y)) => y.iter().all(|v| a_excluded.contains(v)),
-            (None, None) => false,
-        }
-    })
+    !(a.namespace_selector.disjoint(&b.namespace_selector)
+        || a.pod_selector.disjoint(&b.pod_selector))
 }
 
 /// A label or annotation a placeholder of `template` reads that one of `others` adds, and

@@ -125,6 +125,47 @@ impl Selector {
         self.match_labels.is_empty() && self.requirements.is_empty()
     }
 
+    /// The label keys its terms read.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.match_labels
+            .keys()
+            .chain(self.requirements.iter().map(|r| &r.key))
+            .map(String::as_str)
+    }
+
+    /// Whether no set of labels matches both selectors, as far as the terms on one label tell:
+    /// they ask for different values of it, or one for it and the other for its absence.
+    pub fn disjoint(&self, other: &Selector) -> bool {
+        self.keys()
+            .chain(other.keys())
+            .any(|key| self.on(key).excludes(&other.on(key)))
+    }
+
+    /// What the terms on `key` ask of it.
+    fn on<'s>(&'s self, key: &str) -> OnKey<'s> {
+        let mut on = OnKey::default();
+        let mut narrow = |set: BTreeSet<&'s str>| {
+            on.values = Some(match on.values.take() {
+                Some(current) => current.intersection(&set).copied().collect(),
+                None => set,
+            });
+        };
+        if let Some(value) = self.match_labels.get(key) {
+            narrow(BTreeSet::from([value.as_str()]));
+        }
+        for requirement in self.requirements.iter().filter(|r| r.key == key) {
+            let values = requirement.values.iter().map(String::as_str);
+            match requirement.operator {
+                Operator::In => narrow(values.collect()),
+                Operator::NotIn => on.excluded.extend(values),
+                Operator::Exists => on.present = true,
+                Operator::DoesNotExist => on.absent = true,
+            }
+        }
+        on.present |= on.values.is_some();
+        on
+    }
+
     /// The selector in API form, terms in canonical order.
     pub fn to_label_selector(&self) -> LabelSelector {
         LabelSelector {
@@ -144,6 +185,36 @@ impl Selector {
                     })
                     .collect()
             }),
+        }
+    }
+}
+
+/// What a selector's terms ask of one label.
+#[derive(Default)]
+struct OnKey<'a> {
+    /// The values it may have (`None`: any).
+    values: Option<BTreeSet<&'a str>>,
+    /// The values it may not have.
+    excluded: BTreeSet<&'a str>,
+    /// Whether it must be there.
+    present: bool,
+    /// Whether it must not be there.
+    absent: bool,
+}
+
+impl OnKey<'_> {
+    /// Whether no value (or absence) of the label satisfies both.
+    fn excludes(&self, other: &OnKey<'_>) -> bool {
+        if (self.absent && other.present) || (other.absent && self.present) {
+            return true;
+        }
+        match (&self.values, &other.values) {
+            (Some(ours), Some(theirs)) => !ours.iter().any(|v| {
+                theirs.contains(v) && !self.excluded.contains(v) && !other.excluded.contains(v)
+            }),
+            (Some(ours), None) => ours.iter().all(|v| other.excluded.contains(v)),
+            (None, Some(theirs)) => theirs.iter().all(|v| self.excluded.contains(v)),
+            (None, None) => false,
         }
     }
 }
@@ -245,6 +316,43 @@ mod tests {
     fn selector(json: serde_json::Value) -> Result<Selector, Vec<FieldError>> {
         let selector: LabelSelector = serde_json::from_value(json).unwrap();
         Selector::compile(Some(&selector), "spec.podSelector")
+    }
+
+    #[test]
+    fn selectors_asking_for_different_values_of_a_label_are_disjoint() {
+        let team_a = selector(serde_json::json!({"matchLabels": {"team": "a"}})).unwrap();
+        let disjoint = |json| team_a.disjoint(&selector(json).unwrap());
+        assert!(disjoint(serde_json::json!({"matchLabels": {"team": "b"}})));
+        assert!(disjoint(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "In", "values": ["b", "c"]}]}
+        )));
+        assert!(disjoint(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]}
+        )));
+        assert!(disjoint(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}
+        )));
+        assert!(!disjoint(
+            serde_json::json!({"matchLabels": {"team": "a", "tier": "web"}})
+        ));
+        assert!(!disjoint(serde_json::json!({})));
+        assert!(!disjoint(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]}
+        )));
+        assert!(!disjoint(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "Exists"}]}
+        )));
+        // Both ways round, and with the terms on the other side.
+        let exists = selector(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "Exists"}]}
+        ))
+        .unwrap();
+        let absent = selector(serde_json::json!(
+            {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}
+        ))
+        .unwrap();
+        assert!(exists.disjoint(&absent) && absent.disjoint(&exists));
+        assert!(!exists.disjoint(&exists));
     }
 
     #[test]

@@ -1247,38 +1247,6 @@ spec:
     assert_eq!(served, ["apart", "fetch"]);
 }
 
-#[test]
-fn selectors_asking_for_different_values_of_a_label_select_apart() {
-    let selector = |yaml: &str| -> LabelSelector { serde_saphyr::from_str(yaml).unwrap() };
-    let team_a = selector("matchLabels: {team: a}");
-    assert!(disjoint(&team_a, &selector("matchLabels: {team: b}")));
-    assert!(disjoint(
-        &team_a,
-        &selector("matchExpressions: [{key: team, operator: In, values: [b, c]}]")
-    ));
-    assert!(disjoint(
-        &team_a,
-        &selector("matchExpressions: [{key: team, operator: NotIn, values: [a]}]")
-    ));
-    assert!(disjoint(
-        &team_a,
-        &selector("matchExpressions: [{key: team, operator: DoesNotExist}]")
-    ));
-    assert!(!disjoint(
-        &team_a,
-        &selector("matchLabels: {team: a, tier: web}")
-    ));
-    assert!(!disjoint(&team_a, &selector("{}")));
-    assert!(!disjoint(
-        &team_a,
-        &selector("matchExpressions: [{key: team, operator: In, values: [a, b]}]")
-    ));
-    assert!(!disjoint(
-        &team_a,
-        &selector("matchExpressions: [{key: team, operator: Exists}]")
-    ));
-}
-
 /// A required template selecting on a label that a template left to the webhook adds: with the
 /// `policy` backend that label never comes, so the Pods the other template selects were admitted
 /// with neither while `plan` injects both. It stays on the webhook, and the guard refuses those
