@@ -233,10 +233,7 @@ pub fn compile_policy(
     let several_rounds = rounds.iter().any(|&round| round > 0);
     // Every init container a template adds: the leading ones of the Pod's are templates', and
     // a template's go after them, where `plan` puts them.
-    let template_init: BTreeSet<&str> = ordered
-        .iter()
-        .flat_map(|t| t.init_containers.iter().map(|i| i.key.as_str()))
-        .collect();
+    let template_init = init_container_names(ordered.iter().copied());
     let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
     for (template, &round) in served.iter().zip(&rounds) {
@@ -791,7 +788,11 @@ pub fn presence_conditions(
     proven: &[Value],
 ) -> BTreeMap<String, String> {
     let mut conditions = BTreeMap::new();
-    let template_init = cel_list(template_init_names(compiled).into_iter());
+    let every_template = compiled
+        .served
+        .iter()
+        .chain(compiled.webhook_only.iter().map(|(t, _)| t));
+    let template_init = cel_list(init_container_names(every_template).into_iter());
     'templates: for (template, &round) in compiled.served.iter().zip(&compiled.proof_rounds) {
         let Some(proven) = proven.get(round) else {
             continue;
@@ -834,13 +835,13 @@ pub fn presence_conditions(
     conditions
 }
 
-/// Every init container name a template of `compiled` adds (the webhook's too): one of these
-/// in front of a native sidecar is a template's, which `plan` lets stand there.
-fn template_init_names(compiled: &CompiledPolicy) -> BTreeSet<&str> {
-    compiled
-        .served
-        .iter()
-        .chain(compiled.webhook_only.iter().map(|(t, _)| t))
+/// Every init container name `templates` add (the webhook's too): one of these in front of a
+/// native sidecar is a template's, which `plan` lets stand there, and a template's go after the
+/// leading ones.
+fn init_container_names<'t>(
+    templates: impl Iterator<Item = &'t Arc<CompiledTemplate>>,
+) -> BTreeSet<&'t str> {
+    templates
         .flat_map(|t| t.init_containers.iter().map(|i| i.key.as_str()))
         .collect()
 }
@@ -1312,6 +1313,10 @@ fn map_ops(field: &str, entries: &[(String, Text)], current: &str, labels: bool)
     ops
 }
 
+/// The template name of record entry `e`, as `plan` reads it (before the last `@`).
+const RECORD_ENTRY_NAME: &str =
+    "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
+
 /// Writes the template's entry into `sidecar.dev/injected`: in place of an entry naming it,
 /// else at the end, as `plan` keeps entries where they stand.
 fn record_op(template: &CompiledTemplate) -> String {
@@ -1321,9 +1326,8 @@ fn record_op(template: &CompiledTemplate) -> String {
         "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
         cel_string(INJECTED_ANNOTATION)
     );
-    let named = "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
     let record = format!(
-        "({entries}.exists(e, {named} == {name}) ? {entries}.map(e, {named} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
+        "({entries}.exists(e, {RECORD_ENTRY_NAME} == {name}) ? {entries}.map(e, {RECORD_ENTRY_NAME} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
     );
     json_patch(
         &cel_string(&format!(

@@ -24,7 +24,8 @@ use injector_api::{FailurePolicy, UpdateStrategyType};
 use serde_json::{Value, json};
 
 use super::{
-    POLICY_API_VERSION, PolicyOptions, cel_list, cel_string, validating_binding, version_hash,
+    POLICY_API_VERSION, PolicyOptions, RECORD_ENTRY_NAME, cel_list, cel_string, validating_binding,
+    version_hash,
 };
 use crate::plan::Applied;
 use crate::rollout::{fixed_field, image_of};
@@ -57,9 +58,6 @@ fn record_of(object: &str) -> String {
         "(has({object}.metadata.annotations) && {key} in {object}.metadata.annotations ? {object}.metadata.annotations[{key}] : \"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")"
     )
 }
-
-/// The template name of record entry `e`, as `plan` reads it (before the last `@`).
-const ENTRY_NAME: &str = "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
 
 /// The policy keeping every required template of `templates` (those in force) that adds a
 /// container or an init container; `None` when there is none, so that no Pod UPDATE pays for a
@@ -113,7 +111,7 @@ pub fn compile_after_admission(
             "matchConditions": [{
                 "name": "carries-a-required-template",
                 "expression": format!(
-                    "{}.exists(e, {ENTRY_NAME} in {})",
+                    "{}.exists(e, {RECORD_ENTRY_NAME} in {})",
                     record_of("oldObject"),
                     cel_list(names.iter().copied())
                 ),
@@ -152,10 +150,11 @@ fn item_names(template: &CompiledTemplate) -> Vec<&str> {
 /// the operator's in-place update to its current version.
 fn keeps(template: &CompiledTemplate) -> String {
     let name = cel_string(&template.name);
-    let entries = |record: &str| format!("variables.{record}.filter(e, {ENTRY_NAME} == {name})");
+    let entries =
+        |record: &str| format!("variables.{record}.filter(e, {RECORD_ENTRY_NAME} == {name})");
     let names = cel_list(item_names(template).into_iter());
     let mut expression = format!(
-        "!variables.oldRecord.exists(e, {ENTRY_NAME} == {name})\n|| ({} == {}\n  && object.spec.containers.filter(c, c.name in {names}) == oldObject.spec.containers.filter(c, c.name in {names})\n  && variables.newInit.filter(c, c.name in {names}) == variables.oldInit.filter(c, c.name in {names}))",
+        "!variables.oldRecord.exists(e, {RECORD_ENTRY_NAME} == {name})\n|| ({} == {}\n  && object.spec.containers.filter(c, c.name in {names}) == oldObject.spec.containers.filter(c, c.name in {names})\n  && variables.newInit.filter(c, c.name in {names}) == variables.oldInit.filter(c, c.name in {names}))",
         entries("newRecord"),
         entries("oldRecord"),
     );
