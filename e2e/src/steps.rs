@@ -21,6 +21,12 @@ pub fn example(path: &str) -> PathBuf {
     workspace_root().join("examples").join(path)
 }
 
+/// Applies the SidecarTemplate CRD of `crds/` and waits until it is Established.
+pub fn install_crd(cp: &ControlPlane) -> anyhow::Result<()> {
+    cp.apply_file(&workspace_root().join("crds"))?;
+    wait_crd_established(cp)
+}
+
 /// Waits until the CRD `sidecartemplates.sidecar.dev` is Established (up to 30 s).
 pub fn wait_crd_established(cp: &ControlPlane) -> anyhow::Result<()> {
     poll(Duration::from_secs(30), "the CRD to be established", || {

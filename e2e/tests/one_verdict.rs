@@ -32,8 +32,8 @@
 use std::time::Duration;
 
 use injector_e2e::pod::{dry_run_create, stored_view};
-use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established, wait_served};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, workspace_root};
+use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll};
 use serde_json::{Value, json};
 
 const TEMPLATES: &str = r#"
@@ -409,8 +409,7 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
         return;
     }
     let cp = ControlPlane::start().expect("the control plane starts");
-    cp.apply_file(&workspace_root().join("crds")).unwrap();
-    wait_crd_established(&cp).unwrap();
+    install_crd(&cp).unwrap();
     let namespace = cp.namespace("verdict", &[("verdict", "on")]).unwrap();
     let limited = cp.namespace("limited", &[("verdict", "on")]).unwrap();
     let limit_range = json!({

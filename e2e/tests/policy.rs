@@ -22,10 +22,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established, wait_served};
-use injector_e2e::{
-    ControlPlane, Operator, OperatorOptions, operator_binary, poll, workspace_root,
-};
+use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Map, Value, json};
 
 const TEMPLATES: &str = r#"
@@ -276,8 +274,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         );
         return;
     }
-    cp.apply_file(&workspace_root().join("crds")).unwrap();
-    wait_crd_established(&cp).unwrap();
+    install_crd(&cp).unwrap();
     // The operator serves the webhook alone, so that the namespaces without the test's policy
     // show the webhook backend.
     let mut operator = Operator::start(

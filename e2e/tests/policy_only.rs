@@ -30,10 +30,8 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use injector_e2e::steps::{CONFIGURATION, wait_condition, wait_crd_established};
-use injector_e2e::{
-    ControlPlane, Operator, OperatorOptions, operator_binary, poll, workspace_root,
-};
+use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Value, json};
 
 const GUARDED: &str = r#"
@@ -213,7 +211,7 @@ fn container_image(pod: &Value, name: &str) -> Option<String> {
 
 #[test]
 fn the_policy_backend_alone_injects_and_guards_required_templates() {
-    if std::env::var(injector_e2e::ENABLE_VAR).as_deref() != Ok("1") {
+    if !injector_e2e::enabled() {
         eprintln!(
             "[policy-only] skipped: set {}=1 to run it",
             injector_e2e::ENABLE_VAR
@@ -224,8 +222,7 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = ControlPlane::start().expect("the control plane starts");
-    cp.apply_file(&workspace_root().join("crds")).unwrap();
-    wait_crd_established(&cp).unwrap();
+    install_crd(&cp).unwrap();
     let mut operator = Operator::start(
         &cp,
         OperatorOptions {
@@ -573,7 +570,7 @@ fn each_refused_or_injected(
 
 #[test]
 fn under_the_restricted_standard_a_required_template_never_fails_open() {
-    if std::env::var(injector_e2e::ENABLE_VAR).as_deref() != Ok("1") {
+    if !injector_e2e::enabled() {
         eprintln!(
             "[policy-only] skipped: set {}=1 to run it",
             injector_e2e::ENABLE_VAR
@@ -584,8 +581,7 @@ fn under_the_restricted_standard_a_required_template_never_fails_open() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = ControlPlane::start().expect("the control plane starts");
-    cp.apply_file(&workspace_root().join("crds")).unwrap();
-    wait_crd_established(&cp).unwrap();
+    install_crd(&cp).unwrap();
     // The operator's namespace, where the proof's dry-run Pods are made, enforces `restricted`
     // (labelled before the operator applies it, which keeps labels it did not set).
     let operator_ns = "sidecar-injector-restricted";

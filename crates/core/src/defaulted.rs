@@ -249,9 +249,9 @@ fn is_service_account_mount(mount: &Value, pod: &Surroundings<'_>) -> bool {
 
 /// [`is_service_account_mount`] as a CEL condition on the mount `mount` of a container of
 /// `object`, the Pod under admission (its token volumes are those `holds_service_account_token`
-/// accepts). Only the name prefix was checked once, and an `emptyDir` named `kube-api-access-x`
-/// mounted over the sidecar's binaries passed for the token's mount in the policies, where the
-/// webhook refused it.
+/// accepts). Only the name prefix was checked once, and an `emptyDir` named `kube-api-access-x`,
+/// which the ServiceAccount plugin itself then mounts at the token's path, passed for the
+/// token's volume in the policies, where the webhook refused it.
 pub(crate) fn service_account_mount_cel(mount: &str) -> String {
     format!(
         "({mount}.all(key, key in [\"name\", \"mountPath\", \"readOnly\"]) \
