@@ -23,7 +23,11 @@
 //!   the policies left it without the required template's env;
 //! * a required template selecting on a label that a template the policy cannot express adds:
 //!   under `policy` the label never came and the Pod was admitted with neither; now the
-//!   required template refuses the Pods the other selects, saying why.
+//!   required template refuses the Pods the other selects, saying why;
+//! * a Pod that already has volumes identical to the required template's (written as the
+//!   author would, without the API server's defaults) and mounts one itself: the policy skipped
+//!   the template and its guard refused the Pod; and one whose volume of that name differs,
+//!   which every backend refuses.
 //!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
@@ -52,6 +56,7 @@ spec:
     volumeMounts: [{name: mesh-config, mountPath: /etc/mesh}]
   volumes:
   - {name: mesh-config, emptyDir: {}}
+  - {name: mesh-ca, configMap: {name: mesh-ca, optional: true}}
   appContainers:
     env: [{name: MESH, value: "on"}]
 ---
@@ -223,6 +228,7 @@ fn cases(
     let proxy = without_token_mount(named(injected, "initContainers", "mesh-proxy"));
     let mut agent = without_token_mount(named(injected, "containers", "log-agent"));
     let config = named(injected, "volumes", "mesh-config").clone();
+    let ca = named(injected, "volumes", "mesh-ca").clone();
 
     // The copy, and a volume named like the token's mounted over the sidecar's binaries.
     agent["args"] = json!(["--pod", "forged-mount"]);
@@ -233,7 +239,7 @@ fn cases(
         json!({
             "containers": [app(), forged_agent],
             "initContainers": [proxy.clone()],
-            "volumes": [config.clone(), {"name": "kube-api-access-x", "emptyDir": {}}],
+            "volumes": [config.clone(), ca.clone(), {"name": "kube-api-access-x", "emptyDir": {}}],
         }),
     );
 
@@ -244,7 +250,28 @@ fn cases(
         json!({
             "containers": [app(), agent.clone()],
             "initContainers": [{"name": "setup", "image": "app.invalid/setup:1"}, proxy],
-            "volumes": [config],
+            "volumes": [config, ca],
+        }),
+    );
+
+    // The template's volumes, written as a Pod author would, one mounted by the app.
+    let mut mounting = app();
+    mounting["volumeMounts"] = json!([{"name": "mesh-ca", "mountPath": "/etc/ca"}]);
+    let own_volumes = pod(
+        "own-volumes",
+        json!({
+            "containers": [mounting.clone()],
+            "volumes": [
+                {"name": "mesh-ca", "configMap": {"name": "mesh-ca", "optional": true}},
+                {"name": "mesh-config", "emptyDir": {}},
+            ],
+        }),
+    );
+    let other_volume = pod(
+        "other-volume",
+        json!({
+            "containers": [mounting],
+            "volumes": [{"name": "mesh-ca", "configMap": {"name": "my-own-ca"}}],
         }),
     );
 
@@ -313,6 +340,20 @@ fn cases(
             }),
             refused: false,
             policy_refuses: true,
+        },
+        Case {
+            name: "a Pod with the required template's volumes, one mounted by the app",
+            namespace: namespace.to_owned(),
+            pod: own_volumes,
+            refused: false,
+            policy_refuses: false,
+        },
+        Case {
+            name: "a Pod with a volume named like the required template's that differs",
+            namespace: namespace.to_owned(),
+            pod: other_volume,
+            refused: true,
+            policy_refuses: false,
         },
         Case {
             name: "a plain Pod",

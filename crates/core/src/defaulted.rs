@@ -81,6 +81,8 @@ enum Context {
     Projection,
     TokenProjection,
     ClaimSpec,
+    /// A `persistentVolumeClaim` volume source.
+    ClaimSource,
     Other,
 }
 
@@ -107,6 +109,7 @@ fn child_context(parent: Context, key: &str) -> Context {
         (Resources, _) => Resources,
         (Quantities, _) => Quantities,
         (Volume, "ephemeral") => Other,
+        (Volume, "persistentVolumeClaim") => ClaimSource,
         (Other, "volumeClaimTemplate") => Other,
         (Other, "spec") => ClaimSpec,
         (ModedSource, "items") => ModedSource,
@@ -118,6 +121,15 @@ fn child_context(parent: Context, key: &str) -> Context {
         _ => Other,
     }
 }
+
+/// A `secret`, `configMap`, `downwardAPI` or `projected` volume's `defaultMode` (0644).
+const DEFAULT_MODE: i64 = 420;
+/// A `hostPath` volume's `type`.
+const HOST_PATH_TYPE: &str = "";
+/// A projected ServiceAccount token's `expirationSeconds`.
+const TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+/// A `fieldRef`'s `apiVersion`.
+const FIELD_REF_API_VERSION: &str = "v1";
 
 /// Whether the API server (or an admission plugin it always runs) puts `key: value` into an
 /// object of this context when the template left the key out. `ours` is the template's object.
@@ -159,12 +171,12 @@ fn is_filled_in(
         (Probe, "failureThreshold") => value == 3,
         (HttpGet, "path") => value == "/",
         (HttpGet, "scheme") => value == "HTTP",
-        (FieldRef, "apiVersion") => value == "v1",
+        (FieldRef, "apiVersion") => value == FIELD_REF_API_VERSION,
         (FileKeyRef, "optional") => value == false,
         (Resources, _) => true,
         (Volume, "emptyDir") => !ours.keys().any(|k| k != "name"),
-        (ModedSource, "defaultMode") => value == 420,
-        (HostPath, "type") => value == "",
+        (ModedSource, "defaultMode") => value == DEFAULT_MODE,
+        (HostPath, "type") => value == HOST_PATH_TYPE,
         (Iscsi, "iscsiInterface") => value == "default",
         (ImageSource, "pullPolicy") => {
             Some(value.as_str().unwrap_or_default())
@@ -173,7 +185,7 @@ fn is_filled_in(
                     .and_then(Value::as_str)
                     .map(default_pull_policy)
         }
-        (TokenProjection, "expirationSeconds") => value == 3600,
+        (TokenProjection, "expirationSeconds") => value == TOKEN_EXPIRATION_SECONDS,
         (ClaimSpec, "volumeMode") => value == "Filesystem",
         _ => false,
     }
@@ -189,7 +201,7 @@ fn is_dropped_zero(context: Context, key: &str, ours: &Value) -> bool {
     zero && matches!(
         (context, key),
         (Container, "stdin" | "stdinOnce" | "tty")
-            | (Mount, "readOnly")
+            | (Mount | ClaimSource, "readOnly")
             | (Port, "hostPort")
             | (Probe, "initialDelaySeconds")
     )
@@ -471,6 +483,9 @@ fn milli_units(quantity: &str) -> Option<i128> {
     }
     Some(if negative { -value } else { value })
 }
+
+mod stored;
+pub(crate) use stored::stored_volume;
 
 #[cfg(test)]
 mod tests;

@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::defaulted::{TOKEN_VOLUME_PREFIX, service_account_mount_cel};
+use crate::defaulted::{TOKEN_VOLUME_PREFIX, service_account_mount_cel, stored_volume};
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -702,6 +702,27 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
                 template.name
             ));
         }
+        // The policy took a Pod's own volume by this name for the template's when it equals
+        // the prediction: the API server must store the template's so.
+        for item in &template.volumes {
+            let (Some(predicted), Some(stored)) = (
+                predicted_volume(item),
+                stored
+                    .pointer("/spec/volumes")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .find(|v| v.get("name").and_then(Value::as_str) == Some(item.key.as_str())),
+            ) else {
+                continue;
+            };
+            if &predicted != stored {
+                return Some(format!(
+                    "SidecarTemplate {:?}: the API server stored volume {:?} as {stored}, the policy expected {predicted}",
+                    template.name, item.key
+                ));
+            }
+        }
     }
     None
 }
@@ -1115,9 +1136,24 @@ fn mutation(
         ));
     }
     if !template.volumes.is_empty() {
-        let names = cel_list(template.volumes.iter().map(|i| i.key.as_str()));
+        // A volume of the Pod's own by one of the template's names must be the template's, as
+        // the API server stores it (`plan` then leaves it and injects the rest); where that
+        // cannot be told, the Pod is left to the webhook or the guard.
+        let each: Vec<String> = template
+            .volumes
+            .iter()
+            .map(|i| match predicted_volume(i) {
+                Some(stored) => format!(
+                    "(v.name != {} || v == {})",
+                    cel_string(&i.key),
+                    cel_json(&stored)
+                ),
+                None => format!("v.name != {}", cel_string(&i.key)),
+            })
+            .collect();
         conditions.push(format!(
-            "!object.spec.?volumes.orValue([]).exists(v, v.name in {names})"
+            "object.spec.?volumes.orValue([]).all(v, {})",
+            each.join(" && ")
         ));
     }
     conditions.retain(|c| c != "true");
@@ -1135,7 +1171,19 @@ fn mutation(
         ops.push(format!("[{}]", adds.join(", ")));
     }
     if !template.volumes.is_empty() {
-        ops.push(list_ops("volumes", &template.volumes));
+        // Only those the Pod lacks: one it has is the template's (the condition above).
+        let adds: Vec<String> = template
+            .volumes
+            .iter()
+            .map(|i| {
+                format!(
+                    "(object.spec.?volumes.orValue([]).exists(v, v.name == {}) ? [] : [{}])",
+                    cel_string(&i.key),
+                    json_patch("\"/spec/volumes/-\"", &cel_node(&i.body))
+                )
+            })
+            .collect();
+        ops.push(format!("{} + {}", create_list("volumes"), adds.join(" + ")));
     }
     if !template.image_pull_secrets.is_empty() {
         let secrets = template
@@ -1261,13 +1309,13 @@ fn init_container_ops(items: &[Item], template_init: &BTreeSet<&str>) -> String 
     )
 }
 
-/// Appends the items to `spec.<field>`.
-fn list_ops(field: &str, items: &[Item]) -> String {
-    let appends: Vec<String> = items
-        .iter()
-        .map(|i| json_patch(&format!("\"/spec/{field}/-\""), &cel_node(&i.body)))
-        .collect();
-    format!("{} + [{}]", create_list(field), appends.join(", "))
+/// A template's volume as the API server stores it (`defaulted::stored_volume`), when it
+/// holds no placeholder and that can be told.
+fn predicted_volume(item: &Item) -> Option<Value> {
+    match &item.body {
+        Node::Fixed(fixed) => stored_volume(fixed.value()),
+        _ => None,
+    }
 }
 
 /// Creates the empty map `metadata.<field>` when the Pod has none, so that keys can be added.

@@ -117,7 +117,17 @@ fn one_policy_serves_templates_in_application_order() {
     // first, before the Pod's own init containers (after templates' leading ones).
     assert!(proxy.contains("lowerAscii() != \"false\""), "{proxy}");
     assert!(proxy.contains(r#"("app" in object.metadata.?labels.orValue({}) && object.metadata.?labels.orValue({})["app"] == "web")"#), "{proxy}");
-    assert!(proxy.contains(r#"v.name in ["proxy-certs"]"#), "{proxy}");
+    // A volume of the Pod's own by the template's name must be the template's as stored.
+    assert!(
+        proxy.contains(r#"object.spec.?volumes.orValue([]).all(v, (v.name != "proxy-certs" || v == {"emptyDir": dyn({}), "name": dyn("proxy-certs")}))"#),
+        "{proxy}"
+    );
+    assert!(
+        proxy.contains(
+            r#"(object.spec.?volumes.orValue([]).exists(v, v.name == "proxy-certs") ? [] : ["#
+        ),
+        "{proxy}"
+    );
     assert!(
         proxy.contains(r#"string((object.spec.?initContainers.orValue([]).map(c, c.name in ["proxy"]).indexOf(false) < 0"#),
         "{proxy}"
@@ -470,6 +480,17 @@ fn templates_adding_the_same_names_are_proven_on_pods_of_their_own() {
     assert!(
         proof_problem(&compiled, 1, &proven[0])
             .is_some_and(|p| p.contains("records the templates"))
+    );
+    // A volume stored otherwise than the policy predicts, when it takes a Pod's own by that
+    // name for the template's, proves nothing.
+    let mut otherwise = proven[2].clone();
+    otherwise["spec"]["volumes"][1] =
+        json!({"name": "winner-data", "emptyDir": {"medium": "Memory"}});
+    assert!(
+        proof_problem(&compiled, 2, &otherwise)
+            .is_some_and(|p| p.contains("stored volume \"winner-data\"")),
+        "{:?}",
+        proof_problem(&compiled, 2, &otherwise)
     );
     let mut first = proven[0].clone();
     first["metadata"]["annotations"][INJECTED_ANNOTATION] = json!("loser@1#00");
