@@ -237,8 +237,9 @@ pub struct PolicyState {
     pub available: bool,
     /// The templates the policy in force serves.
     pub served: BTreeSet<String>,
-    /// The templates a policy cannot express, and why.
-    pub webhook_only: BTreeMap<String, String>,
+    /// The templates the policy does not serve: the condition's reason (`NotExpressible`,
+    /// `PolicyFull`) and why.
+    pub webhook_only: BTreeMap<String, (&'static str, String)>,
     /// Why the last proof or apply failed (the policy in force stays).
     pub failure: Option<String>,
     /// Per template the policy in force serves, the CEL condition that a Pod carries it as
@@ -289,8 +290,8 @@ pub fn with_policy(
             ));
         }
         ("True", "Served", message)
-    } else if let Some(why) = state.webhook_only.get(name) {
-        ("False", "NotExpressible", format!("{otherwise}: {why}"))
+    } else if let Some((reason, why)) = state.webhook_only.get(name) {
+        ("False", *reason, format!("{otherwise}: {why}"))
     } else if !state.available {
         (
             "False",
@@ -349,7 +350,7 @@ pub fn not_injected_by_policy(
     if state.served.contains(name) {
         return None;
     }
-    let mut why = if let Some(why) = state.webhook_only.get(name) {
+    let mut why = if let Some((_, why)) = state.webhook_only.get(name) {
         format!("the injection backend is policy, and a policy cannot serve it: {why}")
     } else if !state.available {
         "the injection backend is policy, and the API server does not serve MutatingAdmissionPolicies (Kubernetes 1.36+)".to_owned()

@@ -108,6 +108,23 @@ pub enum WebhookOnly {
         /// That template.
         template: String,
     },
+    /// The policy (or its proof) would grow past what the API server stores in one object:
+    /// the templates applied first are served, the rest left.
+    PolicyFull {
+        /// The budget of the mutations' expressions, in bytes.
+        budget: usize,
+    },
+}
+
+impl WebhookOnly {
+    /// The reason of the template's `PolicyServed` condition: `PolicyFull` when the policy has
+    /// no room left for it, `NotExpressible` otherwise.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WebhookOnly::PolicyFull { .. } => "PolicyFull",
+            _ => "NotExpressible",
+        }
+    }
 }
 
 impl fmt::Display for WebhookOnly {
@@ -136,6 +153,11 @@ impl fmt::Display for WebhookOnly {
             WebhookOnly::AfterWebhookTemplate { template } => write!(
                 f,
                 "SidecarTemplate {template:?} applies before it and may select the same Pods, but is left to the webhook, called after the policy"
+            ),
+            WebhookOnly::PolicyFull { budget } => write!(
+                f,
+                "the templates applied before it fill the policy (its mutations would pass {} KiB, and etcd stores at most 1.5 MiB per object)",
+                budget / 1024
             ),
         }
     }
@@ -169,16 +191,39 @@ impl CompiledPolicy {
     }
 }
 
+/// How many bytes the mutations' expressions of the policy, and of its proof, may take: etcd
+/// stores at most 1.5 MiB per object (its default `--max-request-bytes`), and the rest of the
+/// policy (the variable, the conditions, the JSON around each mutation) must fit beside them.
+pub const POLICY_MUTATIONS_BUDGET: usize = 1024 * 1024;
+
+/// What a proof mutation's round condition adds to it, at most (see [`proof_round_condition`]).
+const PROOF_ROUND_BYTES: usize = 128;
+
 /// Compiles `templates` (every template in force) into one policy for those a policy can serve.
 pub fn compile_policy(
     templates: &[Arc<CompiledTemplate>],
     options: &PolicyOptions,
 ) -> CompiledPolicy {
+    compile_policy_within(templates, options, POLICY_MUTATIONS_BUDGET)
+}
+
+/// [`compile_policy`], the mutations within `budget` bytes.
+pub(crate) fn compile_policy_within(
+    templates: &[Arc<CompiledTemplate>],
+    options: &PolicyOptions,
+    budget: usize,
+) -> CompiledPolicy {
     let mut ordered: Vec<&Arc<CompiledTemplate>> = templates.iter().collect();
     ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     ordered.dedup_by(|a, b| a.name == b.name);
 
+    // Every init container a template adds: the leading ones of the Pod's are templates', and
+    // a template's go after them, where `plan` puts them.
+    let template_init = init_container_names(ordered.iter().copied());
     let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
+    // Per template served, its mutation and its proof's (without the round), and their sizes.
+    let mut written: Vec<(String, String)> = Vec::new();
+    let (mut policy_bytes, mut proof_bytes) = (0, 0);
     let mut webhook_only = Vec::new();
     for (index, template) in ordered.iter().enumerate() {
         let by_webhook: Vec<&Arc<CompiledTemplate>> = webhook_only.iter().map(|(t, _)| t).collect();
@@ -202,10 +247,22 @@ pub fn compile_policy(
                     template: earlier.name.clone(),
                 })
             });
-        match reason {
-            Some(reason) => webhook_only.push((Arc::clone(template), reason)),
-            None => served.push(Arc::clone(template)),
+        if let Some(reason) = reason {
+            webhook_only.push((Arc::clone(template), reason));
+            continue;
         }
+        let policy = mutation(template, TEMPLATE_CONTAINERS, &template_init, true);
+        let proof = mutation(template, TEMPLATE_CONTAINERS, &template_init, false);
+        // Each proof mutation also carries its round's condition: a few dozen bytes.
+        let proof_size = proof.len() + PROOF_ROUND_BYTES;
+        if policy_bytes + policy.len() > budget || proof_bytes + proof_size > budget {
+            webhook_only.push((Arc::clone(template), WebhookOnly::PolicyFull { budget }));
+            continue;
+        }
+        policy_bytes += policy.len();
+        proof_bytes += proof_size;
+        written.push((policy, proof));
+        served.push(Arc::clone(template));
     }
     if served.is_empty() {
         return CompiledPolicy {
@@ -231,20 +288,11 @@ pub fn compile_policy(
     );
     let rounds = proof_rounds(&served);
     let several_rounds = rounds.iter().any(|&round| round > 0);
-    // Every init container a template adds: the leading ones of the Pod's are templates', and
-    // a template's go after them, where `plan` puts them.
-    let template_init = init_container_names(ordered.iter().copied());
     let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
-    for (template, &round) in served.iter().zip(&rounds) {
+    for ((policy, proof), &round) in written.into_iter().zip(&rounds) {
         let patch = |expression: String| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}});
-        mutations.push(patch(mutation(
-            template,
-            TEMPLATE_CONTAINERS,
-            &template_init,
-            true,
-        )));
-        let proof = mutation(template, TEMPLATE_CONTAINERS, &template_init, false);
+        mutations.push(patch(policy));
         proof_mutations.push(patch(if several_rounds {
             format!("{}\n? ({proof})\n: []", proof_round_condition(round))
         } else {

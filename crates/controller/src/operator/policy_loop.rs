@@ -48,7 +48,7 @@ struct PolicyTerm {
     /// The templates the policy in force serves.
     serving: BTreeSet<String>,
     /// The templates left to the webhook, and why.
-    webhook_only: BTreeMap<String, String>,
+    webhook_only: BTreeMap<String, (&'static str, String)>,
     /// Why the last round failed.
     failure: Option<String>,
     /// The presence conditions learned from the last proof of the policy in force.
@@ -234,7 +234,7 @@ impl Operator {
         term.webhook_only = compiled
             .webhook_only
             .iter()
-            .map(|(t, why)| (t.name.clone(), why.to_string()))
+            .map(|(t, why)| (t.name.clone(), (why.reason(), why.to_string())))
             .collect();
         let serving: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
         if compiled.policy.is_none() {

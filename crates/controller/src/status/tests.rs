@@ -704,7 +704,10 @@ fn the_policy_condition_says_which_backend_serves_the_template_and_why() {
     // Not expressible beats the failure: it is why the template is not in any policy.
     state.webhook_only.insert(
         "log-shipper".into(),
-        "appContainers.envFrom is compared by content".into(),
+        (
+            "NotExpressible",
+            "appContainers.envFrom is compared by content".into(),
+        ),
     );
     let status = with_policy(&template, base.clone(), Some(&state), true, at(200));
     let webhook = policy_condition(&status).unwrap();
@@ -768,7 +771,10 @@ fn with_the_policy_backend_a_template_the_policy_does_not_serve_is_not_in_use() 
     state.served.clear();
     state.webhook_only.insert(
         "log-shipper".into(),
-        "appContainers.envFrom is compared by content".into(),
+        (
+            "NotExpressible",
+            "appContainers.envFrom is compared by content".into(),
+        ),
     );
     let why = not_injected_by_policy(Some(&state), "log-shipper", true).unwrap();
     assert!(

@@ -1348,3 +1348,93 @@ spec:
     assert!(variables.contains("&& !("), "{variables}");
     assert!(variables.contains("\\\"web\\\""), "{variables}");
 }
+
+/// `count` templates shaped as in `just bench-admission-sizes`: a sidecar with ten env vars,
+/// probes and resources, in 64 namespace groups, half of them required.
+fn many_templates(count: usize) -> Vec<Arc<CompiledTemplate>> {
+    (0..count)
+        .map(|index| {
+            let env: Vec<Value> = (0..10)
+                .map(|i| json!({"name": format!("SETTING_{i}"), "value": format!("value-{index}-{i}")}))
+                .collect();
+            let source = json!({
+                "apiVersion": "sidecar.dev/v1alpha1",
+                "kind": "SidecarTemplate",
+                "metadata": {"name": format!("sidecar-{index:03}"), "generation": 1},
+                "spec": {
+                    "priority": index % 7,
+                    "failurePolicy": if index.is_multiple_of(2) { "Fail" } else { "Ignore" },
+                    "namespaceSelector": {"matchLabels": {"team": format!("team-{}", index % 64)}},
+                    "containers": [{
+                        "name": format!("sidecar-{index}-agent"),
+                        "image": format!("agents.invalid/sidecar-{index}:1.2.{index}"),
+                        "args": ["--pod", "{{ pod.name }}"],
+                        "env": env,
+                        "readinessProbe": {"httpGet": {"path": "/ready", "port": 9100}},
+                        "resources": {"limits": {"memory": "64Mi"}},
+                    }],
+                },
+            });
+            let parsed: SidecarTemplate = serde_json::from_value(source).unwrap();
+            Arc::new(compile(&parsed).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn templates_past_the_budget_are_left_to_the_webhook_in_application_order() {
+    let templates = many_templates(12);
+    let whole = compile_policy(&templates, &options());
+    assert_eq!(whole.served.len(), 12);
+    let one = expressions(whole.policy.as_ref().unwrap())[0].len();
+    // Room for about five: the first five in application order are served, the rest left,
+    // each saying why.
+    let within = compile_policy_within(&templates, &options(), one * 5 + one / 2);
+    assert_eq!(within.served.len(), 5);
+    assert_eq!(within.served[..], whole.served[..5]);
+    // Behind the policy, the webhook applies the rest after it, in their order.
+    for (template, why) in &within.webhook_only {
+        assert!(
+            matches!(why, WebhookOnly::PolicyFull { .. })
+                || matches!(why, WebhookOnly::AfterWebhookTemplate { .. }),
+            "{}: {why}",
+            template.name
+        );
+    }
+    assert_eq!(within.webhook_only.len(), 7);
+    assert!(
+        within.webhook_only[0]
+            .1
+            .to_string()
+            .contains("fill the policy")
+    );
+}
+
+#[test]
+fn five_hundred_templates_fit_in_what_etcd_stores() {
+    const ETCD_LIMIT: usize = 1536 * 1024;
+    let templates = many_templates(500);
+    for webhook_behind in [true, false] {
+        let compiled = compile_policy(
+            &templates,
+            &PolicyOptions {
+                webhook_behind,
+                ..options()
+            },
+        );
+        let policy = compiled.policy.as_ref().unwrap().to_string().len();
+        let proof = compiled.proof.as_ref().unwrap().0.to_string().len();
+        assert!(
+            policy < ETCD_LIMIT && proof < ETCD_LIMIT,
+            "{policy} {proof}"
+        );
+        assert!(compiled.served.len() > 100, "{}", compiled.served.len());
+        assert_eq!(compiled.served.len() + compiled.webhook_only.len(), 500);
+        if let Some((warnings, _)) =
+            compile_warnings(&options(), &compiled, &BTreeMap::new(), webhook_behind)
+        {
+            let warnings = warnings.to_string().len();
+            assert!(warnings < ETCD_LIMIT, "{warnings}");
+        }
+    }
+}
