@@ -40,6 +40,17 @@ pub const DEFAULT_PRIORITY: i32 = 100;
     category = "sidecar",
     status = "SidecarTemplateStatus",
     derive = "PartialEq",
+    // Without it, `kubectl explain sct` shows kube's "Auto-generated derived type" line.
+    doc = "Sidecars, volumes, env and metadata injected into the Pods a template selects.\n\n\
+           A SidecarTemplate is cluster-scoped (short name `sct`). `spec` says what to inject and\n\
+           into which Pods: the namespaces `namespaceSelector` selects (never kube-system,\n\
+           kube-public, kube-node-lease, the operator's own, or one labelled\n\
+           `sidecar.dev/injection=disabled`), the Pods `podSelector` selects in them, and for an\n\
+           `OnRequest` template only the Pods whose `sidecar.dev/templates` annotation names it.\n\
+           It is injected when a selected Pod is created; `updateStrategy` says what happens to\n\
+           Pods already running. `status`, written by the operator, says whether the template is\n\
+           in use (the `Ready` condition) and where the Pods it selects stand (`pods`).\n\n\
+           Creating one is an admin act: RBAC on sidecartemplates.sidecar.dev is the boundary.",
     printcolumn(name = "Priority", type_ = "integer", json_path = ".spec.priority"),
     printcolumn(name = "Injection", type_ = "string", json_path = ".spec.injection"),
     printcolumn(
@@ -336,8 +347,23 @@ pub struct InjectedMetadata {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarTemplateStatus {
-    /// `Ready`: `True` with reason `Valid` when the template is in use, `False` with reason
-    /// `Invalid` and every validation message when it is not.
+    /// What the operator observed, one condition per type, each with a reason and a message:
+    ///
+    /// - `Ready`: `True`/`Valid` when the template is in use (the message names the webhook
+    ///   entry or the MutatingAdmissionPolicy that serves it); `False`/`Invalid` with every
+    ///   validation message; `False`/`NotServed` when it is valid but not in use (no room for
+    ///   it in the webhook configuration, or the `policy` backend cannot inject it).
+    /// - `Degraded`: `True`/`InvalidGenerationKept` when an edit made a required template
+    ///   invalid and its last valid generation (`lastValid`) stays in force.
+    /// - `PolicyServed` (`auto` and `policy` backends, Kubernetes 1.36+): `True`/`Served` when
+    ///   the API server injects it from the operator's MutatingAdmissionPolicy; `False` with
+    ///   `NotExpressible` (a policy cannot express it), `PolicyFull` (the templates applied
+    ///   before it fill the policy), `NotAvailable` (the API server does not
+    ///   serve such policies), `ProofFailed` (the policy's dry-run proof or apply failed) or
+    ///   `NotProven` (a required template whose Pods are refused until its proof ends).
+    /// - `RolloutBlocked`: `True`/`Halted` when a restarted workload made no progress within
+    ///   `progressDeadlineSeconds`, `True`/`Forbidden` when the operator may not restart
+    ///   workloads.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -8,8 +8,12 @@ pub const INJECT_ANNOTATION: &str = "sidecar.dev/inject";
 pub const TEMPLATES_ANNOTATION: &str = "sidecar.dev/templates";
 
 /// Pod annotation written by the injector: the templates found in the Pod by their content, as
-/// `name@generation` separated by commas. A record, never read as input: a Pod claiming a
-/// template it does not carry gets it.
+/// `name@generation#fingerprint` separated by commas. The fingerprint is 16 hex digits of what
+/// the template injects, everything but the images in the first 8 and the images in the last 8,
+/// so an edit that changes only the generation (a priority, a selector) leaves the Pod current
+/// and one that changes only images can be made in place. An entry without a fingerprint
+/// (written before there were any) counts as stale. A record, never read as input: a Pod
+/// claiming a template it does not carry gets it.
 pub const INJECTED_ANNOTATION: &str = "sidecar.dev/injected";
 
 /// On a Deployment, StatefulSet or DaemonSet: `disabled` keeps every template's rollout from

@@ -9,7 +9,7 @@
 //!
 //! `--busy-us` adds N µs of CPU work to every answer (a loop timed at start): run at
 //! saturation next to the webhook, it says how much work of its own a request the webhook
-//! could do at a given share of the transport (BENCHMARKS.md, "what 0.5 takes").
+//! could do at a given share of the transport (docs/benchmarks-history.md, "What 0.5 takes").
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -1,10 +1,13 @@
 //! The controller: keeps the webhook's template registry in step with the cluster, writes
 //! template status, owns the operator's MutatingWebhookConfiguration and its caBundle, keeps
 //! the CA and serving certificate in a Secret and rotates them, and elects a leader so only
-//! one replica writes.
+//! one replica writes. The leader also counts where running Pods stand with each template
+//! ([`census`]), restarts or updates the workloads behind stale and missing Pods ([`rollout`]),
+//! and compiles, proves and applies the admission policies ([`policy_backend`]).
 //!
-//! Pure decisions live in their own modules ([`certs`], [`webhook_config`]) and are tested
-//! without a cluster; the modules that talk to the API server are thin around them.
+//! Pure decisions live in their own modules ([`certs`], [`webhook_config`], [`entry_order`],
+//! [`sync`], [`status`]) and are tested without a cluster; the modules that talk to the API
+//! server are thin around them, wired together in [`operator`].
 
 /// The field manager of every write the operator makes (server-side apply and updates).
 pub const FIELD_MANAGER: &str = "sidecar-injector";

@@ -1,10 +1,11 @@
 //! The operator's loops, wired together: template sync (every replica), serving-certificate
 //! reload (every replica), and — on the leader only — certificate rotation, the webhook
-//! configuration (with drift repair) and template status.
+//! configuration (with drift repair), template status, the Pod census, rollouts and the
+//! policy backend (`policy_loop`).
 //!
 //! Each loop is a thin shell around a pure decision ([`crate::sync`], [`crate::certs`],
-//! [`crate::webhook_config`], [`crate::status`]); the API calls live in small functions here
-//! that the mocked-API-server tests drive directly.
+//! [`crate::webhook_config`], [`crate::status`], [`injector_core::rollout`]); the API calls
+//! live in small functions here that the mocked-API-server tests drive directly.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};

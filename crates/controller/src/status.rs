@@ -7,15 +7,19 @@
 //! last valid generation stays in force also gets `Degraded=True`/`InvalidGenerationKept`,
 //! naming that generation and every validation message. A valid template the webhook
 //! configuration has no room for gets `Ready=False`/`NotServed`
-//! ([`desired_status_not_served`]). [`needs_update`] tells whether that status differs from
-//! the one in the cluster on anything but `lastTransitionTime`, so that a resync of an
-//! unchanged template writes nothing. They are pure.
+//! ([`desired_status_not_served`]), and so does a template the `policy` backend cannot inject.
+//! [`with_policy`] adds `PolicyServed` (which backend serves it), [`with_rollout`] adds
+//! `status.rollout` and `RolloutBlocked`; the Pod counts are the census's. [`needs_update`]
+//! tells whether that status differs from the one in the cluster on anything but
+//! `lastTransitionTime`, so that a resync of an unchanged template writes nothing. They are
+//! pure.
 //!
 //! [`write_status`] applies a status to the `status` subresource, and [`record_invalid`]
 //! publishes a `Warning` event on an invalid template (`kubectl describe` shows it), reason
 //! `Invalid`, or `InvalidGenerationKept` when its last valid generation stays in force
-//! ([`record_kept`]), or `NotServed` ([`record_not_served`]). They are the only functions here
-//! that talk to the API server.
+//! ([`record_kept`]), or `NotServed` ([`record_not_served`]); [`record_stale`] and
+//! [`record_restart`] publish the `Normal` events `PodsStale` and `Restarted`. They are the
+//! only functions here that talk to the API server.
 
 use injector_api::{
     FailurePolicy, LastValid, RolloutStatus, SidecarTemplate, SidecarTemplateStatus, WorkloadRef,

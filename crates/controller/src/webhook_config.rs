@@ -9,7 +9,10 @@
 //! through the operator's Service (in a cluster) or a URL (out of cluster). Every entry
 //! excludes `kube-system`, `kube-public`, `kube-node-lease`, the operator's own namespace and
 //! namespaces labelled `sidecar.dev/injection=disabled`. With no templates the configuration
-//! has no entries, so applying it removes the entries that were there.
+//! has no entries, so applying it removes the entries that were there. Entries that would take
+//! it past [`MAX_CONFIGURATION_BYTES`] are left out ([`left_out`]) so that it can always be
+//! applied; where a MutatingAdmissionPolicy serves templates, an entry skips the Pods it
+//! provably served ([`desired_configuration_with_policy`]).
 //!
 //! [`drifted`] (and [`drift`], which says what differs) compares a desired configuration with
 //! the one in the cluster on the fields the operator owns only, ignoring what the API server

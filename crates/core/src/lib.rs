@@ -1,5 +1,9 @@
 //! The pure injection engine: compile and validate `SidecarTemplate`s, keep them in a
-//! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them.
+//! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them;
+//! read a Pod from the request's JSON with bounded memory ([`pod_json`], [`json_pull`]); compile
+//! templates into admission policies ([`policy`]); and decide, from a running Pod's metadata,
+//! where it stands with each template ([`lifecycle`]) and which workloads a rollout restarts
+//! next ([`rollout`]).
 //!
 //! No I/O lives here: no async runtime, no HTTP, no Kubernetes client. Everything is a function
 //! of its inputs, which is what lets the webhook call it on the hot path and the tests and

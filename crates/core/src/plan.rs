@@ -735,7 +735,8 @@ fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTem
     ordered
 }
 
-/// Parses the `sidecar.dev/injected` annotation (`name@generation,...`) into template names.
+/// Parses the `sidecar.dev/injected` annotation (`name@generation#fingerprint,...`) into
+/// template names.
 pub fn injected_names(annotation: &str) -> impl Iterator<Item = &str> {
     injected_entries(annotation).map(entry_name)
 }
@@ -744,7 +745,7 @@ fn entry_name(entry: &str) -> &str {
     entry.rsplit_once('@').map_or(entry, |(name, _)| name)
 }
 
-/// The `name@generation` entries of the `sidecar.dev/injected` annotation.
+/// The `name@generation#fingerprint` entries of the `sidecar.dev/injected` annotation.
 pub(crate) fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
     annotation
         .split(',')

@@ -3,10 +3,11 @@
 //!
 //! * [`review`] decides one AdmissionReview (pure: bytes in, bytes out);
 //! * [`tls`] holds the serving certificate behind an atomic pointer and reloads it;
-//! * [`server`] runs the admission and admin servers with their limits and graceful shutdown;
+//! * [`server`] runs the admission and admin servers with their limits and graceful shutdown,
+//!   and reports ready only while the templates can be trusted
+//!   ([`injector_core::freshness`]);
 //! * [`transport`] is the HTTPS transport the admission server runs on (TLS, HTTP/1.1, limits);
-//! * [`metrics`] are the Prometheus metrics;
-//! * [`freshness`] tells whether the template watch failed for too long to stay ready.
+//! * [`metrics`] are the Prometheus metrics.
 
 pub mod metrics;
 pub mod review;

@@ -115,7 +115,8 @@ pub struct Decision<'s> {
     pub group: &'s str,
     /// The templates applied.
     pub applied: Vec<Applied>,
-    /// The same, as `name@generation,...` (the audit annotation's value and the log's).
+    /// The same, as `name@generation#fingerprint,...` (the audit annotation's value and the
+    /// log's).
     pub applied_record: String,
     /// How many warnings were returned.
     pub warnings: usize,
