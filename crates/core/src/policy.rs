@@ -191,6 +191,11 @@ impl CompiledPolicy {
     }
 }
 
+/// A JSONPatch mutation of a policy.
+fn patch_mutation(expression: String) -> Value {
+    json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}})
+}
+
 /// How many bytes the mutations' expressions of the policy, and of its proof, may take: etcd
 /// stores at most 1.5 MiB per object (its default `--max-request-bytes`), and the rest of the
 /// policy (the variable, the conditions, the JSON around each mutation) must fit beside them.
@@ -291,9 +296,8 @@ pub(crate) fn compile_policy_within(
     let mut mutations: Vec<Value> = Vec::new();
     let mut proof_mutations = Vec::new();
     for ((policy, proof), &round) in written.into_iter().zip(&rounds) {
-        let patch = |expression: String| json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}});
-        mutations.push(patch(policy));
-        proof_mutations.push(patch(if several_rounds {
+        mutations.push(patch_mutation(policy));
+        proof_mutations.push(patch_mutation(if several_rounds {
             format!("{}\n? ({proof})\n: []", proof_round_condition(round))
         } else {
             proof
@@ -898,6 +902,14 @@ pub fn presence_conditions(
             }
         }
         if !terms.is_empty() {
+            // The policy records each template it applies: a copy of an injected Pod without
+            // the entry has not been through it, and may lack the rest of the template (env,
+            // labels, …), which the webhook then adds, as it does alone.
+            terms.push(format!(
+                "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).exists(e, {RECORD_ENTRY_NAME} == {})",
+                cel_string(INJECTED_ANNOTATION),
+                cel_string(&template.name)
+            ));
             conditions.insert(template.name.clone(), terms.join(" && "));
         }
     }
@@ -1160,28 +1172,54 @@ const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 /// The CEL expression of one template's mutation: its JSONPatch operations when it selects
 /// the Pod (`selection`; the proof policy leaves it out) and none of its containers and
 /// volumes is there yet, else `[]`.
+///
+/// A Pod that has every container and init container of a required template by name gets the
+/// rest of it (env, mounts, pull secrets, labels, annotations, the record), as `plan` gives it
+/// to a copy of an injected Pod; if one of them is a look-alike, the guard (or, with `auto`,
+/// the webhook) refuses the Pod anyway, as `plan` refuses it. A best-effort template's
+/// look-alike must get nothing, so such a Pod is left to the webhook.
 fn mutation(
     template: &CompiledTemplate,
     template_containers: &str,
     template_init: &BTreeSet<&str>,
     selection: bool,
 ) -> String {
-    let mut conditions = if selection {
+    let mut selected = if selection {
         selection_conditions(template)
     } else {
         Vec::new()
     };
+    selected.retain(|c| c != "true");
+    let mut conditions = Vec::new();
     let container_names: Vec<&str> = template
         .containers
         .iter()
         .chain(&template.init_containers)
         .map(|i| i.key.as_str())
         .collect();
+    let mut carried = None;
     if !container_names.is_empty() {
         let names = cel_list(container_names.iter().copied());
         conditions.push(format!(
             "!object.spec.containers.exists(c, c.name in {names}) && !object.spec.?initContainers.orValue([]).exists(c, c.name in {names})"
         ));
+        if selection && template.failure_policy == FailurePolicy::Fail {
+            let every: Vec<String> = [
+                ("containers", &template.containers),
+                ("initContainers", &template.init_containers),
+            ]
+            .into_iter()
+            .flat_map(|(list, items)| {
+                items.iter().map(move |i| {
+                    format!(
+                        "object.spec.?{list}.orValue([]).exists(c, c.name == {})",
+                        cel_string(&i.key)
+                    )
+                })
+            })
+            .collect();
+            carried = Some(every.join(" && "));
+        }
     }
     if !template.volumes.is_empty() {
         // A volume of the Pod's own by one of the template's names must be the template's, as
@@ -1206,9 +1244,10 @@ fn mutation(
     }
     conditions.retain(|c| c != "true");
 
-    let mut ops: Vec<String> = Vec::new();
+    // The template's own items, then the rest.
+    let mut items: Vec<String> = Vec::new();
     if !template.init_containers.is_empty() {
-        ops.push(init_container_ops(&template.init_containers, template_init));
+        items.push(init_container_ops(&template.init_containers, template_init));
     }
     if !template.containers.is_empty() {
         let adds: Vec<String> = template
@@ -1216,7 +1255,7 @@ fn mutation(
             .iter()
             .map(|i| json_patch("\"/spec/containers/-\"", &cel_node(&i.body)))
             .collect();
-        ops.push(format!("[{}]", adds.join(", ")));
+        items.push(format!("[{}]", adds.join(", ")));
     }
     if !template.volumes.is_empty() {
         // Only those the Pod lacks: one it has is the template's (the condition above).
@@ -1231,8 +1270,9 @@ fn mutation(
                 )
             })
             .collect();
-        ops.push(format!("{} + {}", create_list("volumes"), adds.join(" + ")));
+        items.push(format!("{} + {}", create_list("volumes"), adds.join(" + ")));
     }
+    let mut ops: Vec<String> = Vec::new();
     if !template.image_pull_secrets.is_empty() {
         let secrets = template
             .image_pull_secrets
@@ -1290,11 +1330,31 @@ fn mutation(
     ops.push(format!("[{}]", record_op(template)));
 
     // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
-    let body = ops.join("\n  + ");
-    if conditions.is_empty() {
+    let rest = ops.join("\n  + ");
+    let all = items
+        .into_iter()
+        .chain(ops)
+        .collect::<Vec<_>>()
+        .join("\n  + ");
+    // The volumes' condition holds for both branches: it is the last of `conditions`.
+    let volumes = (!template.volumes.is_empty())
+        .then(|| conditions.pop())
+        .flatten();
+    let mut body = match (conditions.is_empty(), carried) {
+        (true, _) => all,
+        (false, None) => format!("({})\n? {all}\n: []", conditions.join("\n  && ")),
+        (false, Some(carried)) => format!(
+            "({})\n? {all}\n: ({carried})\n? {rest}\n: []",
+            conditions.join("\n  && ")
+        ),
+    };
+    if let Some(volumes) = volumes {
+        body = format!("({volumes})\n? ({body})\n: []");
+    }
+    if selected.is_empty() {
         body
     } else {
-        format!("({})\n? {body}\n: []", conditions.join("\n  && "))
+        format!("({})\n? ({body})\n: []", selected.join("\n  && "))
     }
 }
 

@@ -29,15 +29,24 @@
 //!   the template and its guard refused the Pod; and one whose volume of that name differs,
 //!   which every backend refuses.
 //!
+//! Beside the named cases, generated ones (`generated.rs`, seeded): an exact copy of the
+//! injected Pod, or a plain one, changed in one to three ways. And every case goes through
+//! `render` too: its patch applied to the Pod as written, the result created where nothing
+//! injects, must be stored as the webhook stored it (or refused where the webhook refuses).
+//!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::BTreeMap;
+use std::process::Command;
 use std::time::Duration;
 
 use injector_e2e::pod::{dry_run_create, stored_view};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll};
+use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
+
+mod generated;
 use serde_json::{Value, json};
 
 const TEMPLATES: &str = r#"
@@ -166,12 +175,12 @@ impl Backend {
 
 /// One attempt: a name, where, and the Pod.
 struct Case {
-    name: &'static str,
+    name: String,
     namespace: String,
     pod: Value,
     /// Whether the webhook (the reference) must refuse it: checked too, so that a case that
-    /// stopped testing what it names fails.
-    refused: bool,
+    /// stopped testing what it names fails (`None` for a generated case).
+    refused: Option<bool>,
     /// Whether the `policy` backend refuses it by design: a required template it selects cannot
     /// be expressed by a policy (docs/reference.md), so nothing can inject it there.
     policy_refuses: bool,
@@ -215,6 +224,128 @@ fn named<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
         .flatten()
         .find(|c| c["name"] == name)
         .unwrap_or_else(|| panic!("{list} {name} in {pod}"))
+}
+
+/// An exact copy of what the webhook stored for a plain Pod (`injected`), token mounts left
+/// out as the plugin adds its own.
+fn exact_copy(injected: &Value) -> Value {
+    pod(
+        "copy",
+        json!({
+            "containers": [app(), without_token_mount(named(injected, "containers", "log-agent"))],
+            "initContainers": [without_token_mount(named(injected, "initContainers", "mesh-proxy"))],
+            "volumes": [named(injected, "volumes", "mesh-config"), named(injected, "volumes", "mesh-ca")],
+        }),
+    )
+}
+
+/// How many generated cases run beside the named ones.
+const GENERATED: usize = 48;
+
+/// The generated cases, in `namespace` or `limited` (a LimitRange's).
+fn generated_cases(namespace: &str, limited: &str, injected: &Value) -> Vec<Case> {
+    let seed = generated::seed();
+    eprintln!("[one-verdict] generated cases: SIDECAR_INJECTOR_E2E_SEED={seed}");
+    let mut draw = generated::Draw::new(seed);
+    let record = injected["annotations"]["sidecar.dev/injected"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let plain = pod("plain", json!({"containers": [app()]}));
+    generated::attempts(&mut draw, GENERATED, &exact_copy(injected), &plain, &record)
+        .into_iter()
+        .map(|(what, pod)| Case {
+            namespace: if draw.below(4) == 0 {
+                limited
+            } else {
+                namespace
+            }
+            .to_owned(),
+            name: format!("generated {what}"),
+            pod,
+            refused: None,
+            policy_refuses: false,
+        })
+        .collect()
+}
+
+/// Where `a` and `b` first differ, as a JSON pointer.
+fn first_difference(a: &Value, b: &Value) -> String {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x
+            .keys()
+            .chain(y.keys())
+            .find(|k| x.get(*k) != y.get(*k))
+            .map(|k| {
+                let (p, q) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                format!("/{k}{}", first_difference(p, q))
+            })
+            .unwrap_or_default(),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .position(|(p, q)| p != q)
+            .map(|i| format!("/{i}{}", first_difference(&x[i], &y[i])))
+            .unwrap_or_default(),
+        _ => format!(": {a} vs {b}"),
+    }
+}
+
+/// `view` as `render`'s is compared with it: the admission plugins that run around the webhook
+/// run once on the rendered Pod, so the ServiceAccount token's volume comes after the
+/// template's volumes rather than before, and the LimitRange's annotation names every
+/// container rather than those it defaulted last.
+fn as_rendered(view: &Value) -> Value {
+    let mut view = view.clone();
+    if let Some(annotations) = view["annotations"].as_object_mut() {
+        annotations.remove("kubernetes.io/limit-ranger");
+    }
+    if let Some(volumes) = view["spec"]["volumes"].as_array_mut() {
+        volumes.sort_by_key(|v| {
+            v["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("kube-api-access-"))
+        });
+    }
+    view
+}
+
+/// What `render` makes of `case`: its patch applied to the Pod as written, then created (dry
+/// run) in `elsewhere`, a namespace nothing injects into (with the same LimitRange as the
+/// case's namespace, if any), as the webhook's result is compared.
+fn render(
+    cp: &ControlPlane,
+    templates: &std::path::Path,
+    case: &Case,
+    labels: &str,
+    elsewhere: &str,
+) -> Result<Value, String> {
+    let pod_file = cp.dir().join("render-pod.json");
+    std::fs::write(&pod_file, case.pod.to_string()).unwrap();
+    let output = Command::new(operator_binary().unwrap())
+        .arg("render")
+        .arg("--template")
+        .arg(templates)
+        .arg("--pod")
+        .arg(&pod_file)
+        .args(["--namespace", &case.namespace])
+        .args(["--namespace-labels", labels])
+        .args(["--output", "patch"])
+        .output()
+        .unwrap();
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
+    }
+    let patch: json_patch::Patch = serde_json::from_slice(&output.stdout).unwrap();
+    let mut rendered = case.pod.clone();
+    json_patch::patch(&mut rendered, &patch).unwrap();
+    dry_run_create(cp, elsewhere, &rendered)
+        .unwrap()
+        .map(|stored| as_rendered(&stored_view(&stored, &case.namespace).unwrap()))
+        .map_err(|refusal| format!("the rendered Pod was refused where nothing injects: {refusal}"))
 }
 
 /// The cases, the exact copies taken from what the webhook stored for a plain Pod.
@@ -277,60 +408,60 @@ fn cases(
 
     vec![
         Case {
-            name: "a volume named like the token's mounted into the sidecar",
+            name: "a volume named like the token's mounted into the sidecar".to_owned(),
             namespace: namespace.to_owned(),
             pod: forged_mount,
-            refused: true,
+            refused: Some(true),
             policy_refuses: false,
         },
         Case {
-            name: "the native sidecar behind the Pod's own init container",
+            name: "the native sidecar behind the Pod's own init container".to_owned(),
             namespace: namespace.to_owned(),
             pod: behind,
-            refused: true,
+            refused: Some(true),
             policy_refuses: false,
         },
         Case {
-            name: "a hostNetwork Pod (hostPort defaulted)",
+            name: "a hostNetwork Pod (hostPort defaulted)".to_owned(),
             namespace: namespace.to_owned(),
             pod: pod(
                 "host-network",
                 json!({"hostNetwork": true, "containers": [app()]}),
             ),
-            refused: false,
+            refused: Some(false),
             policy_refuses: false,
         },
         Case {
-            name: "a namespace with a LimitRange (resources defaulted)",
+            name: "a namespace with a LimitRange (resources defaulted)".to_owned(),
             namespace: limited.to_owned(),
             pod: pod("limited", json!({"containers": [app()]})),
-            refused: false,
+            refused: Some(false),
             policy_refuses: false,
         },
         // Under `auto` the policy applied `fetch` before the webhook applied `ordered-mesh`:
         // its init container ran before the proxy, and its env value won.
         Case {
-            name: "a best-effort template after one the policy cannot express",
+            name: "a best-effort template after one the policy cannot express".to_owned(),
             namespace: ordered.to_owned(),
             pod: pod("ordered", json!({"containers": [app()]})),
-            refused: false,
+            refused: Some(false),
             policy_refuses: true,
         },
         // The policies left alone every container named like any template's, so this one
         // missed the required template's env.
         Case {
-            name: "an app container named like the container of a template that does not select the Pod",
+            name: "an app container named like the container of a template that does not select the Pod".to_owned(),
             namespace: namespace.to_owned(),
             pod: pod(
                 "named-like",
                 json!({"containers": [app(), {"name": "elsewhere-agent", "image": "app.invalid/helper:1"}]}),
             ),
-            refused: false,
+            refused: Some(false),
             policy_refuses: false,
         },
         // Under `policy` the label never came, and the Pod was admitted with neither.
         Case {
-            name: "a required template selecting on a label a webhook-only template adds",
+            name: "a required template selecting on a label a webhook-only template adds".to_owned(),
             namespace: labelled.to_owned(),
             pod: json!({
                 "apiVersion": "v1",
@@ -338,28 +469,28 @@ fn cases(
                 "metadata": {"name": "labelled", "labels": {"app": "web"}},
                 "spec": {"containers": [app()]},
             }),
-            refused: false,
+            refused: Some(false),
             policy_refuses: true,
         },
         Case {
-            name: "a Pod with the required template's volumes, one mounted by the app",
+            name: "a Pod with the required template's volumes, one mounted by the app".to_owned(),
             namespace: namespace.to_owned(),
             pod: own_volumes,
-            refused: false,
+            refused: Some(false),
             policy_refuses: false,
         },
         Case {
-            name: "a Pod with a volume named like the required template's that differs",
+            name: "a Pod with a volume named like the required template's that differs".to_owned(),
             namespace: namespace.to_owned(),
             pod: other_volume,
-            refused: true,
+            refused: Some(true),
             policy_refuses: false,
         },
         Case {
-            name: "a plain Pod",
+            name: "a plain Pod".to_owned(),
             namespace: namespace.to_owned(),
             pod: pod("plain", json!({"containers": [app()]})),
-            refused: false,
+            refused: Some(false),
             policy_refuses: false,
         },
     ]
@@ -478,7 +609,24 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
         &[Backend::Webhook, Backend::Auto]
     };
 
-    let mut outcomes: Vec<(Backend, Vec<Result<Value, String>>)> = Vec::new();
+    // Where `render`'s Pods are stored: namespaces no template selects, one with the same
+    // LimitRange.
+    let elsewhere = cp.namespace("rendered", &[]).unwrap();
+    let elsewhere_limited = cp.namespace("rendered-limited", &[]).unwrap();
+    let mut limit_range = limit_range;
+    limit_range["metadata"]["namespace"] = json!(elsewhere_limited);
+    cp.apply_yaml(&limit_range.to_string()).unwrap();
+    let templates = cp.dir().join("one-verdict-templates.yaml");
+    std::fs::write(&templates, [TEMPLATES, ORDERED, LABELLED].join("\n---\n")).unwrap();
+    let labels: BTreeMap<&str, &str> = [
+        (namespace.as_str(), "verdict=on"),
+        (limited.as_str(), "verdict=on"),
+        (ordered.as_str(), "verdict=order"),
+        (labelled.as_str(), "verdict=labelled"),
+    ]
+    .into();
+
+    let mut outcomes: Vec<(&str, Vec<Result<Value, String>>)> = Vec::new();
     let mut all_cases = Vec::new();
     for &backend in backends {
         let mut operator = start(&cp, backend, &namespace, policies);
@@ -490,6 +638,7 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             )
             .expect("a plain Pod is admitted");
             all_cases = cases(&namespace, &limited, &ordered, &labelled, &injected);
+            all_cases.extend(generated_cases(&namespace, &limited, &injected));
         }
         let results: Vec<Result<Value, String>> = all_cases
             .iter()
@@ -502,22 +651,42 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             };
             eprintln!("[one-verdict] {}: {}: {verdict}", backend.arg(), case.name);
         }
-        outcomes.push((backend, results));
+        outcomes.push((backend.arg(), results));
         operator.stop().unwrap();
     }
+    let rendered: Vec<Result<Value, String>> = all_cases
+        .iter()
+        .map(|case| {
+            let elsewhere = if case.namespace == limited {
+                &elsewhere_limited
+            } else {
+                &elsewhere
+            };
+            render(
+                &cp,
+                &templates,
+                case,
+                labels[case.namespace.as_str()],
+                elsewhere,
+            )
+        })
+        .collect();
+    outcomes.push(("render", rendered));
 
     let mut disagreements = Vec::new();
     let (_, reference) = &outcomes[0];
     for (index, case) in all_cases.iter().enumerate() {
-        assert_eq!(
-            reference[index].is_err(),
-            case.refused,
-            "the webhook's verdict on {:?}: {:?}",
-            case.name,
-            reference[index]
-        );
+        if let Some(refused) = case.refused {
+            assert_eq!(
+                reference[index].is_err(),
+                refused,
+                "the webhook's verdict on {:?}: {:?}",
+                case.name,
+                reference[index]
+            );
+        }
         for (backend, results) in &outcomes[1..] {
-            if *backend == Backend::Policy && case.policy_refuses {
+            if *backend == Backend::Policy.arg() && case.policy_refuses {
                 if let Ok(stored) = &results[index] {
                     disagreements.push(format!(
                         "policy: {:?} admitted, a required template it cannot express selects it: {stored}",
@@ -526,20 +695,22 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
                 }
                 continue;
             }
-            match (&reference[index], &results[index]) {
+            let expected = match &reference[index] {
+                Ok(expected) if *backend == "render" => Ok(as_rendered(expected)),
+                other => other.clone(),
+            };
+            match (&expected, &results[index]) {
                 (Ok(expected), Ok(stored)) if expected != stored => disagreements.push(format!(
-                    "{}: {:?} stored another Pod:\n  {stored}\n  the webhook's: {expected}",
-                    backend.arg(),
-                    case.name
+                    "{backend}: {:?} stored another Pod, at {}:\n  {stored}\n  the webhook's: {expected}",
+                    case.name,
+                    first_difference(stored, expected)
                 )),
                 (Err(_), Ok(_)) => disagreements.push(format!(
-                    "{}: {:?} admitted, the webhook refused it",
-                    backend.arg(),
+                    "{backend}: {:?} admitted, the webhook refused it",
                     case.name
                 )),
                 (Ok(_), Err(refusal)) => disagreements.push(format!(
-                    "{}: {:?} refused, the webhook admitted it: {refusal}",
-                    backend.arg(),
+                    "{backend}: {:?} refused, the webhook admitted it: {refusal}",
                     case.name
                 )),
                 _ => {}
