@@ -116,10 +116,18 @@ render template pod *args:
 
 # Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH
 install-plugin dir=(env_var('HOME') / ".local/bin"):
+    #!/usr/bin/env bash
+    set -euo pipefail
     cargo build --quiet -p injector-cli --bin sidecar-injector
+    target=$({{just_executable()}} target-dir)
     mkdir -p "{{dir}}"
-    install -m 0755 target/debug/sidecar-injector "{{dir}}/kubectl-sidecar"
-    @echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+    install -m 0755 "$target/debug/sidecar-injector" "{{dir}}/kubectl-sidecar"
+    echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+
+# Print cargo's target directory, wherever CARGO_TARGET_DIR (or a cargo config) puts it
+[private]
+target-dir:
+    @cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
 
 # Cluster demo on a real node: a local control plane, a node and the operator, examples/nginx-sidecar's Deployment 2/2 Ready and its sidecar answering, and an unselected namespace; left running (stop it with `just down`; needs root)
 demo: node-packages
@@ -171,10 +179,11 @@ demo-offline:
     #!/usr/bin/env bash
     set -euo pipefail
     cargo build --quiet -p injector-cli
+    target=$({{just_executable()}} target-dir)
     for dir in examples/*/; do
         name=$(basename "$dir")
         echo "== $name: $(head -n 1 "$dir/sidecartemplate.yaml" | sed 's/^# //')"
-        ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
+        "$target/debug/sidecar-injector" render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
         echo
     done
 
