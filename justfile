@@ -3,6 +3,8 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 crd_file := "crds/sidecartemplates.sidecar.dev.yaml"
+# The chart's copy, which its templates/crd.yaml renders (so that `helm upgrade` upgrades it)
+chart_crd_file := "charts/sidecar-injector/files/sidecartemplates.sidecar.dev.yaml"
 cargo_deny_version := "0.20.2"
 
 # List the recipes
@@ -37,10 +39,10 @@ fmt-check:
 fmt:
     cargo fmt --all
 
-# Regenerate crds/ (and the chart's copy) from the Rust types
+# Regenerate crds/ (and the chart's copy, which its templates/crd.yaml renders) from the Rust types
 generate:
     cargo run --quiet -p injector-cli -- crd > {{crd_file}}
-    cp {{crd_file}} charts/sidecar-injector/{{crd_file}}
+    cp {{crd_file}} {{chart_crd_file}}
 
 # Fail when crds/ (or the chart's copy) differs from what the Rust types generate
 check-generated:
@@ -53,8 +55,8 @@ check-generated:
         echo "crds/ has drifted from the Rust types: run 'just generate' and commit" >&2
         exit 1
     fi
-    if ! cmp {{crd_file}} charts/sidecar-injector/{{crd_file}}; then
-        echo "charts/sidecar-injector/crds/ differs from crds/: run 'just generate' and commit" >&2
+    if ! cmp {{crd_file}} {{chart_crd_file}}; then
+        echo "{{chart_crd_file}} differs from crds/: run 'just generate' and commit" >&2
         exit 1
     fi
 
@@ -116,10 +118,18 @@ render template pod *args:
 
 # Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH
 install-plugin dir=(env_var('HOME') / ".local/bin"):
+    #!/usr/bin/env bash
+    set -euo pipefail
     cargo build --quiet -p injector-cli --bin sidecar-injector
+    target=$({{just_executable()}} target-dir)
     mkdir -p "{{dir}}"
-    install -m 0755 target/debug/sidecar-injector "{{dir}}/kubectl-sidecar"
-    @echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+    install -m 0755 "$target/debug/sidecar-injector" "{{dir}}/kubectl-sidecar"
+    echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+
+# Print cargo's target directory, wherever CARGO_TARGET_DIR (or a cargo config) puts it
+[private]
+target-dir:
+    @cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'
 
 # Cluster demo on a real node: a local control plane, a node and the operator, examples/nginx-sidecar's Deployment 2/2 Ready and its sidecar answering, and an unselected namespace; left running (stop it with `just down`; needs root)
 demo: node-packages
@@ -171,10 +181,11 @@ demo-offline:
     #!/usr/bin/env bash
     set -euo pipefail
     cargo build --quiet -p injector-cli
+    target=$({{just_executable()}} target-dir)
     for dir in examples/*/; do
         name=$(basename "$dir")
         echo "== $name: $(head -n 1 "$dir/sidecartemplate.yaml" | sed 's/^# //')"
-        ./target/debug/sidecar-injector render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
+        "$target/debug/sidecar-injector" render --template "$dir/sidecartemplate.yaml" --pod "$dir/workload.yaml" --explain 2>&1 >/dev/null | sed 's/^/   /'
         echo
     done
 
@@ -211,6 +222,10 @@ chart-lint:
     "$helm" template t charts/sidecar-injector --namespace sidecar-injector >/dev/null
     "$helm" template t charts/sidecar-injector --namespace sidecar-injector \
         --set serviceMonitor.enabled=true --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24" >/dev/null
+    # A managed cluster's values (docs/operations.md, "Managed clusters"), and the CRD left out
+    managed=(--set hostNetwork=true --set webhookPort=9443 --set adminPort=9080 --set priorityClassName=system-cluster-critical)
+    "$helm" lint --strict charts/sidecar-injector "${managed[@]}"
+    "$helm" template t charts/sidecar-injector --namespace sidecar-injector "${managed[@]}" --set crds.install=false >/dev/null
     echo "chart OK"
 
 # The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs the llvm-profdata of rustc's LLVM, see build-packages; SIDECAR_INJECTOR_PGO=0 builds without a profile)

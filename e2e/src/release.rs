@@ -1,7 +1,7 @@
 //! The chart's release as the tests see it: what `helm install` creates, what the operator
 //! creates at run time (owned by the chart's ClusterRole, so garbage-collected with the
 //! release), the `kubectl auth can-i` matrix of its ServiceAccount, and what `helm uninstall`
-//! may leave (only the CRD, which helm never deletes).
+//! may leave (only the CRD, which the chart keeps: `helm.sh/resource-policy: keep`).
 
 use std::time::Duration;
 
@@ -34,7 +34,8 @@ pub const INSTALLED: [(&str, bool); 9] = [
     ("clusterrolebinding", false),
 ];
 
-/// The CRD: the chart installs it from its crds/, and helm never deletes it.
+/// The CRD: one of the chart's templates (so `helm upgrade` upgrades it), kept on `helm
+/// uninstall` by its `helm.sh/resource-policy: keep` (the default `crds.keep`).
 pub const CRD: &str = "sidecartemplates.sidecar.dev";
 
 impl Release<'_> {

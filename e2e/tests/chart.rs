@@ -1,12 +1,15 @@
 //! The helm chart against a real local control plane, without a node: lint, schema
-//! validation of what it renders (and of the examples) with kubeconform, `helm install`, and
+//! validation of what it renders (and of the examples) with kubeconform, `helm install` of a
+//! chart whose CRD lacks a field and the `helm upgrade` that brings it (the CRD is one of the
+//! chart's templates, and the template written before keeps its data), and
 //! the operator run out of cluster with the chart's ServiceAccount token and the Deployment's
 //! arguments (its RBAC is enough for everything the operator does, including adopting a Lease
 //! left by an older release). Least privilege past RBAC, impersonating that ServiceAccount:
 //! what the chart's ValidatingAdmissionPolicy refuses and admits, that no API-registered policy
 //! runs on admission policies while the chart's static policy does (1.37+), and no `create` on
 //! MutatingAdmissionPolicies with the webhook backend (ValidatingAdmissionPolicies it still
-//! creates: the after-admission policy). Then `helm uninstall` leaving nothing behind. The chart
+//! creates: the after-admission policy). Then `helm uninstall` leaving nothing behind but the
+//! CRD (`helm.sh/resource-policy: keep`). The chart
 //! installed for real on the node and its `kubectl auth can-i` matrix (no more than enough) are
 //! node scenarios too (`e2e/tests/node.rs`).
 //!
@@ -19,7 +22,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use injector_e2e::release::Release;
+use injector_e2e::release::{CRD, Release};
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
 use injector_e2e::steps::{
     example, wait_condition, wait_crd_established, wait_injected, wait_invalid_event, wait_served,
@@ -77,20 +80,10 @@ fn chart() {
     })
     .expect("the control plane starts");
 
-    step("helm install (no --wait: nothing runs Pods here)");
-    helm.run_with(
-        &cp,
-        &[
-            "install",
-            RELEASE,
-            path(&chart),
-            "--namespace",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-    )
-    .unwrap();
-    wait_crd_established(&cp).expect("the chart's CRD is established");
+    step(
+        "helm install of a release whose CRD lacks a field, then helm upgrade brings it (no --wait: nothing runs Pods here)",
+    );
+    upgrade_brings_the_crd(&cp, &helm, &chart).unwrap();
     for (kind, namespace) in CHART.installed() {
         cp.get_json(kind, namespace, RELEASE)
             .unwrap_or_else(|e| panic!("helm install created no {kind}: {e:#}"));
@@ -111,6 +104,22 @@ fn chart() {
 
     step("helm template validated by kubeconform against this API server's own schemas");
     validate_with_kubeconform(&cp, &helm, &chart).unwrap();
+
+    step(
+        "managed clusters: the webhook's port, hostNetwork and priorityClassName, and what follows them",
+    );
+    managed_cluster_values(&cp, &helm, &chart).unwrap();
+
+    step("the NetworkPolicy lets a Prometheus in any namespace scrape, and a value narrows it");
+    metrics_network_policy(&cp, &helm, &chart).unwrap();
+
+    step("reading SidecarTemplates: the built-in view role (aggregated), and viewerRbac.subjects");
+    viewer_rbac(&cp, &helm, &chart).unwrap();
+
+    step(
+        "writing a required template that selects every namespace, or the cluster's own, is warned about",
+    );
+    template_safety_warnings(&cp).unwrap();
 
     step("the operator with the chart's ServiceAccount token and the chart's arguments");
     let mut operator = start_operator_as_service_account(&cp).expect("the operator starts");
@@ -175,6 +184,487 @@ fn chart() {
         .unwrap();
     CHART.wait_uninstalled(&cp).unwrap();
     eprintln!("[chart] passed in {:.1?}", started.elapsed());
+}
+
+/// `spec.updateStrategy`, the field the CRD of the release installed first lacks, as a CRD of
+/// an older chart would.
+const MISSING_FIELD: &str = "updateStrategy";
+
+/// The CRD follows the chart (it is one of its templates, not of its `crds/`): installs a copy
+/// of the chart whose CRD lacks [`MISSING_FIELD`] and writes a template, then `helm upgrade`s
+/// to the chart itself and checks that the CRD gained the field, kept its
+/// `helm.sh/resource-policy: keep`, and that the template written before kept its data and can
+/// now carry the field.
+fn upgrade_brings_the_crd(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    let older = cp.dir().join("chart-older-crd");
+    copy_dir(chart, &older)?;
+    let mut crd = serde_json::to_value(injector_api::crd())?;
+    let removed =
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            .as_object_mut()
+            .context("no spec properties in the CRD")?
+            .remove(MISSING_FIELD);
+    ensure!(removed.is_some(), "the CRD has no spec.{MISSING_FIELD}");
+    // JSON is YAML: the template reads it with fromYaml.
+    std::fs::write(
+        older.join("files/sidecartemplates.sidecar.dev.yaml"),
+        serde_json::to_string_pretty(&crd)?,
+    )?;
+    helm.run_with(
+        cp,
+        &[
+            "install",
+            RELEASE,
+            path(&older),
+            "--namespace",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+    )?;
+    wait_crd_established(cp)?;
+    ensure!(
+        !crd_has_field(cp)?,
+        "the older CRD has spec.{MISSING_FIELD}"
+    );
+
+    let written = "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {name: \
+                   written-before-upgrade}\nspec:\n  priority: 7\n  failurePolicy: Ignore\n  \
+                   podSelector: {matchLabels: {app: before}}\n  containers: [{name: side, image: \
+                   stand-in.invalid/busybox:1.36}]\n";
+    let with_field = format!("{written}  updateStrategy: {{type: RollingRestart, paused: true}}\n");
+    // kubectl validates fields strictly: the older CRD refuses what it does not know.
+    let refused = cp.kubectl_with_stdin(&["apply", "-f", "-"], &with_field)?;
+    ensure!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains(MISSING_FIELD),
+        "the older CRD accepted spec.{MISSING_FIELD}: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    cp.apply_yaml(written)?;
+    let before = cp.get_json("sidecartemplate", None, "written-before-upgrade")?;
+
+    helm.run_with(
+        cp,
+        &["upgrade", RELEASE, path(chart), "--namespace", NAMESPACE],
+    )?;
+    let upgraded = cp.get_json("crd", None, CRD)?;
+    ensure!(
+        upgraded["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep",
+        "the CRD is not kept on uninstall: {}",
+        upgraded["metadata"]
+    );
+    poll(
+        Duration::from_secs(30),
+        "helm upgrade to bring the field into the CRD",
+        || Ok(crd_has_field(cp)?.then_some(())),
+    )?;
+    let after = cp.get_json("sidecartemplate", None, "written-before-upgrade")?;
+    ensure!(
+        after["spec"] == before["spec"]
+            && after["metadata"]["generation"] == before["metadata"]["generation"],
+        "the template written before the upgrade changed:\nbefore {}\nafter {}",
+        before["spec"],
+        after["spec"]
+    );
+    // Applied as soon as the API server serves the new schema (an update of a CRD takes a
+    // moment to reach the handlers).
+    poll(
+        Duration::from_secs(30),
+        "the upgraded CRD to take spec.updateStrategy",
+        || {
+            Ok(cp
+                .kubectl_with_stdin(&["apply", "-f", "-"], &with_field)?
+                .status
+                .success()
+                .then_some(()))
+        },
+    )?;
+    let kept = cp.get_json("sidecartemplate", None, "written-before-upgrade")?;
+    ensure!(
+        kept["spec"][MISSING_FIELD]["type"] == "RollingRestart"
+            && kept["spec"]["containers"] == before["spec"]["containers"]
+            && kept["spec"]["podSelector"] == before["spec"]["podSelector"]
+            && kept["spec"]["priority"] == 7,
+        "after the upgrade: {}",
+        kept["spec"]
+    );
+    cp.kubectl_ok(&["delete", "sidecartemplate", "written-before-upgrade"])?;
+    eprintln!(
+        "[chart] helm upgrade brought spec.{MISSING_FIELD} into the CRD; the template written before kept its data"
+    );
+    Ok(())
+}
+
+/// Whether the served CRD has `spec.updateStrategy`.
+fn crd_has_field(cp: &ControlPlane) -> anyhow::Result<bool> {
+    let crd = cp.get_json("crd", None, CRD)?;
+    Ok(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            .get(MISSING_FIELD)
+            .is_some(),
+    )
+}
+
+/// Copies the directory `from` to `to`, recursively.
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// `--set` values of a managed cluster whose control plane cannot reach Pod addresses (EKS with
+/// an overlay CNI): the node's network, ports of the node's, a critical priority.
+const MANAGED: [&str; 4] = [
+    "hostNetwork=true",
+    "webhookPort=9443",
+    "adminPort=9080",
+    "priorityClassName=system-cluster-critical",
+];
+
+/// Renders the chart with [`MANAGED`] and checks what follows the values: the Pod's network
+/// and DNS policy, its priority, the listen addresses, the container ports the probes and the
+/// Service's targetPorts name, the NetworkPolicy's ports; and that the kubelet's port is
+/// refused on the node's network.
+fn managed_cluster_values(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    let list = render_objects(cp, helm, chart, &MANAGED)?;
+    let object = |kind: &str| rendered_object(&list, kind);
+    let pod = &object("Deployment")?["spec"]["template"]["spec"];
+    ensure!(
+        pod["hostNetwork"] == true
+            && pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+            && pod["priorityClassName"] == "system-cluster-critical",
+        "the Pod spec: {pod}"
+    );
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .context("no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for (flag, address) in [
+        ("--listen", "0.0.0.0:9443"),
+        ("--admin-listen", "0.0.0.0:9080"),
+    ] {
+        ensure!(
+            args.windows(2).any(|w| w == [flag, address]),
+            "{flag} {address} not in {args:?}"
+        );
+    }
+    let ports: Vec<(&str, i64)> = container["ports"]
+        .as_array()
+        .context("no ports")?
+        .iter()
+        .filter_map(|p| Some((p["name"].as_str()?, p["containerPort"].as_i64()?)))
+        .collect();
+    ensure!(
+        ports == [("webhook", 9443), ("admin", 9080)],
+        "container ports {ports:?}"
+    );
+    for probe in ["livenessProbe", "readinessProbe"] {
+        ensure!(
+            container[probe]["httpGet"]["port"] == "admin",
+            "{probe}: {}",
+            container[probe]
+        );
+    }
+    let service_ports = &object("Service")?["spec"]["ports"];
+    ensure!(
+        service_ports[0]["targetPort"] == "webhook" && service_ports[1]["targetPort"] == "admin",
+        "Service ports: {service_ports}"
+    );
+    let ingress = &object("NetworkPolicy")?["spec"]["ingress"];
+    ensure!(
+        ingress[0]["ports"][0]["port"] == 9443 && ingress[1]["ports"][0]["port"] == 9080,
+        "NetworkPolicy ingress: {ingress}"
+    );
+
+    let clash = helm.run(&[
+        "template",
+        RELEASE,
+        path(chart),
+        "--set",
+        "hostNetwork=true",
+        "--set",
+        "webhookPort=10250",
+    ]);
+    ensure!(
+        format!(
+            "{:#}",
+            clash
+                .err()
+                .context("hostNetwork on the kubelet's port rendered")?
+        )
+        .contains("kubelet"),
+        "not refused for the kubelet's port"
+    );
+    Ok(())
+}
+
+/// The chart rendered with `sets`, as a List of the objects kubectl reads from it (there is no
+/// YAML parser here).
+fn render_objects(
+    cp: &ControlPlane,
+    helm: &Helm,
+    chart: &Path,
+    sets: &[&str],
+) -> anyhow::Result<Value> {
+    let mut args = vec!["template", RELEASE, path(chart), "--namespace", NAMESPACE];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    let rendered = helm.run(&args)?;
+    let converted = cp.kubectl_with_stdin(
+        &["create", "--dry-run=client", "-o", "json", "-f", "-"],
+        &rendered,
+    )?;
+    ensure!(
+        converted.status.success(),
+        "kubectl could not read the chart: {}",
+        String::from_utf8_lossy(&converted.stderr)
+    );
+    // One JSON document per object, or one List: either way, one List here.
+    let mut items = Vec::new();
+    for document in serde_json::Deserializer::from_slice(&converted.stdout).into_iter::<Value>() {
+        let document = document?;
+        match document["items"].as_array() {
+            Some(list) if document["kind"] == "List" => items.extend(list.iter().cloned()),
+            _ => items.push(document),
+        }
+    }
+    Ok(serde_json::json!({ "kind": "List", "items": items }))
+}
+
+/// The object of `kind` in a List of [`render_objects`].
+fn rendered_object<'a>(list: &'a Value, kind: &str) -> anyhow::Result<&'a Value> {
+    list["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|o| o["kind"] == kind))
+        .with_context(|| format!("no {kind} rendered"))
+}
+
+/// The NetworkPolicy's rule for the admin port: by default any Pod of any namespace (a
+/// Prometheus wherever it runs) may scrape, and `networkPolicy.metrics.from` narrows it.
+fn metrics_network_policy(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    let admin_rule = |list: &Value| -> anyhow::Result<Value> {
+        let ingress = rendered_object(list, "NetworkPolicy")?["spec"]["ingress"]
+            .as_array()
+            .context("no ingress rules")?;
+        ingress
+            .iter()
+            .find(|rule| rule["ports"][0]["port"] == 8080)
+            .cloned()
+            .context("no rule for the admin port")
+    };
+    let default = admin_rule(&render_objects(cp, helm, chart, &[])?)?;
+    // One peer, an empty namespaceSelector and no podSelector: every Pod of every namespace.
+    ensure!(
+        default["from"] == serde_json::json!([{"namespaceSelector": {}}]),
+        "the default admin rule: {default}"
+    );
+    let narrowed = admin_rule(&render_objects(
+        cp,
+        helm,
+        chart,
+        &[
+            "networkPolicy.metrics.from[0].namespaceSelector.matchLabels.team=monitoring",
+            "networkPolicy.metrics.from[0].podSelector.matchLabels.app=prometheus",
+        ],
+    )?)?;
+    ensure!(
+        narrowed["from"]
+            == serde_json::json!([{
+                "namespaceSelector": {"matchLabels": {"team": "monitoring"}},
+                "podSelector": {"matchLabels": {"app": "prometheus"}},
+            }]),
+        "the narrowed admin rule: {narrowed}"
+    );
+    Ok(())
+}
+
+/// `kubectl auth can-i VERB sidecartemplates.sidecar.dev` as `who` (`--as` and `--as-group`
+/// arguments): whether it says yes. `--all-namespaces`, as a request for a cluster-scoped
+/// object is: without it kubectl asks in its current namespace, where a RoleBinding counts.
+fn can_on_templates(cp: &ControlPlane, verb: &str, who: &[&str]) -> anyhow::Result<bool> {
+    let mut args = vec![
+        "auth",
+        "can-i",
+        verb,
+        "sidecartemplates.sidecar.dev",
+        "--all-namespaces",
+    ];
+    args.extend(who);
+    let output = cp.kubectl(&args)?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim() == "yes")
+}
+
+/// The chart's read-only ClusterRole on SidecarTemplates: aggregated into the built-in view
+/// and edit roles (a cluster-wide holder reads templates, and may still not write them), not
+/// reaching a holder of `view` in one namespace (RBAC grants no cluster-scoped object through
+/// a RoleBinding), which `viewerRbac.subjects` binds instead.
+fn viewer_rbac(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "e2e-cluster-viewer",
+        "--clusterrole=view",
+        "--user=cluster-viewer",
+    ])?;
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "e2e-cluster-editor",
+        "--clusterrole=edit",
+        "--user=cluster-editor",
+    ])?;
+    cp.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "e2e-namespace-viewer",
+        "--namespace=default",
+        "--clusterrole=view",
+        "--user=namespace-viewer",
+    ])?;
+    // kube-controller-manager aggregates the chart's rules into view and edit.
+    poll(
+        Duration::from_secs(30),
+        "the chart's rules aggregated into view and edit",
+        || {
+            Ok((can_on_templates(cp, "list", &["--as=cluster-viewer"])?
+                && can_on_templates(cp, "get", &["--as=cluster-editor"])?)
+            .then_some(()))
+        },
+    )?;
+    for (verb, who) in [
+        ("create", "--as=cluster-viewer"),
+        ("update", "--as=cluster-editor"),
+        ("delete", "--as=cluster-editor"),
+        ("list", "--as=namespace-viewer"),
+    ] {
+        ensure!(
+            !can_on_templates(cp, verb, &[who])?,
+            "{who} may {verb} SidecarTemplates"
+        );
+    }
+    helm.run_with(
+        cp,
+        &[
+            "upgrade",
+            RELEASE,
+            path(chart),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--set-json",
+            r#"viewerRbac.subjects=[{"kind":"Group","name":"app-teams","apiGroup":"rbac.authorization.k8s.io"}]"#,
+        ],
+    )?;
+    let app_team = ["--as=someone", "--as-group=app-teams"];
+    ensure!(
+        can_on_templates(cp, "list", &app_team)? && can_on_templates(cp, "watch", &app_team)?,
+        "viewerRbac.subjects may not read SidecarTemplates"
+    );
+    ensure!(
+        !can_on_templates(cp, "create", &app_team)? && !can_on_templates(cp, "patch", &app_team)?,
+        "viewerRbac.subjects may write SidecarTemplates"
+    );
+    for binding in [
+        "clusterrolebinding/e2e-cluster-viewer",
+        "clusterrolebinding/e2e-cluster-editor",
+    ] {
+        cp.kubectl_ok(&["delete", binding])?;
+    }
+    cp.kubectl_ok(&[
+        "delete",
+        "rolebinding",
+        "e2e-namespace-viewer",
+        "-n",
+        "default",
+    ])?;
+    eprintln!(
+        "[chart] view and edit read SidecarTemplates and write none; view in one namespace does not; viewerRbac.subjects read them"
+    );
+    Ok(())
+}
+
+/// The chart's `<release>-template-safety` ValidatingAdmissionPolicy (`Warn`): writing a
+/// required template with no namespaceSelector, with one that only excludes, or with one
+/// naming `kube-system` prints a warning and stores the template; a best-effort one, or one
+/// selecting ordinary namespaces, gets none.
+fn template_safety_warnings(cp: &ControlPlane) -> anyhow::Result<()> {
+    let template = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: sidecar.dev/v1alpha1\nkind: SidecarTemplate\nmetadata: {{name: {name}}}\n\
+             spec:\n  containers: [{{name: side, image: stand-in.invalid/busybox:1.36}}]\n{extra}"
+        )
+    };
+    // `kubectl create`: an `apply` that changes nothing sends no request, so gets no warning.
+    let apply = |yaml: &str| -> anyhow::Result<String> {
+        let output = cp.kubectl_with_stdin(&["create", "-f", "-"], yaml)?;
+        ensure!(
+            output.status.success(),
+            "kubectl create refused: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let everywhere = template("e2e-safety-everywhere", "");
+    // The policy and its binding take a moment to be in force.
+    let warning = poll(
+        Duration::from_secs(30),
+        "the template-safety policy to warn",
+        || {
+            let stderr = apply(&everywhere)?;
+            if stderr.contains("selects every namespace") {
+                return Ok(Some(stderr));
+            }
+            cp.kubectl_ok(&["delete", "sidecartemplate", "e2e-safety-everywhere"])?;
+            Ok(None)
+        },
+    )?;
+    eprintln!("[chart] no namespaceSelector: {}", warning.trim());
+    let cases = [
+        (
+            "e2e-safety-excludes",
+            "  namespaceSelector: {matchExpressions: [{key: team, operator: DoesNotExist}]}\n",
+            Some("only excludes"),
+        ),
+        (
+            "e2e-safety-system",
+            "  namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [apps, kube-system]}]}\n",
+            Some("cluster's own components"),
+        ),
+        ("e2e-safety-best-effort", "  failurePolicy: Ignore\n", None),
+        (
+            "e2e-safety-selected",
+            "  namespaceSelector: {matchLabels: {team: payments}}\n",
+            None,
+        ),
+    ];
+    for (name, extra, expected) in cases {
+        let stderr = apply(&template(name, extra))?;
+        match expected {
+            Some(text) => ensure!(
+                stderr.contains("Warning") && stderr.contains(text),
+                "{name}: no warning saying {text:?}: {stderr}"
+            ),
+            None => ensure!(!stderr.contains("Warning"), "{name} was warned: {stderr}"),
+        }
+        cp.get_json("sidecartemplate", None, name)?;
+    }
+    let mut names = vec!["delete", "sidecartemplate", "e2e-safety-everywhere"];
+    names.extend(cases.iter().map(|(name, _, _)| *name));
+    cp.kubectl_ok(&names)?;
+    eprintln!("[chart] warned about every case, and stored every template");
+    Ok(())
 }
 
 /// `--set` values that turn every optional object on.
@@ -307,7 +797,11 @@ fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> an
     );
 
     let mut files = Vec::new();
-    for (label, sets) in [("defaults", &[][..]), ("optionals", &OPTIONALS[..])] {
+    for (label, sets) in [
+        ("defaults", &[][..]),
+        ("optionals", &OPTIONALS[..]),
+        ("managed", &MANAGED[..]),
+    ] {
         let mut args = vec![
             "template",
             RELEASE,

@@ -607,6 +607,10 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
             // The rollout scenarios restart workloads.
             "--set",
             "rollouts.enabled=true",
+            // The node's operator ran first, on the CRD of crds/ applied with kubectl, which
+            // helm would refuse to take over (no release owns it).
+            "--set",
+            "crds.install=false",
             "--wait",
             "--timeout=3m",
         ],

@@ -63,6 +63,12 @@ pub const DEFAULT_PRIORITY: i32 = 100;
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
+    // Why it is (not) Ready at a glance: `Invalid`, `NotServed`, … (docs/reference.md, status).
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
     printcolumn(
         name = "Injected",
         type_ = "integer",

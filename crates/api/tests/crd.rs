@@ -49,6 +49,7 @@ fn the_crd_is_cluster_scoped_with_short_name_and_columns() {
             "Injection",
             "Failure-Policy",
             "Ready",
+            "Reason",
             "Injected",
             "Current",
             "Stale",

@@ -340,19 +340,27 @@ fn a_reader_that_goes_away_is_no_panic() {
 }
 
 #[test]
-fn the_crd_command_prints_what_crds_holds() {
+fn the_crd_command_prints_what_crds_and_the_chart_hold() {
     let output = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
         .arg("crd")
         .output()
         .unwrap();
     assert!(output.status.success());
-    let committed = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../crds/sidecartemplates.sidecar.dev.yaml"),
-    )
-    .unwrap();
-    assert_eq!(
-        String::from_utf8(output.stdout).unwrap(),
-        committed,
-        "crds/ has drifted from the Rust types: run `just generate`"
-    );
+    let generated = String::from_utf8(output.stdout).unwrap();
+    // crds/ for `kubectl apply`, and the chart's copy its templates/crd.yaml renders.
+    for committed in [
+        "crds/sidecartemplates.sidecar.dev.yaml",
+        "charts/sidecar-injector/files/sidecartemplates.sidecar.dev.yaml",
+    ] {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../..")
+                .join(committed),
+        )
+        .unwrap();
+        assert_eq!(
+            generated, text,
+            "{committed} has drifted from the Rust types: run `just generate`"
+        );
+    }
 }

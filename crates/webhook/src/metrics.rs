@@ -4,6 +4,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::review::Outcome;
@@ -29,6 +30,32 @@ pub struct TemplateLabels {
 pub struct GroupLabels {
     /// The selector group.
     pub group: String,
+}
+
+/// Labels of `sidecar_injector_build_info`: what is running, for dashboards and alerts that
+/// compare replicas or follow an upgrade.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version (the workspace's, one for every binary).
+    pub version: String,
+    /// The source revision the binary was built from: `SIDECAR_INJECTOR_REVISION` in the
+    /// build's environment, `unknown` when it was not set (a build from a checkout does not
+    /// set it, so that the profile-guided build's profile is not recorded again for every
+    /// commit).
+    pub revision: String,
+}
+
+impl BuildLabels {
+    /// This binary's.
+    pub fn current() -> Self {
+        Self {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            revision: option_env!("SIDECAR_INJECTOR_REVISION")
+                .filter(|r| !r.is_empty())
+                .unwrap_or("unknown")
+                .to_owned(),
+        }
+    }
 }
 
 /// Every webhook metric, registered in a shared registry.
@@ -62,6 +89,12 @@ impl WebhookMetrics {
             busy: Counter::default(),
         };
         let registry = registry.sub_registry_with_prefix("sidecar_injector");
+        // Registered here because `serve` and `run` both register the webhook's metrics.
+        registry.register(
+            "build",
+            "The running build: always 1, its version and revision as labels",
+            Info::new(BuildLabels::current()),
+        );
         registry.register(
             "admission_requests",
             "Admission requests, by selector group and outcome",
@@ -157,5 +190,30 @@ impl WebhookMetrics {
     /// Records a request turned away because the memory budget stayed taken.
     pub fn record_busy(&self) {
         self.busy.inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    #[test]
+    fn build_info_names_the_version() {
+        let mut registry = Registry::default();
+        let _metrics = WebhookMetrics::register(&mut registry);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        let line = format!(
+            "sidecar_injector_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            BuildLabels::current().revision
+        );
+        assert!(text.contains(&line), "no {line} in:\n{text}");
+        assert!(
+            text.contains("# TYPE sidecar_injector_build info"),
+            "{text}"
+        );
     }
 }

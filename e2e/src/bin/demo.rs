@@ -21,25 +21,26 @@ use injector_e2e::pod::containers;
 use injector_e2e::steps::{CONFIGURATION, wait_crd_established, wait_injected, wait_served};
 use injector_e2e::{Cluster, Operator, OperatorOptions, http_get_at, poll, workspace_root};
 
+/// The directory of the demo's files: the checkout's `target/`, where `just down` looks, also
+/// when `CARGO_TARGET_DIR` puts the build elsewhere (then nothing else creates it: [`main`]
+/// does).
+fn demo_dir() -> PathBuf {
+    workspace_root().join("target")
+}
+
 /// Where the demo's process id and directory are written (read by `just down`).
 fn state_file() -> PathBuf {
-    workspace_root()
-        .join("target")
-        .join("sidecar-injector-demo.state")
+    demo_dir().join("sidecar-injector-demo.state")
 }
 
 /// What the demo saw, printed by the foreground `demo` once the background one is ready.
 fn summary_file() -> PathBuf {
-    workspace_root()
-        .join("target")
-        .join("sidecar-injector-demo.summary")
+    demo_dir().join("sidecar-injector-demo.summary")
 }
 
 /// The background process's output.
 fn log_file() -> PathBuf {
-    workspace_root()
-        .join("target")
-        .join("sidecar-injector-demo.log")
+    demo_dir().join("sidecar-injector-demo.log")
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +54,8 @@ fn main() -> anyhow::Result<()> {
             state.display()
         );
     }
+    std::fs::create_dir_all(demo_dir())
+        .with_context(|| format!("cannot create {}", demo_dir().display()))?;
     let _ = std::fs::remove_file(summary_file());
     let log = std::fs::File::create(log_file())
         .with_context(|| format!("cannot create {}", log_file().display()))?;
