@@ -370,6 +370,8 @@ pub struct SidecarTemplateStatus {
     /// - `RolloutBlocked`: `True`/`Halted` when a restarted workload made no progress within
     ///   `progressDeadlineSeconds`, `True`/`Forbidden` when the operator may not restart
     ///   workloads.
+    /// - `WideSelection`: `True`/`NoNamespaceSelector` or `True`/`ExcludingSelectorOnly` when a
+    ///   required template selects every namespace (but the few never injected).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

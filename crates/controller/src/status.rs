@@ -53,8 +53,19 @@ pub const REASON_INVALID_GENERATION_KEPT: &str = "InvalidGenerationKept";
 /// workloads).
 pub const ROLLOUT_BLOCKED: &str = "RolloutBlocked";
 
+/// The type of the condition saying a required template selects every namespace (no
+/// `namespaceSelector`, or one that only excludes): a typo's reach is the whole cluster, and
+/// while the injector is down no selected Pod can be created there.
+pub const WIDE_SELECTION: &str = "WideSelection";
+
 /// The condition types the controller owns: one it no longer wants is removed.
-const OWNED: [&str; 4] = [READY, DEGRADED, ROLLOUT_BLOCKED, POLICY_SERVED];
+const OWNED: [&str; 5] = [
+    READY,
+    DEGRADED,
+    ROLLOUT_BLOCKED,
+    POLICY_SERVED,
+    WIDE_SELECTION,
+];
 
 /// The reason of a `Ready=True` condition.
 pub const REASON_VALID: &str = "Valid";
@@ -213,6 +224,16 @@ fn status_with(
             observed_generation: generation,
         });
     }
+    if let Some((reason, message)) = wide_selection(template) {
+        conditions.push(Condition {
+            type_: WIDE_SELECTION.to_owned(),
+            status: "True".to_owned(),
+            reason: reason.to_owned(),
+            message,
+            last_transition_time: since(WIDE_SELECTION, "True"),
+            observed_generation: generation,
+        });
+    }
     SidecarTemplateStatus {
         conditions,
         observed_generation: generation,
@@ -226,6 +247,41 @@ fn status_with(
             .as_ref()
             .and_then(|status| status.rollout.clone()),
     }
+}
+
+/// Why a required template selects every namespace but the few never injected, if it does:
+/// the reason and message of its `WideSelection` condition (the chart's template-safety
+/// policy warns at `kubectl apply` time for the same).
+fn wide_selection(template: &SidecarTemplate) -> Option<(&'static str, String)> {
+    if template.spec.failure_policy != FailurePolicy::Fail {
+        return None;
+    }
+    let reason = match &template.spec.namespace_selector {
+        None => "NoNamespaceSelector",
+        Some(selector) => {
+            let includes = selector
+                .match_labels
+                .as_ref()
+                .is_some_and(|l| !l.is_empty())
+                || selector
+                    .match_expressions
+                    .iter()
+                    .flatten()
+                    .any(|e| e.operator == "In" || e.operator == "Exists");
+            if includes {
+                return None;
+            }
+            "ExcludingSelectorOnly"
+        }
+    };
+    Some((
+        reason,
+        "the template is required and its namespaceSelector selects every namespace but the \
+         few never injected: a Pod it selects anywhere is refused while it cannot be injected \
+         (the injector down, a bad edit); give it a namespaceSelector that names the namespaces \
+         it is for"
+            .to_owned(),
+    ))
 }
 
 /// The condition saying whether a MutatingAdmissionPolicy serves the template (`auto`

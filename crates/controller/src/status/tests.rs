@@ -27,7 +27,7 @@ fn parse_template(yaml: &str) -> SidecarTemplate {
 fn valid() -> SidecarTemplate {
     parse_template(
         "metadata: {name: log-shipper, generation: 3, uid: 7f2c, resourceVersion: '41'}\n\
-         spec:\n  containers: [{name: shipper, image: fluent-bit:3}]",
+         spec:\n  namespaceSelector: {matchLabels: {logs: 'on'}}\n  containers: [{name: shipper, image: fluent-bit:3}]",
     )
 }
 
@@ -35,7 +35,7 @@ fn valid() -> SidecarTemplate {
 fn invalid() -> SidecarTemplate {
     parse_template(
         "metadata: {name: log-shipper, generation: 4, uid: 7f2c, resourceVersion: '42'}\n\
-         spec:\n  containers: [{name: shipper, restartPolicy: Always}]",
+         spec:\n  namespaceSelector: {matchLabels: {logs: 'on'}}\n  containers: [{name: shipper, restartPolicy: Always}]",
     )
 }
 
@@ -861,4 +861,32 @@ fn a_required_template_the_guard_refuses_says_so_and_is_not_ready() {
         "{}",
         condition.message
     );
+}
+
+#[test]
+fn a_required_template_selecting_every_namespace_says_so() {
+    let condition = |yaml: &str| {
+        let template = parse_template(yaml);
+        let status = desired_status(&template, &outcome(&template), at(100));
+        status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == WIDE_SELECTION)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    let required =
+        "metadata: {name: t, generation: 1}\nspec:\n  containers: [{name: c, image: i:1}]";
+    assert_eq!(
+        condition(required),
+        Some(("True".into(), "NoNamespaceSelector".into()))
+    );
+    let excluding = "metadata: {name: t, generation: 1}\nspec:\n  namespaceSelector: {matchExpressions: [{key: tier, operator: NotIn, values: [system]}]}\n  containers: [{name: c, image: i:1}]";
+    assert_eq!(
+        condition(excluding),
+        Some(("True".into(), "ExcludingSelectorOnly".into()))
+    );
+    let named = "metadata: {name: t, generation: 1}\nspec:\n  namespaceSelector: {matchExpressions: [{key: team, operator: In, values: [a]}]}\n  containers: [{name: c, image: i:1}]";
+    assert_eq!(condition(named), None);
+    let best_effort = "metadata: {name: t, generation: 1}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: c, image: i:1}]";
+    assert_eq!(condition(best_effort), None);
 }
