@@ -299,6 +299,9 @@ pub fn desired_configuration(
     desired_configuration_with_policy(snapshot, options, ca_bundle_pem, &BTreeMap::new())
 }
 
+/// The annotation that keeps AKS's Admissions Enforcer away from the configuration.
+pub const AKS_ENFORCER_ANNOTATION: &str = "admissions.enforcer/disabled";
+
 /// [`desired_configuration`] where a MutatingAdmissionPolicy serves some templates: `present`
 /// holds, per template it serves, the CEL condition that a Pod carries the template as the
 /// policy adds it (`injector_core::policy::presence_conditions`). An entry whose templates all
@@ -319,6 +322,12 @@ pub fn desired_configuration_with_policy(
         metadata: ObjectMeta {
             name: Some(options.name.clone()),
             labels: Some(labels),
+            // AKS's Admissions Enforcer otherwise adds its own namespace requirement to every
+            // entry, which the operator would take for drift and put back, in turn.
+            annotations: Some(BTreeMap::from([(
+                AKS_ENFORCER_ANNOTATION.to_owned(),
+                "true".to_owned(),
+            )])),
             owner_references: options.owner.clone().map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },

@@ -1097,3 +1097,17 @@ fn an_entry_skips_pods_that_carry_every_template_the_policy_served() {
             .all(|c| c.name != "not-injected-by-policy")
     );
 }
+
+#[test]
+fn the_configuration_keeps_aks_admissions_enforcer_away() {
+    let config = desired_configuration(&three_groups(), &service_options(), CA);
+    assert_eq!(
+        config
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(AKS_ENFORCER_ANNOTATION))
+            .map(String::as_str),
+        Some("true")
+    );
+}
