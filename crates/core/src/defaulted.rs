@@ -23,7 +23,7 @@ pub enum ItemKind {
 }
 
 /// Where the ServiceAccount admission plugin mounts the API token into every container.
-const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+pub(crate) const SERVICE_ACCOUNT_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// What of the Pod around an item its comparison depends on.
 #[derive(Clone, Copy, Debug, Default)]

@@ -19,10 +19,10 @@ use injector_api::names::{
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::defaulted::{ItemKind, Surroundings, difference};
+use crate::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
 use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
-use crate::placeholder::{MetadataKey, PodFacts};
+use crate::placeholder::{MetadataKey, Node, PodFacts};
 use crate::pod::{Container, Pod, Strings, mount_path, name_of};
 use crate::selector::Labels;
 use crate::syntax::is_label_value;
@@ -340,6 +340,7 @@ pub fn plan_among<'t>(
 ) -> Plan<'t> {
     let ordered = in_application_order(templates);
     let token_volumes = view.token_volumes();
+    let service_account_volume = view.service_account_volume(|name| known.adds_volume(name));
 
     let namespace_name = view.namespace.as_deref().unwrap_or(namespace.name);
     if let Some(reason) = pod_wide_skip(namespace_name, namespace) {
@@ -375,12 +376,12 @@ pub fn plan_among<'t>(
             &recognised,
         );
         match pass.seen_after(view, &ordered, &seen) {
-            None => return pass.finish(view),
+            None => return pass.finish(view, service_account_volume),
             Some(_) if passes == MAX_PASSES => {
                 pass.plan.warnings.push(format!(
                     "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
                 ));
-                return pass.finish(view);
+                return pass.finish(view, service_account_volume);
             }
             Some(next) => seen = next,
         }
@@ -665,8 +666,9 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         (next != *seen).then_some(next)
     }
 
-    /// The plan, with the record and the patch.
-    fn finish(self, view: &Pod<'_>) -> Plan<'t> {
+    /// The plan, with the record and the patch; `service_account_volume` as
+    /// [`Builder::finish`] takes it.
+    fn finish(self, view: &Pod<'_>, service_account_volume: Option<&str>) -> Plan<'t> {
         let Pass {
             mut plan,
             mut builder,
@@ -719,7 +721,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         if claimed != record {
             builder.annotations.set(INJECTED_ANNOTATION, record);
         }
-        plan.patch = builder.finish();
+        plan.patch = builder.finish(service_account_volume);
         plan
     }
 }
@@ -1498,9 +1500,15 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         }
     }
 
-    fn finish(self) -> Patch<'t> {
-        // An operation an item at most, and one for the metadata: room made once.
-        let mut ops = Vec::with_capacity(1 + self.additions());
+    /// The patch. Each container added gets the ServiceAccount token's mount of
+    /// `service_account_volume` (see [`Pod::service_account_volume`]) exactly as the
+    /// ServiceAccount admission plugin would append it: the API server runs that plugin again
+    /// after any mutation, and its change alone would call this webhook again
+    /// (`reinvocationPolicy: IfNeeded`) for an answer that changes nothing.
+    fn finish(self, service_account_volume: Option<&str>) -> Patch<'t> {
+        // An operation an item at most, one for the metadata, and one token mount for each
+        // container: room made once.
+        let mut ops = Vec::with_capacity(1 + self.additions() + self.containers.added.len());
         let adds_metadata = !self.labels.added.is_empty() || !self.annotations.added.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
@@ -1518,18 +1526,36 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         let values = |items: Vec<(Placement, PatchValue<'t>)>| -> Vec<PatchValue<'t>> {
             items.into_iter().map(|(_, value)| value).collect()
         };
+        // Where each added container lands, and whether it gets the token's mount; worked out
+        // before the values move into the patch.
+        let token_mounts = |items: &[(Placement, PatchValue<'t>)], first: usize| {
+            service_account_volume.map_or_else(Vec::new, |volume| {
+                items
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(at, (_, value))| {
+                        token_mount_wanted(value).map(|has_list| (first + at, has_list, volume))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        };
         // Init containers go before the Pod's own, in order, and after those other templates
         // placed first (another webhook entry, called before, or a MutatingAdmissionPolicy):
         // templates apply in priority order, so theirs come first.
-        if self.init_containers_existed {
-            let first = self
-                .template_init_containers
+        let first_init = if self.init_containers_existed {
+            self.template_init_containers
                 .iter()
                 .take_while(|theirs| **theirs)
-                .count();
+                .count()
+        } else {
+            0
+        };
+        let init_mounts = token_mounts(&init_containers, first_init);
+        let container_mounts = token_mounts(&containers, self.view.containers.len());
+        if self.init_containers_existed {
             for (index, value) in values(init_containers).into_iter().enumerate() {
                 ops.push(AddOperation {
-                    path: PatchPath::escaped("/spec/initContainers").then_index(first + index),
+                    path: PatchPath::escaped("/spec/initContainers").then_index(first_init + index),
                     value,
                 });
             }
@@ -1547,6 +1573,28 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             values(containers),
             &mut ops,
         );
+        for (list, mounts) in [
+            ("/spec/initContainers", init_mounts),
+            ("/spec/containers", container_mounts),
+        ] {
+            for (index, has_list, volume) in mounts {
+                let mount = PatchValue::Owned(serde_json::json!({
+                    "name": volume,
+                    "readOnly": true,
+                    "mountPath": SERVICE_ACCOUNT_MOUNT_PATH,
+                }));
+                append(
+                    || {
+                        PatchPath::escaped(list)
+                            .then_index(index)
+                            .then_escaped("/volumeMounts")
+                    },
+                    has_list,
+                    vec![mount],
+                    &mut ops,
+                );
+            }
+        }
         append(
             || PatchPath::escaped("/spec/volumes"),
             self.volumes.existed,
@@ -1584,6 +1632,31 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             );
         }
         Patch(ops)
+    }
+}
+
+/// How the ServiceAccount admission plugin treats a container a template adds: `None` when
+/// the container mounts something at the token's path itself (the plugin then adds nothing),
+/// else whether it has a `volumeMounts` list the plugin appends the token's mount to.
+fn token_mount_wanted(container: &PatchValue<'_>) -> Option<bool> {
+    let wanted = |mounts: Option<&Value>| match mounts {
+        Some(Value::Array(mounts)) => mounts
+            .iter()
+            .all(|m| mount_path(m) != SERVICE_ACCOUNT_MOUNT_PATH)
+            .then_some(true),
+        _ => Some(false),
+    };
+    match container {
+        PatchValue::Fixed(fixed) => wanted(fixed.value().get("volumeMounts")),
+        // Validation keeps placeholders out of mounts, so they are a fixed part.
+        PatchValue::Rendered(Node::Object(fields), _) => {
+            match fields.iter().find(|(key, _)| key == "volumeMounts") {
+                None => Some(false),
+                Some((_, Node::Fixed(mounts))) => wanted(Some(mounts.value())),
+                Some(_) => wanted(container.to_value().get("volumeMounts")),
+            }
+        }
+        other => wanted(other.to_value().get("volumeMounts")),
     }
 }
 

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use crate::defaulted::TOKEN_VOLUME_PREFIX;
 use crate::plan::MalformedPod;
 use crate::selector::Labels;
 
@@ -43,6 +44,9 @@ pub struct Pod<'a> {
     pub(crate) image_pull_secrets: Option<Vec<Str<'a>>>,
     /// `spec.hostNetwork: true`.
     pub(crate) host_network: bool,
+    /// `spec.automountServiceAccountToken: false`: the ServiceAccount plugin then mounts no
+    /// token, whatever volume the Pod holds.
+    pub(crate) token_automount_off: bool,
 }
 
 /// A container or an init container of the Pod. One kept whole is read from its whole: its
@@ -236,6 +240,8 @@ impl<'a> Pod<'a> {
             image_pull_secrets: image_pull_secrets
                 .map(|list| list.iter().map(|s| Cow::Borrowed(name_of(s))).collect()),
             host_network: spec.get("hostNetwork") == Some(&Value::Bool(true)),
+            token_automount_off: spec.get("automountServiceAccountToken")
+                == Some(&Value::Bool(false)),
         })
     }
 
@@ -262,6 +268,29 @@ impl<'a> Pod<'a> {
             .filter(|v| v.holds_token)
             .map(|v| v.name.as_ref())
             .collect()
+    }
+}
+
+impl Pod<'_> {
+    /// The volume whose mount the ServiceAccount admission plugin appends to every container
+    /// lacking a mount at the token's path, when it runs again after a mutation
+    /// (`mountServiceAccountToken` in k8s.io/kubernetes `plugin/pkg/admission/serviceaccount`):
+    /// the first volume named with its prefix, taken only when it holds a token, and none
+    /// when the Pod turns the token off. Templates' volumes (`is_templates`) are left out: the
+    /// plugin's volume is the Pod's own, listed before anything injected.
+    pub(crate) fn service_account_volume(
+        &self,
+        is_templates: impl Fn(&str) -> bool,
+    ) -> Option<&str> {
+        if self.token_automount_off {
+            return None;
+        }
+        self.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name.starts_with(TOKEN_VOLUME_PREFIX) && !is_templates(&v.name))
+            .filter(|v| v.holds_token)
+            .map(|v| v.name.as_ref())
     }
 }
 

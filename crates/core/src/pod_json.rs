@@ -440,6 +440,7 @@ struct RawSpec<'a> {
     volumes: Shape<Vec<Volume<'a>>>,
     image_pull_secrets: Shape<Vec<Str<'a>>>,
     host_network: bool,
+    token_automount_off: bool,
     service_account_name: Option<Str<'a>>,
     service_account: Option<Str<'a>>,
 }
@@ -504,6 +505,7 @@ fn assemble<'a>(found: Shape<RawPod<'a>>) -> Result<Pod<'a>, MalformedPod> {
         volumes,
         image_pull_secrets,
         host_network: spec.host_network,
+        token_automount_off: spec.token_automount_off,
     })
 }
 
@@ -668,6 +670,9 @@ impl<'de> Fields<'de> for SpecFields<'_, '_> {
                 out.image_pull_secrets = map.next_value_seed(Seed(List { state, item }))?
             }
             "hostNetwork" => out.host_network = map.next_value_seed(Seed(IsTrue))?,
+            "automountServiceAccountToken" => {
+                out.token_automount_off = map.next_value_seed(Seed(IsFalse))?
+            }
             "serviceAccountName" => {
                 out.service_account_name = map.next_value_seed(Seed(NonEmpty { state }))?
             }
@@ -730,6 +735,22 @@ impl<'de> Expect<'de> for IsTrue {
 
     fn boolean(self, value: bool) -> bool {
         value
+    }
+}
+
+/// Whether a value is `false` (anything else, `true` included, is not).
+#[derive(Clone, Copy)]
+struct IsFalse;
+
+impl<'de> Expect<'de> for IsFalse {
+    type Out = bool;
+
+    fn other(self) -> bool {
+        false
+    }
+
+    fn boolean(self, value: bool) -> bool {
+        !value
     }
 }
 

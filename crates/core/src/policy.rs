@@ -31,7 +31,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::defaulted::{TOKEN_VOLUME_PREFIX, service_account_mount_cel, stored_volume};
+use crate::defaulted::{
+    SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, service_account_mount_cel, stored_volume,
+};
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -225,6 +227,7 @@ pub(crate) fn compile_policy_within(
     // Every init container a template adds: the leading ones of the Pod's are templates', and
     // a template's go after them, where `plan` puts them.
     let template_init = init_container_names(ordered.iter().copied());
+    let service_account_volume = service_account_volume_cel(&ordered);
     let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
     // Per template served, its mutation and its proof's (without the round), and their sizes.
     let mut written: Vec<(String, String)> = Vec::new();
@@ -339,11 +342,19 @@ pub(crate) fn compile_policy_within(
             "variables": [{
                 "name": TEMPLATE_CONTAINERS_VARIABLE,
                 "expression": template_containers(&ordered),
+            }, {
+                "name": SERVICE_ACCOUNT_VOLUME_VARIABLE,
+                "expression": service_account_volume,
             }],
             "mutations": mutations,
         },
     });
-    let proof = proof_policy(options, &hash, &every_container, proof_mutations);
+    let variables = json!([
+        // Every template applies to the proof Pod, so every template's containers are.
+        {"name": TEMPLATE_CONTAINERS_VARIABLE, "expression": every_container},
+        {"name": SERVICE_ACCOUNT_VOLUME_VARIABLE, "expression": service_account_volume},
+    ]);
+    let proof = proof_policy(options, &hash, variables, proof_mutations);
     CompiledPolicy {
         policy: Some(policy),
         binding: Some(binding(&options.name)),
@@ -359,6 +370,77 @@ pub(crate) fn compile_policy_within(
 const TEMPLATE_CONTAINERS_VARIABLE: &str = "templateContainers";
 /// That variable, as the mutations read it.
 const TEMPLATE_CONTAINERS: &str = "variables.templateContainers";
+
+/// The policy's variable naming the volume whose mount the ServiceAccount admission plugin
+/// appends to each container; empty when there is none.
+const SERVICE_ACCOUNT_VOLUME_VARIABLE: &str = "serviceAccountVolume";
+/// That variable, as the mutations read it.
+const SERVICE_ACCOUNT_VOLUME: &str = "variables.serviceAccountVolume";
+
+/// The CEL string naming the volume whose token mount the ServiceAccount admission plugin
+/// appends to every container without a mount at the token's path, as `plan` finds it
+/// (`Pod::service_account_volume`): the first volume named `kube-api-access-*` that is not a
+/// template's, when it holds a token and the Pod does not turn the token off; else `""`.
+fn service_account_volume_cel(ordered: &[&Arc<CompiledTemplate>]) -> String {
+    let template_volumes = cel_list(
+        ordered
+            .iter()
+            .flat_map(|t| t.volumes.iter().map(|i| i.key.as_str()))
+            .collect::<BTreeSet<&str>>()
+            .into_iter(),
+    );
+    format!(
+        "!object.spec.?automountServiceAccountToken.orValue(true) ? \"\" : (object.spec.?volumes.orValue([]).filter(v, v.?name.orValue(\"\").startsWith({prefix}) && !(v.?name.orValue(\"\") in {template_volumes})).map(v, v.?projected.?sources.orValue([]).exists(s, has(s.serviceAccountToken)) ? v.?name.orValue(\"\") : \"\") + [\"\"])[0]",
+        prefix = cel_string(TOKEN_VOLUME_PREFIX),
+    )
+}
+
+/// The operations appending the ServiceAccount token's mount to the container a template adds
+/// (`item`) at `index` (a CEL int) of `spec.<list>`, exactly as the ServiceAccount admission
+/// plugin would when the API server runs it again after the policy: so the policy's Pod is
+/// final, and no webhook or policy is called again for the plugin's change. None when the
+/// container mounts something at the token's path itself (volume mounts hold no placeholder).
+fn token_mount_ops(list: &str, index: &str, item: &Item) -> Option<String> {
+    let mounts = match &item.body {
+        Node::Fixed(fixed) => fixed.value().get("volumeMounts").cloned(),
+        Node::Object(fields) => {
+            fields
+                .iter()
+                .find(|(key, _)| key == "volumeMounts")
+                .map(|(_, node)| match node {
+                    Node::Fixed(fixed) => fixed.value().clone(),
+                    _ => Value::Null,
+                })
+        }
+        _ => None,
+    };
+    let has_list = match &mounts {
+        Some(Value::Array(mounts)) => {
+            if mounts.iter().any(|m| {
+                m.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
+            }) {
+                return None;
+            }
+            true
+        }
+        _ => false,
+    };
+    let mount = cel_object(
+        [
+            ("name", SERVICE_ACCOUNT_VOLUME.to_owned()),
+            ("readOnly", "true".to_owned()),
+            ("mountPath", cel_string(SERVICE_ACCOUNT_MOUNT_PATH)),
+        ]
+        .into_iter(),
+    );
+    let at = format!("\"/spec/{list}/\" + string({index}) + \"/volumeMounts\"");
+    let op = if has_list {
+        json_patch(&format!("{at} + \"/-\""), &mount)
+    } else {
+        json_patch(&at, &format!("[dyn({mount})]"))
+    };
+    Some(format!("({SERVICE_ACCOUNT_VOLUME} == \"\" ? [] : [{op}])"))
+}
 
 /// The CEL list of the container names that the templates of `ordered` selecting the Pod add:
 /// `appContainers` leaves those alone, as `plan` leaves alone what it recognises as a
@@ -564,7 +646,7 @@ pub fn proof_name(name: &str) -> String {
 fn proof_policy(
     options: &PolicyOptions,
     hash: &str,
-    every_container: &str,
+    variables: Value,
     mut mutations: Vec<Value>,
 ) -> (Value, Value) {
     mutations.push(marker_mutation(hash, false));
@@ -588,8 +670,7 @@ fn proof_policy(
                     cel_string(hash)
                 ),
             }],
-            // Every template applies to the proof Pod, so every template's containers are.
-            "variables": [{"name": TEMPLATE_CONTAINERS_VARIABLE, "expression": every_container}],
+            "variables": variables,
             "mutations": mutations,
         },
     });
@@ -1247,7 +1328,7 @@ fn mutation(
     // The template's own items, then the rest.
     let mut items: Vec<String> = Vec::new();
     if !template.init_containers.is_empty() {
-        items.push(init_container_ops(&template.init_containers, template_init));
+        items.extend(init_container_ops(&template.init_containers, template_init));
     }
     if !template.containers.is_empty() {
         let adds: Vec<String> = template
@@ -1256,6 +1337,19 @@ fn mutation(
             .map(|i| json_patch("\"/spec/containers/-\"", &cel_node(&i.body)))
             .collect();
         items.push(format!("[{}]", adds.join(", ")));
+        items.extend(
+            template
+                .containers
+                .iter()
+                .enumerate()
+                .filter_map(|(offset, item)| {
+                    let index = match offset {
+                        0 => "size(object.spec.containers)".to_owned(),
+                        offset => format!("size(object.spec.containers) + {offset}"),
+                    };
+                    token_mount_ops("containers", &index, item)
+                }),
+        );
     }
     if !template.volumes.is_empty() {
         // Only those the Pod lacks: one it has is the template's (the condition above).
@@ -1389,32 +1483,40 @@ fn selection_conditions(template: &CompiledTemplate) -> Vec<String> {
 /// templates' (`template_init`, by name) and before the Pod's own, in order, as `plan` places
 /// them. Counting templates' init containers anywhere in the Pod put a template's after one of
 /// the Pod's own whenever a template's stood behind it.
-fn init_container_ops(items: &[Item], template_init: &BTreeSet<&str>) -> String {
+/// The token's mount of each follows ([`token_mount_ops`]).
+fn init_container_ops(items: &[Item], template_init: &BTreeSet<&str>) -> Vec<String> {
     let leading = format!(
         "object.spec.?initContainers.orValue([]).map(c, c.name in {}).indexOf(false)",
         cel_list(template_init.iter().copied())
     );
     let first =
         format!("({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading})");
+    let index = |offset: usize| match offset {
+        0 => first.clone(),
+        offset => format!("{first} + {offset}"),
+    };
     let inserts: Vec<String> = items
         .iter()
         .enumerate()
         .map(|(offset, item)| {
-            let index = match offset {
-                0 => first.clone(),
-                offset => format!("{first} + {offset}"),
-            };
             json_patch(
-                &format!("\"/spec/initContainers/\" + string({index})"),
+                &format!("\"/spec/initContainers/\" + string({})", index(offset)),
                 &cel_node(&item.body),
             )
         })
         .collect();
-    format!(
+    let mut ops = vec![format!(
         "{} + [{}]",
         create_list("initContainers"),
         inserts.join(", ")
-    )
+    )];
+    ops.extend(
+        items
+            .iter()
+            .enumerate()
+            .filter_map(|(offset, item)| token_mount_ops("initContainers", &index(offset), item)),
+    );
+    ops
 }
 
 /// A template's volume as the API server stores it (`defaulted::stored_volume`), when it

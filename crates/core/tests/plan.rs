@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use injector_core::{NamespaceInfo, SkipReason, plan};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const SIDECAR: &str = r#"
 metadata: {name: logger, generation: 3}
@@ -688,4 +688,189 @@ fn app_containers_never_reach_injected_containers_on_replanning() {
     assert_eq!(out["spec"]["containers"][1].get("env"), None);
     let again = plan_in(&out, &templates);
     assert!(again.patch.is_empty(), "{:?}", again.patch);
+}
+
+/// Where the ServiceAccount admission plugin mounts the token.
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The ServiceAccount admission plugin's `mountServiceAccountToken`
+/// (k8s.io/kubernetes plugin/pkg/admission/serviceaccount/admission.go), as the API server
+/// runs it again after a mutation, for a Pod that has its volume already (the only case this
+/// models: a new volume's name is random): the first volume named `kube-api-access-*`, mounted
+/// read-only at the token's path into every init container and container without a mount
+/// there, appended. Nothing when the Pod turns the token off. Whether it changed the Pod.
+fn service_account_plugin(pod: &mut Value) -> bool {
+    if pod["spec"]["automountServiceAccountToken"] == json!(false) {
+        return false;
+    }
+    let Some(volume) = pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| v["name"].as_str().unwrap().to_owned())
+        .find(|name| name.starts_with("kube-api-access-"))
+    else {
+        return false;
+    };
+    let mount = json!({"name": volume, "readOnly": true, "mountPath": TOKEN_PATH});
+    let mut changed = false;
+    for list in ["initContainers", "containers"] {
+        for container in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let mounted = container["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["mountPath"] == TOKEN_PATH);
+            if !mounted {
+                let c = container.as_object_mut().unwrap();
+                let mounts = c.entry("volumeMounts").or_insert(json!([]));
+                mounts.as_array_mut().unwrap().push(mount.clone());
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+/// A Pod as the webhook first sees it: the ServiceAccount plugin ran before it, so its token
+/// volume is there and mounted into the Pod's own containers.
+fn pod_with_token() -> Value {
+    let mut pod = pod(APP_POD);
+    pod["spec"]["initContainers"] = json!([{"name": "setup", "image": "busybox"}]);
+    pod["spec"]["volumes"] = json!([
+        {"name": "data", "emptyDir": {}},
+        {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ]}},
+    ]);
+    assert!(service_account_plugin(&mut pod));
+    pod
+}
+
+/// Containers with and without mounts, one mounting its own volume at the token's path, a
+/// native sidecar and a plain init container.
+const TOKEN_TEMPLATES: [&str; 2] = [
+    r#"
+metadata: {name: mesh}
+spec:
+  priority: 1
+  initContainers:
+  - {name: proxy, image: proxy:1, restartPolicy: Always}
+  - name: fetch
+    image: fetch:1
+    volumeMounts: [{name: certs, mountPath: /certs}]
+  containers:
+  - name: agent
+    image: agent:1
+    volumeMounts: [{name: certs, mountPath: /certs}]
+  - {name: bare, image: bare:1}
+  volumes:
+  - {name: certs, emptyDir: {}}
+"#,
+    r#"
+metadata: {name: own-token}
+spec:
+  priority: 2
+  containers:
+  - name: tokened
+    image: t:1
+    volumeMounts: [{name: other-token, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]
+  volumes:
+  - {name: other-token, emptyDir: {}}
+"#,
+];
+
+#[test]
+fn injected_containers_carry_the_token_mount_so_the_plugin_changes_nothing() {
+    let pod = pod_with_token();
+    let templates = TOKEN_TEMPLATES.map(template);
+    let plan = plan_in(&pod, &templates);
+    let mut out = apply(&pod, &plan);
+    let token = json!({"name": "kube-api-access-x7k2p", "readOnly": true, "mountPath": TOKEN_PATH});
+    let mounts = |list: &str, name: &str| -> Vec<Value> {
+        let container = out["spec"][list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap();
+        container["volumeMounts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let certs = json!({"name": "certs", "mountPath": "/certs"});
+    assert_eq!(
+        mounts("initContainers", "proxy"),
+        std::slice::from_ref(&token)
+    );
+    assert_eq!(
+        mounts("initContainers", "fetch"),
+        [certs.clone(), token.clone()]
+    );
+    assert_eq!(mounts("containers", "agent"), [certs, token.clone()]);
+    assert_eq!(mounts("containers", "bare"), [token]);
+    // A mount of its own at the token's path keeps the plugin away: nothing is added.
+    assert_eq!(
+        mounts("containers", "tokened"),
+        [json!({"name": "other-token", "mountPath": TOKEN_PATH})]
+    );
+    assert_eq!(
+        names(&out["spec"]["initContainers"]),
+        ["proxy", "fetch", "setup"]
+    );
+
+    // The API server runs the plugin again after the patch: it finds nothing to add, so the
+    // webhook is not called again. Were it called, it would answer "unchanged".
+    assert!(!service_account_plugin(&mut out), "{out:#}");
+    assert_adds_nothing(&plan_in(&out, &templates));
+}
+
+#[test]
+fn the_token_mount_lands_on_containers_added_where_lists_are_created() {
+    // No init containers of the Pod's own: the list is created, indices start at 0.
+    let mut pod = pod(APP_POD);
+    pod["spec"]["volumes"] = json!([{"name": "kube-api-access-abcde", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token"}},
+    ]}}]);
+    assert!(service_account_plugin(&mut pod));
+    let templates = [template(TOKEN_TEMPLATES[0])];
+    let mut out = apply(&pod, &plan_in(&pod, &templates));
+    assert!(!service_account_plugin(&mut out), "{out:#}");
+    assert_eq!(names(&out["spec"]["initContainers"]), ["proxy", "fetch"]);
+}
+
+#[test]
+fn without_the_plugins_token_volume_no_mount_is_added() {
+    let templates = TOKEN_TEMPLATES.map(template);
+    let mounted = |pod: &Value| {
+        let out = apply(pod, &plan_in(pod, &templates));
+        ["initContainers", "containers"].iter().any(|list| {
+            out["spec"][list].as_array().unwrap().iter().any(|c| {
+                c["name"] != "app"
+                    && c["name"] != "setup"
+                    && c["name"] != "tokened"
+                    && c["volumeMounts"].to_string().contains("kube-api-access")
+            })
+        })
+    };
+    // No token volume: the ServiceAccount or the Pod turned the token off.
+    assert!(!mounted(&pod(APP_POD)));
+    // The Pod turns it off and carries a token volume of its own: the plugin mounts nothing.
+    let mut off = pod_with_token();
+    off["spec"]["automountServiceAccountToken"] = json!(false);
+    assert!(!mounted(&off));
+    assert!(!service_account_plugin(&mut apply(
+        &off,
+        &plan_in(&off, &templates)
+    )));
+    // The first volume named like the token's is no token: the plugin would mount that one,
+    // which is no token mount; left to the plugin (and to the webhook's comparison).
+    let mut look_alike = pod_with_token();
+    look_alike["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"name": "kube-api-access-0", "emptyDir": {}}));
+    assert!(!mounted(&look_alike));
 }

@@ -197,18 +197,7 @@ fn a_reinvocation_after_defaulting_and_the_token_mount_adds_nothing() {
     let templates = [template(AGENT), template(NATIVE)];
     let once = apply(&pod, &plan_in(&pod, &templates));
     let reinvoked = as_the_api_server_leaves_it(once);
-    let again = plan_in(&reinvoked, &templates);
-    assert!(again.patch.is_empty(), "{:?}", again.patch);
-    assert!(again.denials.is_empty(), "{:?}", again.denials);
-    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
-    assert!(
-        again
-            .skipped
-            .iter()
-            .all(|s| s.reason == SkipReason::AlreadyPresent),
-        "{:?}",
-        again.skipped
-    );
+    assert_adds_nothing(&plan_in(&reinvoked, &templates));
 }
 
 #[test]

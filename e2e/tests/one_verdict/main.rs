@@ -34,6 +34,11 @@
 //! `render` too: its patch applied to the Pod as written, the result created where nothing
 //! injects, must be stored as the webhook stored it (or refused where the webhook refuses).
 //!
+//! Under each backend it also counts, with the API server's own counter, the calls to the
+//! operator's webhook entries that plain Pods cause: the first answer carries the ServiceAccount
+//! token's mount as the plugin would add it, so the plugin's second run changes nothing and
+//! the webhook is called once per injected Pod (never, where the policy injected it).
+//!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -571,6 +576,55 @@ fn start(cp: &ControlPlane, backend: Backend, namespace: &str, policies: bool) -
     operator
 }
 
+/// The calls to the operator's webhook entries so far, by the API server's counter
+/// (`apiserver_admission_webhook_admission_duration_seconds_count`, Pod CREATEs).
+fn webhook_calls(cp: &ControlPlane) -> f64 {
+    let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"]).unwrap();
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let series =
+                line.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_count{")?;
+            let (labels, value) = series.rsplit_once("} ")?;
+            let ours = labels.split(',').any(|l| {
+                l.strip_prefix("name=\"")
+                    .is_some_and(|n| n.ends_with(".webhook.sidecar.dev\""))
+            });
+            let create = labels.split(',').any(|l| l == "operation=\"CREATE\"");
+            (ours && create).then(|| value.parse::<f64>().unwrap())
+        })
+        .sum()
+}
+
+/// How many plain Pods the counted stream creates under each backend.
+const COUNTED_PODS: u32 = 10;
+
+/// Creates [`COUNTED_PODS`] plain Pods (dry runs; the templates inject both sidecars) and
+/// returns the webhook calls per Pod, checking that every stored Pod's injected containers
+/// carry the token's mount the ServiceAccount plugin adds.
+fn calls_per_injected_pod(cp: &ControlPlane, namespace: &str) -> f64 {
+    let before = webhook_calls(cp);
+    for index in 0..COUNTED_PODS {
+        let stored = create(
+            cp,
+            namespace,
+            &pod(&format!("counted-{index}"), json!({"containers": [app()]})),
+        )
+        .expect("a plain Pod is admitted");
+        for (list, name) in [
+            ("initContainers", "mesh-proxy"),
+            ("containers", "log-agent"),
+        ] {
+            let mounts = named(&stored, list, name)["volumeMounts"].to_string();
+            assert!(
+                mounts.contains("/var/run/secrets/kubernetes.io/serviceaccount"),
+                "{name} without the token's mount: {stored}"
+            );
+        }
+    }
+    (webhook_calls(cp) - before) / f64::from(COUNTED_PODS)
+}
+
 #[test]
 fn every_backend_gives_one_verdict_and_stores_one_pod() {
     if !injector_e2e::enabled() {
@@ -640,6 +694,20 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             all_cases = cases(&namespace, &limited, &ordered, &labelled, &injected);
             all_cases.extend(generated_cases(&namespace, &limited, &injected));
         }
+        let calls = calls_per_injected_pod(&cp, &namespace);
+        eprintln!(
+            "[one-verdict] {}: webhook calls per injected Pod: {calls:.2}",
+            backend.arg()
+        );
+        // Where the policy injects both templates, their entry skips the Pod.
+        let by_webhook = backend == Backend::Webhook || (backend == Backend::Auto && !policies);
+        let expected = if by_webhook { 1.0 } else { 0.0 };
+        assert_eq!(
+            calls,
+            expected,
+            "{}: webhook calls per injected Pod",
+            backend.arg()
+        );
         let results: Vec<Result<Value, String>> = all_cases
             .iter()
             .map(|case| create(&cp, &case.namespace, &case.pod))

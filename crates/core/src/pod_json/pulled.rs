@@ -142,6 +142,9 @@ impl<'w> Pulling<'_, 'w> {
                         .into()
                 }
                 "hostNetwork" => spec.host_network = !reader.null()? && reader.boolean()?,
+                "automountServiceAccountToken" => {
+                    spec.token_automount_off = !reader.null()? && !reader.boolean()?
+                }
                 "serviceAccountName" => spec.service_account_name = self.non_empty(reader)?,
                 "serviceAccount" => spec.service_account = self.non_empty(reader)?,
                 _ => reader.skip()?,

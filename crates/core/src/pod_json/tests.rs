@@ -43,6 +43,7 @@ fn only_the_fields_the_planner_reads_are_built() {
             "volumes": [{"name": "data", "emptyDir": {}}],
             "imagePullSecrets": [{"name": "regcred"}, "x"],
             "hostNetwork": true,
+            "automountServiceAccountToken": false,
             "serviceAccountName": "web",
             "nodeName": "n1",
             "tolerations": [{"key": "k"}],
@@ -55,6 +56,7 @@ fn only_the_fields_the_planner_reads_are_built() {
     assert_eq!(decoded.namespace.as_deref(), Some("shop"));
     assert_eq!(decoded.labels().unwrap().get("n"), Some(None));
     assert!(decoded.host_network);
+    assert!(decoded.token_automount_off);
     assert!(decoded.init_containers.unwrap()[0].native_sidecar);
     assert_eq!(decoded.image_pull_secrets.unwrap(), ["regcred", ""]);
     assert_eq!(decoded.service_account_name, "web");
@@ -75,7 +77,7 @@ fn a_field_of_the_wrong_type_is_the_error_the_whole_pod_gives() {
         r#"{"spec":null}"#,
         r#"{"spec":{}}"#,
         r#"{"metadata":{"annotations":"a","labels":"b"},"spec":{"containers":[]}}"#,
-        r#"{"metadata":{"name":3,"generateName":"web-"},"spec":{"containers":[{"name":1,"env":{},"volumeMounts":[1]}],"volumes":[1,{"name":2,"projected":{"sources":{}}}],"hostNetwork":"true","serviceAccountName":""}}"#,
+        r#"{"metadata":{"name":3,"generateName":"web-"},"spec":{"containers":[{"name":1,"env":{},"volumeMounts":[1]}],"volumes":[1,{"name":2,"projected":{"sources":{}}}],"hostNetwork":"true","automountServiceAccountToken":"false","serviceAccountName":""}}"#,
     ] {
         let decoded = same_as_value(json);
         assert!(

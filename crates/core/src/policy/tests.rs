@@ -103,15 +103,32 @@ fn one_policy_serves_templates_in_application_order() {
         agent.contains("!(object.spec.containers[i].name in variables.templateContainers)"),
         "{agent}"
     );
+    // The ServiceAccount plugin's volume: the first named like it that is not a template's.
+    let token_volume = r#"!object.spec.?automountServiceAccountToken.orValue(true) ? "" : (object.spec.?volumes.orValue([]).filter(v, v.?name.orValue("").startsWith("kube-api-access-") && !(v.?name.orValue("") in ["proxy-certs"])).map(v, v.?projected.?sources.orValue([]).exists(s, has(s.serviceAccountToken)) ? v.?name.orValue("") : "") + [""])[0]"#;
     assert_eq!(
         policy["spec"]["variables"],
-        json!([{"name": "templateContainers", "expression": r#"["agent"]"#}])
+        json!([
+            {"name": "templateContainers", "expression": r#"["agent"]"#},
+            {"name": "serviceAccountVolume", "expression": token_volume},
+        ])
     );
     // The proof applies every template: every template's containers are theirs.
     let (proof, _) = compiled.proof.as_ref().unwrap();
     assert_eq!(
         proof["spec"]["variables"],
-        json!([{"name": "templateContainers", "expression": r#"["agent"]"#}])
+        json!([
+            {"name": "templateContainers", "expression": r#"["agent"]"#},
+            {"name": "serviceAccountVolume", "expression": token_volume},
+        ])
+    );
+    // Each added container gets the token's mount as the ServiceAccount plugin appends it.
+    assert!(
+        agent.contains(r#"(variables.serviceAccountVolume == "" ? [] : [JSONPatch{op: "add", path: "/spec/containers/" + string(size(object.spec.containers)) + "/volumeMounts", value: [dyn({"name": dyn(variables.serviceAccountVolume), "readOnly": dyn(true), "mountPath": dyn("/var/run/secrets/kubernetes.io/serviceaccount")})]}])"#),
+        "{agent}"
+    );
+    assert!(
+        proxy.contains(r#"(variables.serviceAccountVolume == "" ? [] : [JSONPatch{op: "add", path: "/spec/initContainers/" + string((object.spec.?initContainers"#),
+        "{proxy}"
     );
     // Best effort: the opt-out, the pod selector, the volume guard; the native sidecar goes
     // first, before the Pod's own init containers (after templates' leading ones).
@@ -135,6 +152,29 @@ fn one_policy_serves_templates_in_application_order() {
     // The placeholder is a CEL expression, never spliced into the literal.
     assert!(proxy.contains("object.metadata.?generateName"), "{proxy}");
     assert!(!proxy.contains("{{"), "{proxy}");
+}
+
+#[test]
+fn a_container_mounting_at_the_token_path_gets_no_token_mount() {
+    let own = template(
+        "metadata: {name: own}\nspec:\n  containers:\n  - {name: own, image: o, volumeMounts: [{name: t, mountPath: /var/run/secrets/kubernetes.io/serviceaccount}]}\n  - {name: other, image: o, volumeMounts: [{name: t, mountPath: /t}]}\n  volumes: [{name: t, emptyDir: {}}]",
+    );
+    let compiled = compile_policy(&[own], &options());
+    let policy = compiled.policy.unwrap();
+    let [own, _marker] = expressions(&policy)[..] else {
+        panic!("one mutation and the marker expected")
+    };
+    // Only the second container gets it, appended to its list.
+    assert_eq!(
+        own.matches("variables.serviceAccountVolume == \"\"")
+            .count(),
+        1,
+        "{own}"
+    );
+    assert!(
+        own.contains(r#"string(size(object.spec.containers) + 1) + "/volumeMounts" + "/-""#),
+        "{own}"
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use injector_core::pod_json::{allowance, decode_pod_among};
-use injector_core::{CompiledTemplate, NamespaceInfo, Plan, plan};
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, SkipReason, plan};
 use serde_json::Value;
 
 pub mod fixtures;
@@ -108,4 +108,19 @@ pub fn record(pod: &Value) -> String {
         .map(|entry| entry.split_once('#').map_or(entry, |(kept, _)| kept))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// That planning a Pod again found every template there and adds nothing, with nothing to say.
+pub fn assert_adds_nothing(again: &Plan) {
+    assert!(again.patch.is_empty(), "{:?}", again.patch);
+    assert!(again.denials.is_empty(), "{:?}", again.denials);
+    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+    assert!(
+        again
+            .skipped
+            .iter()
+            .all(|s| s.reason == SkipReason::AlreadyPresent),
+        "{:?}",
+        again.skipped
+    );
 }
