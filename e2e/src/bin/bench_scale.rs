@@ -713,7 +713,15 @@ fn operator_log(operator: &Operator, report: &mut String) -> anyhow::Result<()> 
             .collect();
         if !seen.contains(&key) {
             seen.push(key);
-            writeln!(report, "- `{}`", one_line(&truncate(line, 400)))?;
+            // The cause of an API error comes last (a refused object is quoted whole first).
+            let count = line.chars().count();
+            let end: String = line.chars().skip(count.saturating_sub(300)).collect();
+            writeln!(
+                report,
+                "- `{}` … `{}`",
+                one_line(&truncate(line, 300)),
+                one_line(&end)
+            )?;
         }
         if seen.len() >= 5 {
             break;
