@@ -90,8 +90,29 @@ fn proven(
         .collect()
 }
 
+/// The size of `value` as JSON, and its longest CEL expression in code points (the API server
+/// compiles none over 100,000).
 fn kib(value: &Value) -> String {
-    format!("{:.0} KiB", value.to_string().len() as f64 / 1024.0)
+    format!(
+        "{:.0} KiB (longest expression {})",
+        value.to_string().len() as f64 / 1024.0,
+        longest_expression(value)
+    )
+}
+
+fn longest_expression(value: &Value) -> usize {
+    match value {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(key, value)| match (key.as_str(), value) {
+                ("expression", Value::String(text)) => text.chars().count(),
+                _ => longest_expression(value),
+            })
+            .max()
+            .unwrap_or(0),
+        Value::Array(items) => items.iter().map(longest_expression).max().unwrap_or(0),
+        _ => 0,
+    }
 }
 
 fn measure(count: usize, groups: usize) -> Result<(), Box<dyn Error>> {

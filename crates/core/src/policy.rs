@@ -339,13 +339,13 @@ pub(crate) fn compile_policy_within(
             // The operator's namespace is never injected, except its dry-run Pod that asks
             // whether the API server runs this version yet (its last mutation marks it).
             "matchConditions": outside_the_operators_namespace(options, &live),
-            "variables": [{
-                "name": TEMPLATE_CONTAINERS_VARIABLE,
-                "expression": template_containers(&ordered),
-            }, {
-                "name": SERVICE_ACCOUNT_VOLUME_VARIABLE,
-                "expression": service_account_volume,
-            }],
+            "variables": template_containers(&ordered)
+                .into_iter()
+                .chain([json!({
+                    "name": SERVICE_ACCOUNT_VOLUME_VARIABLE,
+                    "expression": service_account_volume,
+                })])
+                .collect::<Vec<Value>>(),
             "mutations": mutations,
         },
     });
@@ -447,7 +447,13 @@ fn token_mount_ops(list: &str, index: &str, item: &Item) -> Option<String> {
 /// template's among those selecting the Pod. Every template's names were left alone, so an
 /// app container named like the container of a template that does not select the Pod lost a
 /// required template's env (`plan` recognises by content too; here, by name).
-fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> String {
+///
+/// The API server compiles no CEL expression over 100,000 code points ([`MAX_EXPRESSION`]
+/// here, with room), and each template adds a few hundred: the list is cut into variables
+/// `templateContainers0`, `templateContainers1`, … of at most that much, which the variable
+/// itself adds up (one variable when it fits). Found at 500 templates, where the policy was
+/// refused: "expression code point size exceeds limit".
+fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> Vec<Value> {
     let parts: Vec<String> = ordered
         .iter()
         .filter(|t| !t.containers.is_empty())
@@ -465,12 +471,45 @@ fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> String {
             }
         })
         .collect();
-    if parts.is_empty() {
-        "[]".to_owned()
-    } else {
-        parts.join("\n  + ")
+    let mut chunks: Vec<String> = Vec::new();
+    for part in parts {
+        match chunks.last_mut() {
+            Some(chunk) if chunk.len() + part.len() + 5 <= MAX_EXPRESSION => {
+                chunk.push_str("\n  + ");
+                chunk.push_str(&part);
+            }
+            _ => chunks.push(part),
+        }
+    }
+    let variable =
+        |name: String, expression: String| json!({"name": name, "expression": expression});
+    match chunks.len() {
+        0 => vec![variable(
+            TEMPLATE_CONTAINERS_VARIABLE.to_owned(),
+            "[]".to_owned(),
+        )],
+        1 => vec![variable(
+            TEMPLATE_CONTAINERS_VARIABLE.to_owned(),
+            chunks.remove(0),
+        )],
+        count => {
+            let sum = (0..count)
+                .map(|i| format!("variables.{TEMPLATE_CONTAINERS_VARIABLE}{i}"))
+                .collect::<Vec<_>>()
+                .join(" + ");
+            chunks
+                .into_iter()
+                .enumerate()
+                .map(|(i, chunk)| variable(format!("{TEMPLATE_CONTAINERS_VARIABLE}{i}"), chunk))
+                .chain([variable(TEMPLATE_CONTAINERS_VARIABLE.to_owned(), sum)])
+                .collect()
+        }
     }
 }
+
+/// The longest CEL expression the operator writes, in bytes (the API server's limit is
+/// 100,000 code points; these expressions are ASCII but for template values).
+pub const MAX_EXPRESSION: usize = 90_000;
 
 /// Per template of `served` (in application order), the round of the proof that shows it.
 ///

@@ -1471,6 +1471,21 @@ fn five_hundred_templates_fit_in_what_etcd_stores() {
             policy < ETCD_LIMIT && proof < ETCD_LIMIT,
             "{policy} {proof}"
         );
+        // The API server compiles no CEL expression over 100,000 code points: the policy was
+        // refused at 500 templates for its `templateContainers` variable.
+        let rules = guard_rules(&templates, Some(&compiled), &BTreeMap::new());
+        let guard = compile_guard(&options(), &rules, None).map(|g| g.policy);
+        let after = compile_after_admission(&templates, &options()).map(|a| a.policy);
+        let objects = [
+            compiled.policy.as_ref(),
+            compiled.proof.as_ref().map(|(p, _)| p),
+            guard.as_ref(),
+            after.as_ref(),
+        ];
+        for object in objects.into_iter().flatten() {
+            let longest = longest_expression(object);
+            assert!(longest <= MAX_EXPRESSION, "{longest} in {}", object["kind"]);
+        }
         assert!(compiled.served.len() > 100, "{}", compiled.served.len());
         assert_eq!(compiled.served.len() + compiled.webhook_only.len(), 500);
         if let Some((warnings, _)) =
@@ -1479,5 +1494,43 @@ fn five_hundred_templates_fit_in_what_etcd_stores() {
             let warnings = warnings.to_string().len();
             assert!(warnings < ETCD_LIMIT, "{warnings}");
         }
+    }
+}
+
+/// The length of the longest `expression` in `value`, in code points.
+fn longest_expression(value: &Value) -> usize {
+    match value {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(key, value)| match (key.as_str(), value) {
+                ("expression", Value::String(text)) => text.chars().count(),
+                _ => longest_expression(value),
+            })
+            .max()
+            .unwrap_or(0),
+        Value::Array(items) => items.iter().map(longest_expression).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+#[test]
+fn the_template_containers_variable_is_cut_below_the_expression_limit() {
+    let templates = many_templates(1000);
+    let ordered: Vec<&Arc<CompiledTemplate>> = templates.iter().collect();
+    let variables = template_containers(&ordered);
+    assert!(variables.len() > 2, "{}", variables.len());
+    let names: Vec<&str> = variables
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    // The parts first, then the variable the mutations read, adding them up in order.
+    assert_eq!(names.last(), Some(&"templateContainers"));
+    let sum = (0..variables.len() - 1)
+        .map(|i| format!("variables.templateContainers{i}"))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    assert_eq!(variables.last().unwrap()["expression"], sum);
+    for variable in &variables {
+        assert!(longest_expression(variable) <= MAX_EXPRESSION);
     }
 }
