@@ -471,16 +471,32 @@ fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> Vec<Value> {
             }
         })
         .collect();
-    let mut chunks: Vec<String> = Vec::new();
+    // A list of the parts, flattened: a chain of `+` as long nests as deep, and the API
+    // server refused one of 296 templates ("max recursion depth exceeded").
+    let mut chunks: Vec<Vec<String>> = Vec::new();
+    let mut size = 0;
     for part in parts {
         match chunks.last_mut() {
-            Some(chunk) if chunk.len() + part.len() + 5 <= MAX_EXPRESSION => {
-                chunk.push_str("\n  + ");
-                chunk.push_str(&part);
+            Some(chunk) if size + part.len() + 16 <= MAX_EXPRESSION => {
+                size += part.len() + 4;
+                chunk.push(part);
             }
-            _ => chunks.push(part),
+            _ => {
+                size = part.len() + 16;
+                chunks.push(vec![part]);
+            }
         }
     }
+    let mut chunks: Vec<String> = chunks
+        .into_iter()
+        .map(|mut parts| {
+            if parts.len() == 1 {
+                parts.remove(0)
+            } else {
+                format!("[{}].flatten()", parts.join(",\n  "))
+            }
+        })
+        .collect();
     let variable =
         |name: String, expression: String| json!({"name": name, "expression": expression});
     match chunks.len() {

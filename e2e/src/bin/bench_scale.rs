@@ -79,7 +79,15 @@ fn main() -> anyhow::Result<()> {
          even group, required), stored before the operator starts; a fresh local control plane \
          per backend, the operator's release build out of cluster in url mode.\n"
     )?;
+    // `SIDECAR_INJECTOR_BENCH_BACKENDS=auto,policy` measures only those.
+    let only = std::env::var("SIDECAR_INJECTOR_BENCH_BACKENDS").ok();
     for backend in [Backend::Webhook, Backend::Auto, Backend::Policy] {
+        if only
+            .as_deref()
+            .is_some_and(|only| !only.split(',').any(|b| b.trim() == backend.arg()))
+        {
+            continue;
+        }
         let started = Instant::now();
         match run_backend(&runtime, backend, &mut report) {
             Ok(true) => {}
