@@ -21,7 +21,7 @@ use injector_controller::webhook_config::{
 };
 use injector_core::policy::{
     PolicyOptions, compile_after_admission, compile_guard, compile_policy, compile_warnings,
-    guard_rules, presence_conditions, proof_round_pod,
+    guard_rules, longest_expression, presence_conditions, proof_round_pod,
 };
 use injector_core::registry::Registry;
 use injector_core::template::{CompiledTemplate, compile};
@@ -98,21 +98,6 @@ fn kib(value: &Value) -> String {
         value.to_string().len() as f64 / 1024.0,
         longest_expression(value)
     )
-}
-
-fn longest_expression(value: &Value) -> usize {
-    match value {
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(key, value)| match (key.as_str(), value) {
-                ("expression", Value::String(text)) => text.chars().count(),
-                _ => longest_expression(value),
-            })
-            .max()
-            .unwrap_or(0),
-        Value::Array(items) => items.iter().map(longest_expression).max().unwrap_or(0),
-        _ => 0,
-    }
 }
 
 fn measure(count: usize, groups: usize) -> Result<(), Box<dyn Error>> {

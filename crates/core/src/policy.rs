@@ -527,6 +527,23 @@ fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> Vec<Value> {
 /// 100,000 code points; these expressions are ASCII but for template values).
 pub const MAX_EXPRESSION: usize = 90_000;
 
+/// The length, in code points, of the longest CEL `expression` in `object` (a policy, its
+/// binding, …), as the API server measures it against its limit.
+pub fn longest_expression(object: &Value) -> usize {
+    match object {
+        Value::Object(fields) => fields
+            .iter()
+            .map(|(key, value)| match (key.as_str(), value) {
+                ("expression", Value::String(text)) => text.chars().count(),
+                _ => longest_expression(value),
+            })
+            .max()
+            .unwrap_or(0),
+        Value::Array(items) => items.iter().map(longest_expression).max().unwrap_or(0),
+        _ => 0,
+    }
+}
+
 /// Per template of `served` (in application order), the round of the proof that shows it.
 ///
 /// The proof runs every template's mutation on one Pod, without their selection, and a

@@ -1497,22 +1497,6 @@ fn five_hundred_templates_fit_in_what_etcd_stores() {
     }
 }
 
-/// The length of the longest `expression` in `value`, in code points.
-fn longest_expression(value: &Value) -> usize {
-    match value {
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(key, value)| match (key.as_str(), value) {
-                ("expression", Value::String(text)) => text.chars().count(),
-                _ => longest_expression(value),
-            })
-            .max()
-            .unwrap_or(0),
-        Value::Array(items) => items.iter().map(longest_expression).max().unwrap_or(0),
-        _ => 0,
-    }
-}
-
 #[test]
 fn the_template_containers_variable_is_cut_below_the_expression_limit() {
     let templates = many_templates(1000);
