@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 pub use binaries::{ControlPlaneBinaries, NodeBinaries, node_binaries, operator_binary, tool};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use node::Cluster;
-pub use operator::{Operator, OperatorOptions, READY_POLL};
+pub use operator::{Backend, Operator, OperatorOptions, READY_POLL};
 pub use process::http_get_at;
 
 /// The environment variable that turns the end-to-end scenarios on (`1`).

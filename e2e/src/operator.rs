@@ -262,3 +262,25 @@ impl Drop for Operator {
         }
     }
 }
+
+/// The operator's `--injection-backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The webhook alone.
+    Webhook,
+    /// The MutatingAdmissionPolicy where the API server serves one, the webhook behind it.
+    Auto,
+    /// The MutatingAdmissionPolicy and its guard, no webhook.
+    Policy,
+}
+
+impl Backend {
+    /// The flag's value.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Backend::Webhook => "webhook",
+            Backend::Auto => "auto",
+            Backend::Policy => "policy",
+        }
+    }
+}

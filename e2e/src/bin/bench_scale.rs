@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use injector_e2e::steps::install_crd;
-use injector_e2e::{ControlPlane, Operator, OperatorOptions};
+use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -47,23 +47,6 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 const EDIT_TIMEOUT: Duration = Duration::from_secs(180);
 /// Sequential dry-run creates per namespace for figure 4.
 const CREATES: usize = 200;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Webhook,
-    Auto,
-    Policy,
-}
-
-impl Backend {
-    fn arg(self) -> &'static str {
-        match self {
-            Backend::Webhook => "webhook",
-            Backend::Auto => "auto",
-            Backend::Policy => "policy",
-        }
-    }
-}
 
 fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use injector_e2e::pod::{dry_run_create, stored_view};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
+use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 
 mod generated;
 use serde_json::{Value, json};
@@ -160,23 +160,6 @@ const TEMPLATE_NAMES: [&str; 2] = ["mesh", "logs"];
 /// The policy (and its guard) beside the operator's default names.
 const POLICY: &str = "sidecar-injector";
 const GUARD: &str = "sidecar-injector-guard";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
-    Webhook,
-    Auto,
-    Policy,
-}
-
-impl Backend {
-    fn arg(self) -> &'static str {
-        match self {
-            Backend::Webhook => "webhook",
-            Backend::Auto => "auto",
-            Backend::Policy => "policy",
-        }
-    }
-}
 
 /// One attempt: a name, where, and the Pod.
 struct Case {
