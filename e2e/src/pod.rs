@@ -30,9 +30,20 @@ pub fn dry_run_create(
     namespace: &str,
     pod: &Value,
 ) -> anyhow::Result<Result<Value, String>> {
+    dry_run(cp, "create", namespace, pod)
+}
+
+/// `kubectl VERB` (`create`, `replace`) of `pod` in `namespace` with a server-side dry run: the
+/// Pod the API server would store, or its refusal.
+pub fn dry_run(
+    cp: &ControlPlane,
+    verb: &str,
+    namespace: &str,
+    pod: &Value,
+) -> anyhow::Result<Result<Value, String>> {
     let output = cp.kubectl_with_stdin(
         &[
-            "create",
+            verb,
             "--dry-run=server",
             "-o",
             "json",

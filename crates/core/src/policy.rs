@@ -1057,11 +1057,15 @@ pub fn presence_conditions(
         if !terms.is_empty() {
             // The policy records each template it applies: a copy of an injected Pod without
             // the entry has not been through it, and may lack the rest of the template (env,
-            // labels, …), which the webhook then adds, as it does alone.
+            // labels, …), which the webhook then adds, as it does alone. The entry must name
+            // this version: while an edit travels, the new policy writes its entry on a copy
+            // of the old version's containers (it adds the rest of a required template to any
+            // Pod carrying its containers by name), and a guard accepting either version
+            // took that Pod for the old version's while its record claimed the new one.
             terms.push(format!(
-                "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).exists(e, {RECORD_ENTRY_NAME} == {})",
+                "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).exists(e, e == {})",
                 cel_string(INJECTED_ANNOTATION),
-                cel_string(&template.name)
+                cel_string(&Applied::of(template).to_string())
             ));
             conditions.insert(template.name.clone(), terms.join(" && "));
         }

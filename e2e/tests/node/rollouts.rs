@@ -401,9 +401,11 @@ fn is_ready(pod: &Value) -> bool {
         .any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
-/// o. `InPlace`: an image edit of a container and of a native sidecar is set on the 3 running
-/// Pods of a Deployment, one Pod not Ready at most (sampled every 250 ms), the Pods kept (same
-/// uids) and only the changed containers restarted by the kubelet; then an edit of more than
+/// o. `InPlace`, on a required template: an image edit of a container and of a native sidecar
+/// is set on the 3 running Pods of a Deployment, one Pod not Ready at most (sampled every
+/// 250 ms), the Pods kept (same uids) and only the changed containers restarted by the
+/// kubelet. The after-admission policy lets the operator's in-place update through and still
+/// refuses anyone else's image for the sidecar on the running Pod. Then an edit of more than
 /// images falls back to a restart of the Deployment.
 pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
     ensure_chart(cluster)?;
@@ -416,7 +418,7 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
             "metadata": {"name": name},
             "spec": {
                 "namespaceSelector": {"matchLabels": {"e2e.sidecar.dev/scenario": "in-place"}},
-                "failurePolicy": "Ignore",
+                "failurePolicy": "Fail",
                 "updateStrategy": {"type": "InPlace", "maxUnavailable": 1},
                 "containers": [{"name": "proxy", "image": image, "imagePullPolicy": "Never", "command": ["sleep"], "args": [seconds]}],
                 "initContainers": [{"name": "agent", "image": image, "imagePullPolicy": "Never", "restartPolicy": "Always", "command": ["sleep", "3600"]}],
@@ -499,6 +501,23 @@ pub fn in_place_image_updates(cluster: &Cluster) -> anyhow::Result<()> {
             );
         }
     }
+
+    // Anyone else's image for the sidecar of a running Pod is refused.
+    let running = after[0]["metadata"]["name"].as_str().unwrap_or_default();
+    let refused = cluster.kubectl(&[
+        "set",
+        "image",
+        "-n",
+        &ns,
+        &format!("pod/{running}"),
+        &format!("proxy={FIRST_IMAGE}"),
+    ])?;
+    ensure!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("after-admission"),
+        "the sidecar's image of a running Pod was set back: {}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
 
     // More than images (an argument): the Deployment is restarted instead.
     apply(cluster, &template(SECOND_IMAGE, "3601"))?;

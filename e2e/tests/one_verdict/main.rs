@@ -39,6 +39,11 @@
 //! token's mount as the plugin would add it, so the plugin's second run changes nothing and
 //! the webhook is called once per injected Pod (never, where the policy injected it).
 //!
+//! After admission, generated UPDATEs of a running injected Pod (`updates.rs`) must be refused
+//! by the after-admission policy exactly when they touch a required template, alike under every
+//! backend. Last, a required template is edited under each backend while Pods are created
+//! (`edited.rs`): mid-way either version may decide, never neither.
+//!
 //! Off unless `SIDECAR_INJECTOR_E2E=1`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -51,7 +56,9 @@ use injector_e2e::pod::{dry_run_create, stored_view};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
 use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 
+mod edited;
 mod generated;
+mod updates;
 use serde_json::{Value, json};
 
 const TEMPLATES: &str = r#"
@@ -664,6 +671,11 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
     .into();
 
     let mut outcomes: Vec<(&str, Vec<Result<Value, String>>)> = Vec::new();
+    let mut update_outcomes: Vec<(&str, Vec<Result<Value, String>>)> = Vec::new();
+    let update_attempts = updates::attempts(
+        &mut generated::Draw::new(generated::seed().wrapping_add(1)),
+        UPDATES,
+    );
     let mut all_cases = Vec::new();
     for &backend in backends {
         let mut operator = start(&cp, backend, &namespace, policies);
@@ -703,6 +715,18 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             eprintln!("[one-verdict] {}: {}: {verdict}", backend.arg(), case.name);
         }
         outcomes.push((backend.arg(), results));
+        // UPDATEs of a running Pod, in the LimitRange's namespace: every container has
+        // resources there, so a resize keeps the Pod's QoS class.
+        let updated = updates::outcomes(&cp, &limited, &update_attempts);
+        for (attempt, result) in update_attempts.iter().zip(&updated) {
+            let verdict = if result.is_ok() { "allowed" } else { "refused" };
+            eprintln!(
+                "[one-verdict] {}: {}: {verdict}",
+                backend.arg(),
+                attempt.name()
+            );
+        }
+        update_outcomes.push((backend.arg(), updated));
         operator.stop().unwrap();
     }
     let rendered: Vec<Result<Value, String>> = all_cases
@@ -768,9 +792,60 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             }
         }
     }
+    disagreements.extend(update_disagreements(&update_attempts, &update_outcomes));
+
+    // Last, as it changes the templates: `logs` edited while Pods are created, under each
+    // backend.
+    for &backend in backends {
+        let mut operator = start(&cp, backend, &namespace, policies);
+        for edit in [edited::Edit::Image, edited::Edit::WebhookOnly] {
+            disagreements.extend(edited::edit_midway(&cp, backend, &namespace, edit));
+        }
+        operator.stop().unwrap();
+    }
     assert!(
         disagreements.is_empty(),
         "the backends disagree:\n{}",
         disagreements.join("\n")
     );
+}
+
+/// How many UPDATEs are tried under each backend: every change alone, then drawn pairs.
+const UPDATES: usize = 24;
+
+/// Where an UPDATE's outcome is not the one known in advance (refused, by the after-admission
+/// policy, exactly when it changes a required template's containers or record), or stores
+/// another Pod than under the webhook backend.
+fn update_disagreements(
+    attempts: &[updates::Attempt],
+    outcomes: &[(&str, Vec<Result<Value, String>>)],
+) -> Vec<String> {
+    let mut disagreements = Vec::new();
+    let (_, reference) = &outcomes[0];
+    for (backend, results) in outcomes {
+        for ((attempt, result), expected) in attempts.iter().zip(results).zip(reference) {
+            let name = attempt.name();
+            match result {
+                Ok(_) if attempt.refused() => {
+                    disagreements.push(format!("{backend}: {name:?} was allowed"));
+                }
+                Ok(stored) if Some(stored) != expected.as_ref().ok() => {
+                    disagreements.push(format!(
+                        "{backend}: {name:?} stored another Pod than the webhook backend's, at {}",
+                        first_difference(stored, expected.as_ref().unwrap_or(&Value::Null))
+                    ));
+                }
+                Err(refusal) if !attempt.refused() => {
+                    disagreements.push(format!("{backend}: {name:?} was refused: {refusal}"));
+                }
+                Err(refusal) if !refusal.contains(updates::AFTER_ADMISSION) => {
+                    disagreements.push(format!(
+                        "{backend}: {name:?} was refused, not by the after-admission policy: {refusal}"
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    disagreements
 }

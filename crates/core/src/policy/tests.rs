@@ -406,6 +406,14 @@ fn presence_is_learned_from_the_stored_proof_pod() {
         "{proxy}"
     );
     assert!(!agent.contains("indexOf(d)"), "{agent}");
+    // The record must name this version, not only the template: a copy of another version's
+    // containers that a policy recorded as this one is not this version.
+    let entry = crate::plan::Applied::of(&template(AGENT)).to_string();
+    assert!(entry.starts_with("agent@"), "{entry}");
+    assert!(
+        agent.ends_with(&format!(".exists(e, e == \"{entry}\")")),
+        "{agent}"
+    );
 
     // A template whose items the stored Pod lacks gets no condition.
     let mut lacking = proven.clone();
