@@ -1354,29 +1354,16 @@ fn mutation(
         .chain(&template.init_containers)
         .map(|i| i.key.as_str())
         .collect();
-    let mut carried = None;
-    if !container_names.is_empty() {
+    // A required template adds each of its containers the Pod lacks, as `plan` does: one the
+    // Pod has by name is either the template's (kept) or a look-alike, which the guard or the
+    // webhook refuses anyway. A best-effort one is skipped whole when the Pod has any of them
+    // by name: no webhook may stand behind to tell a copy from a look-alike.
+    let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
+    if !container_names.is_empty() && !each_missing {
         let names = cel_list(container_names.iter().copied());
         conditions.push(format!(
             "!object.spec.containers.exists(c, c.name in {names}) && !object.spec.?initContainers.orValue([]).exists(c, c.name in {names})"
         ));
-        if selection && template.failure_policy == FailurePolicy::Fail {
-            let every: Vec<String> = [
-                ("containers", &template.containers),
-                ("initContainers", &template.init_containers),
-            ]
-            .into_iter()
-            .flat_map(|(list, items)| {
-                items.iter().map(move |i| {
-                    format!(
-                        "object.spec.?{list}.orValue([]).exists(c, c.name == {})",
-                        cel_string(&i.key)
-                    )
-                })
-            })
-            .collect();
-            carried = Some(every.join(" && "));
-        }
     }
     if !template.volumes.is_empty() {
         // A volume of the Pod's own by one of the template's names must be the template's, as
@@ -1403,29 +1390,37 @@ fn mutation(
 
     // The template's own items, then the rest.
     let mut items: Vec<String> = Vec::new();
+    let missing = |list: &[Item]| -> Vec<Option<String>> {
+        list.iter()
+            .map(|i| each_missing.then(|| missing_container(&i.key)))
+            .collect()
+    };
     if !template.init_containers.is_empty() {
-        items.extend(init_container_ops(&template.init_containers, template_init));
+        items.extend(init_container_ops(
+            &template.init_containers,
+            &missing(&template.init_containers),
+            template_init,
+        ));
     }
     if !template.containers.is_empty() {
-        let adds: Vec<String> = template
-            .containers
-            .iter()
-            .map(|i| json_patch("\"/spec/containers/-\"", &cel_node(&i.body)))
-            .collect();
-        items.push(format!("[{}]", adds.join(", ")));
-        items.extend(
-            template
-                .containers
-                .iter()
-                .enumerate()
-                .filter_map(|(offset, item)| {
-                    let index = match offset {
-                        0 => "size(object.spec.containers)".to_owned(),
-                        offset => format!("size(object.spec.containers) + {offset}"),
-                    };
-                    token_mount_ops("containers", &index, item)
-                }),
-        );
+        let missing = missing(&template.containers);
+        for (offset, item) in template.containers.iter().enumerate() {
+            let index = format!(
+                "size(object.spec.containers){}",
+                added_before(&missing, offset)
+            );
+            let mut ops = format!(
+                "[{}]",
+                json_patch("\"/spec/containers/-\"", &cel_node(&item.body))
+            );
+            if let Some(token) = token_mount_ops("containers", &index, item) {
+                ops = format!("{ops} + {token}");
+            }
+            items.push(match &missing[offset] {
+                Some(missing) => format!("({missing} ? {ops} : [])"),
+                None => ops,
+            });
+        }
     }
     if !template.volumes.is_empty() {
         // Only those the Pod lacks: one it has is the template's (the condition above).
@@ -1500,7 +1495,6 @@ fn mutation(
     ops.push(format!("[{}]", record_op(template)));
 
     // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
-    let rest = ops.join("\n  + ");
     let all = items
         .into_iter()
         .chain(ops)
@@ -1510,13 +1504,10 @@ fn mutation(
     let volumes = (!template.volumes.is_empty())
         .then(|| conditions.pop())
         .flatten();
-    let mut body = match (conditions.is_empty(), carried) {
-        (true, _) => all,
-        (false, None) => format!("({})\n? {all}\n: []", conditions.join("\n  && ")),
-        (false, Some(carried)) => format!(
-            "({})\n? {all}\n: ({carried})\n? {rest}\n: []",
-            conditions.join("\n  && ")
-        ),
+    let mut body = if conditions.is_empty() {
+        all
+    } else {
+        format!("({})\n? {all}\n: []", conditions.join("\n  && "))
     };
     if let Some(volumes) = volumes {
         body = format!("({volumes})\n? ({body})\n: []");
@@ -1558,41 +1549,70 @@ fn selection_conditions(template: &CompiledTemplate) -> Vec<String> {
 /// Places the template's init containers after the Pod's leading init containers that are
 /// templates' (`template_init`, by name) and before the Pod's own, in order, as `plan` places
 /// them. Counting templates' init containers anywhere in the Pod put a template's after one of
-/// the Pod's own whenever a template's stood behind it.
+/// the Pod's own whenever a template's stood behind it. `missing`, per item: the condition
+/// under which it is added (`None`: always), each one after those added before it.
 /// The token's mount of each follows ([`token_mount_ops`]).
-fn init_container_ops(items: &[Item], template_init: &BTreeSet<&str>) -> Vec<String> {
+fn init_container_ops(
+    items: &[Item],
+    missing: &[Option<String>],
+    template_init: &BTreeSet<&str>,
+) -> Vec<String> {
     let leading = format!(
         "object.spec.?initContainers.orValue([]).map(c, c.name in {}).indexOf(false)",
         cel_list(template_init.iter().copied())
     );
     let first =
         format!("({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading})");
-    let index = |offset: usize| match offset {
-        0 => first.clone(),
-        offset => format!("{first} + {offset}"),
-    };
-    let inserts: Vec<String> = items
-        .iter()
-        .enumerate()
-        .map(|(offset, item)| {
+    let mut ops = vec![create_list("initContainers")];
+    for (offset, item) in items.iter().enumerate() {
+        let index = format!("{first}{}", added_before(missing, offset));
+        let mut op = format!(
+            "[{}]",
             json_patch(
-                &format!("\"/spec/initContainers/\" + string({})", index(offset)),
+                &format!("\"/spec/initContainers/\" + string({index})"),
                 &cel_node(&item.body),
             )
-        })
-        .collect();
-    let mut ops = vec![format!(
-        "{} + [{}]",
-        create_list("initContainers"),
-        inserts.join(", ")
-    )];
-    ops.extend(
-        items
-            .iter()
-            .enumerate()
-            .filter_map(|(offset, item)| token_mount_ops("initContainers", &index(offset), item)),
-    );
+        );
+        if let Some(token) = token_mount_ops("initContainers", &index, item) {
+            op = format!("{op} + {token}");
+        }
+        ops.push(match missing.get(offset).cloned().flatten() {
+            Some(missing) => format!("({missing} ? {op} : [])"),
+            None => op,
+        });
+    }
     ops
+}
+
+/// The CEL condition that the Pod has no container or init container named `name`.
+fn missing_container(name: &str) -> String {
+    let name = cel_string(name);
+    format!(
+        "!object.spec.containers.exists(c, c.name == {name}) && !object.spec.?initContainers.orValue([]).exists(c, c.name == {name})"
+    )
+}
+
+/// What to add to the index of the item at `offset`: ` + N` for the items before it, each
+/// counted when its condition in `missing` holds (always when `None`); empty for none.
+fn added_before(missing: &[Option<String>], offset: usize) -> String {
+    let before = missing.get(..offset).unwrap_or_default();
+    let always = before.iter().filter(|m| m.is_none()).count();
+    let conditional: Vec<&str> = before.iter().flatten().map(String::as_str).collect();
+    let mut sum = String::new();
+    if always > 0 {
+        sum.push_str(&format!(" + {always}"));
+    }
+    if !conditional.is_empty() {
+        sum.push_str(&format!(
+            " + size([{}].filter(b, b))",
+            conditional
+                .iter()
+                .map(|c| format!("({c})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    sum
 }
 
 /// A template's volume as the API server stores it (`defaulted::stored_volume`), when it

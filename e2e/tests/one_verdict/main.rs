@@ -161,8 +161,29 @@ spec:
   containers: [{name: labelled-agent, image: "labelled.invalid/agent:1"}]
 "#;
 
+/// A required template of two init containers (a plain one and a native sidecar) and two
+/// containers, in a namespace of its own (`verdict: pair`): a Pod carrying a copy of some of
+/// them gets the others, as from `plan` (the policy once refused it under `policy`).
+const PAIR: &str = r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: pair}
+spec:
+  priority: 30
+  failurePolicy: Fail
+  namespaceSelector: {matchLabels: {verdict: pair}}
+  initContainers:
+  - {name: pair-init, image: "pair.invalid/init:1"}
+  - {name: pair-proxy, image: "pair.invalid/proxy:1", restartPolicy: Always}
+  containers:
+  - {name: pair-a, image: "pair.invalid/a:1"}
+  - {name: pair-b, image: "pair.invalid/b:1", args: ["--pod", "{{ pod.name }}"]}
+  appContainers:
+    env: [{name: PAIR, value: "on"}]
+"#;
+
 /// The templates the policy serves under `auto` and `policy`.
-const TEMPLATE_NAMES: [&str; 2] = ["mesh", "logs"];
+const TEMPLATE_NAMES: [&str; 3] = ["mesh", "logs", "pair"];
 
 /// The policy (and its guard) beside the operator's default names.
 const POLICY: &str = "sidecar-injector";
@@ -491,6 +512,52 @@ fn cases(
     ]
 }
 
+/// Copies of some of `pair`'s items, taken from what the webhook stored for a plain Pod
+/// (`injected`): each gets the others, in the places `plan` gives them; a look-alike among
+/// them is refused.
+fn pair_cases(paired: &str, injected: &Value) -> Vec<Case> {
+    let item = |list: &str, name: &str| without_token_mount(named(injected, list, name));
+    let case = |name: &str, refused: bool, spec: Value| Case {
+        name: name.to_owned(),
+        namespace: paired.to_owned(),
+        pod: pod("copied", spec),
+        refused: Some(refused),
+        policy_refuses: false,
+    };
+    let mut look_alike = item("containers", "pair-a");
+    look_alike["image"] = json!("evil.invalid/a:1");
+    vec![
+        case(
+            "a copy of one of a required template's containers",
+            false,
+            json!({"containers": [app(), item("containers", "pair-a")]}),
+        ),
+        case(
+            "a copy of the other, before the app",
+            false,
+            json!({"containers": [item("containers", "pair-b"), app()]}),
+        ),
+        case(
+            "a copy of a required template's native sidecar alone",
+            false,
+            json!({"containers": [app()], "initContainers": [item("initContainers", "pair-proxy")]}),
+        ),
+        case(
+            "a copy of its plain init container, its containers and not its native sidecar",
+            false,
+            json!({
+                "containers": [app(), item("containers", "pair-a"), item("containers", "pair-b")],
+                "initContainers": [item("initContainers", "pair-init")],
+            }),
+        ),
+        case(
+            "a look-alike of one of its containers and not the others",
+            true,
+            json!({"containers": [app(), look_alike]}),
+        ),
+    ]
+}
+
 /// Starts the operator with `backend` and waits until what it puts in force is in force: the
 /// required templates served by it, and a look-alike refused.
 fn start(cp: &ControlPlane, backend: Backend, namespace: &str, policies: bool) -> Operator {
@@ -646,6 +713,8 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
     cp.apply_yaml(TEMPLATES).unwrap();
     cp.apply_yaml(ORDERED).unwrap();
     cp.apply_yaml(LABELLED).unwrap();
+    let paired = cp.namespace("paired", &[("verdict", "pair")]).unwrap();
+    cp.apply_yaml(PAIR).unwrap();
     let policies = cp.serves_mutating_admission_policies().unwrap();
     let backends: &[Backend] = if policies {
         &[Backend::Webhook, Backend::Auto, Backend::Policy]
@@ -661,12 +730,17 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
     limit_range["metadata"]["namespace"] = json!(elsewhere_limited);
     cp.apply_yaml(&limit_range.to_string()).unwrap();
     let templates = cp.dir().join("one-verdict-templates.yaml");
-    std::fs::write(&templates, [TEMPLATES, ORDERED, LABELLED].join("\n---\n")).unwrap();
+    std::fs::write(
+        &templates,
+        [TEMPLATES, ORDERED, LABELLED, PAIR].join("\n---\n"),
+    )
+    .unwrap();
     let labels: BTreeMap<&str, &str> = [
         (namespace.as_str(), "verdict=on"),
         (limited.as_str(), "verdict=on"),
         (ordered.as_str(), "verdict=order"),
         (labelled.as_str(), "verdict=labelled"),
+        (paired.as_str(), "verdict=pair"),
     ]
     .into();
 
@@ -687,6 +761,10 @@ fn every_backend_gives_one_verdict_and_stores_one_pod() {
             )
             .expect("a plain Pod is admitted");
             all_cases = cases(&namespace, &limited, &ordered, &labelled, &injected);
+            let paired_injected =
+                create(&cp, &paired, &pod("copied", json!({"containers": [app()]})))
+                    .expect("a plain Pod is admitted");
+            all_cases.extend(pair_cases(&paired, &paired_injected));
             all_cases.extend(generated_cases(&namespace, &limited, &injected));
         }
         let calls = calls_per_injected_pod(&cp, &namespace);
