@@ -393,7 +393,7 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
         ]),
     );
     conflicting["metadata"]["labels"] = json!({"app": "extra"});
-    let conflict = "SidecarTemplate \"extra\" not applied: the pod has a container, init container or volume named like one of the template's that differs from it";
+    let conflict = "SidecarTemplate \"extra\" not applied: the pod has a container, init container or volume named like one of the template's; without a webhook to tell a copy from a look-alike, the policy adds nothing of the template to such a pod";
     poll(Duration::from_secs(30), "the conflict warning", || {
         let (stored, warnings) = create_warned(&cp, &guarded_ns, &conflicting, true)?;
         let stored = stored.map_err(anyhow::Error::msg)?;

@@ -35,7 +35,8 @@ pub fn warnings_name(name: &str) -> String {
 ///
 /// `webhook_behind`: the webhook decides the Pods the policy skips (`auto`), and warns about a
 /// conflict itself; without it (the `policy` backend), a best-effort template the policy
-/// skipped because the Pod has an item of its name that differs is warned about here.
+/// skipped because the Pod has an item of its name (a look-alike, or a copy the policy cannot
+/// tell from one) is warned about here.
 pub fn compile_warnings(
     options: &PolicyOptions,
     compiled: &CompiledPolicy,
@@ -267,7 +268,7 @@ fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Op
     Some(json!({
         "expression": at_validation(&format!("!({})", selected.join(" && "))),
         "messageExpression": cel_string(&format!(
-            "SidecarTemplate {:?} not applied: the pod has a container, init container or volume named like one of the template's that differs from it",
+            "SidecarTemplate {:?} not applied: the pod has a container, init container or volume named like one of the template's; without a webhook to tell a copy from a look-alike, the policy adds nothing of the template to such a pod",
             template.name
         )),
     }))
