@@ -72,8 +72,23 @@ pub enum PolicyBackendError {
 /// What the API server's refusal of a Pod by the PodSecurity admission plugin says.
 const POD_SECURITY_REFUSAL: &str = "violates PodSecurity";
 
-/// How long the proof waits for the API server to load a new proof policy.
-const PROOF_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the operator waits for the API server to load an admission object it applied, at
+/// least: the API server compiles every CEL expression of the object before it runs it.
+const LOAD_TIMEOUT_MIN: Duration = Duration::from_secs(20);
+/// At most.
+const LOAD_TIMEOUT_MAX: Duration = Duration::from_secs(300);
+/// How many bytes of an object add a second to the wait: a loaded 2-core machine took over 20
+/// s to load a 1.3 MB policy (500 templates), and every proof failed with a fixed 20 s.
+const LOAD_BYTES_PER_SECOND: usize = 10 * 1024;
+
+/// How long to wait for the API server to run `object`, by its size.
+fn load_timeout(object: &Value) -> Duration {
+    let bytes = object.to_string().len();
+    let extra = u64::try_from(bytes / LOAD_BYTES_PER_SECOND).unwrap_or(u64::MAX);
+    LOAD_TIMEOUT_MIN
+        .saturating_add(Duration::from_secs(extra))
+        .min(LOAD_TIMEOUT_MAX)
+}
 
 fn resource(kind: &str, plural: &str) -> ApiResource {
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
@@ -166,12 +181,14 @@ pub async fn prove(
     };
     apply(&policies(client), proof.clone(), owner).await?;
     apply(&bindings(client), proof_binding.clone(), owner).await?;
+    let timeout = load_timeout(proof);
     let mut proven = Vec::new();
     for round in 0..compiled.proof_round_count() {
         let stored = dry_run_until(
             client,
             namespace,
             &proof_round_pod(compiled, round),
+            timeout,
             |answer| {
                 let stored = match answer {
                     Answer::Stored(stored) => stored,
@@ -223,6 +240,7 @@ pub async fn apply_and_confirm(
         client,
         namespace,
         &proof_pod(compiled, true),
+        load_timeout(policy),
         |answer| match answer {
             Answer::Stored(stored) if runs_live(compiled, stored) => Check::Done,
             Answer::Stored(_) => {
@@ -249,6 +267,7 @@ pub async fn apply_guard_and_confirm(
         client,
         namespace,
         &guard_probe_pod(guard),
+        load_timeout(&guard.policy),
         |answer| match answer {
             Answer::Refused(message) if guard_in_force(guard, message) => Check::Done,
             Answer::Refused(_) => Check::NotYet(answer.refusal()),
@@ -300,12 +319,13 @@ enum Check {
 }
 
 /// Dry-runs `pod` in `namespace` until `check` is done with the API server's answer, for up
-/// to [`PROOF_TIMEOUT`]; returns the last Pod stored (`Null` when it was refused). A refusal
-/// is retried too: it may come from a version the API server is replacing.
+/// to `timeout`; returns the last Pod stored (`Null` when it was refused). A refusal is
+/// retried too: it may come from a version the API server is replacing.
 async fn dry_run_until(
     client: &Client,
     namespace: &str,
     pod: &Value,
+    timeout: Duration,
     check: impl Fn(Answer<'_>) -> Check,
 ) -> Result<Value, PolicyBackendError> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
@@ -320,7 +340,7 @@ async fn dry_run_until(
     };
     let started = tokio::time::Instant::now();
     let mut last_problem = String::from("no answer yet");
-    while started.elapsed() < PROOF_TIMEOUT {
+    while started.elapsed() < timeout {
         let (stored, checked) = match pods.create(&params, &pod).await {
             Ok(stored) => {
                 let stored =
@@ -477,7 +497,18 @@ async fn delete_all<const N: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::unnamed;
+    use super::{LOAD_TIMEOUT_MAX, LOAD_TIMEOUT_MIN, load_timeout, unnamed};
+    use std::time::Duration;
+
+    #[test]
+    fn a_larger_object_is_given_longer_to_load() {
+        let of = |bytes: usize| serde_json::json!({"spec": "x".repeat(bytes)});
+        assert_eq!(load_timeout(&of(0)), LOAD_TIMEOUT_MIN);
+        // A 1.3 MB policy (500 templates): over two minutes.
+        let large = load_timeout(&of(1_300_000));
+        assert!(large > Duration::from_secs(120), "{large:?}");
+        assert_eq!(load_timeout(&of(10_000_000)), LOAD_TIMEOUT_MAX);
+    }
 
     #[test]
     fn a_refusal_reads_the_same_whatever_the_pods_name() {
