@@ -6,6 +6,8 @@ crd_file := "crds/sidecartemplates.sidecar.dev.yaml"
 # The chart's copy, which its templates/crd.yaml renders (so that `helm upgrade` upgrades it)
 chart_crd_file := "charts/sidecar-injector/files/sidecartemplates.sidecar.dev.yaml"
 cargo_deny_version := "0.20.2"
+# The SBOM generator of `just dist`, by the CycloneDX project
+cargo_cyclonedx_version := "0.5.9"
 
 # List the recipes
 default:
@@ -83,18 +85,25 @@ deny:
     fi
 
 # Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (once: about 220 s of CPU, 10 minutes on 2 shared cores)
-cargo-deny:
+cargo-deny: (cargo-tool "cargo-deny" cargo_deny_version)
+
+# Print the path of cargo-cyclonedx (cargo_cyclonedx_version), the SBOM generator of `just dist`, building it from crates.io into the cache when missing (once: about 180 s of CPU, 2.5 minutes on 2 shared cores)
+cargo-cyclonedx: (cargo-tool "cargo-cyclonedx" cargo_cyclonedx_version)
+
+# Print the path of the cargo tool CRATE at VERSION, built from crates.io with `cargo install --locked` into the cache (outside the repository) when missing
+[private]
+cargo-tool crate version:
     #!/usr/bin/env bash
     set -euo pipefail
     cache="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}"
-    bin="$cache/bin/cargo-deny-{{cargo_deny_version}}"
+    bin="$cache/bin/{{crate}}-{{version}}"
     if [[ ! -x "$bin" ]]; then
-        echo "building cargo-deny {{cargo_deny_version}} from crates.io into $bin (once)" >&2
+        echo "building {{crate}} {{version}} from crates.io into $bin (once)" >&2
         mkdir -p "$cache/bin"
-        root=$(mktemp -d "$cache/bin/.cargo-deny.XXXXXX")
+        root=$(mktemp -d "$cache/bin/.{{crate}}.XXXXXX")
         trap 'rm -rf "$root"' EXIT
-        cargo install --quiet --locked cargo-deny --version {{cargo_deny_version}} --root "$root"
-        mv -f "$root/bin/cargo-deny" "$bin"
+        cargo install --quiet --locked {{crate}} --version {{version}} --root "$root"
+        mv -f "$root/bin/{{crate}}" "$bin"
     fi
     echo "$bin"
 
