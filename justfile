@@ -255,11 +255,28 @@ release: build-packages
 build-packages:
     bash build/packages.sh
 
-# Build the operator's OCI image without a container engine, into target/sidecar-injector-image.tar (`ctr images import` it): the release binary of `just release`, alone and non-root (the Dockerfile describes the same image)
-image tag="sidecar-injector.invalid/sidecar-injector:dev": release
-    cargo run --quiet -p oci-image -- --out target/sidecar-injector-image.tar --name {{tag}} \
-        --users --file target/x86_64-unknown-linux-gnu/release/sidecar-injector:/usr/local/bin/sidecar-injector \
+# Build the operator's OCI image without a container engine, into OUT (default: sidecar-injector-image.tar in cargo's target directory; `ctr images import` it): the release binary of `just release`, alone and non-root, labelled with its version, revision, source and licence (the Dockerfile describes the same image)
+image tag="sidecar-injector.invalid/sidecar-injector:dev" out="": release
+    #!/usr/bin/env bash
+    set -euo pipefail
+    target=$({{just_executable()}} target-dir)
+    out="{{out}}"
+    read -r version source licenses < <({{just_executable()}} package-metadata)
+    cargo run --quiet -p oci-image -- --out "${out:-$target/sidecar-injector-image.tar}" --name "{{tag}}" \
+        --users --file "$target/x86_64-unknown-linux-gnu/release/sidecar-injector:/usr/local/bin/sidecar-injector" \
         --entrypoint /usr/local/bin/sidecar-injector --cmd run --user 65532:65532 \
         --expose 8443/tcp --expose 8080/tcp \
         --label org.opencontainers.image.title=sidecar-injector \
-        --label org.opencontainers.image.version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "injector-cli"))')
+        --label "org.opencontainers.image.version=$version" \
+        --label "org.opencontainers.image.revision=$(bash build/revision.sh)" \
+        --label "org.opencontainers.image.source=$source" \
+        --label "org.opencontainers.image.licenses=$licenses"
+
+# Versioned release artifacts, afresh into dist/ of cargo's target directory: the image archive of `just image` and its SBOM (cargo-cyclonedx), the static binary and kubectl plugin archives with SHA256SUMS, krew's manifest sidecar.yaml (its archive under BASE_URL, `{version}` replaced) and the chart packaged by helm (build/dist.sh; publishing them: docs/operations.md)
+dist base_url="https://example.invalid/releases/v{version}":
+    JUST={{just_executable()}} bash build/dist.sh "{{base_url}}"
+
+# Print the version, repository and licence of the binary's package (the workspace's: one version for the binary, the image, the chart and the plugin)
+[private]
+package-metadata:
+    @cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; p=next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "injector-cli"); print(p["version"], p["repository"], p["license"])'
