@@ -87,10 +87,10 @@ deny:
 # Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (once: about 220 s of CPU, 10 minutes on 2 shared cores)
 cargo-deny: (cargo-tool "cargo-deny" cargo_deny_version)
 
-# Print the path of cargo-cyclonedx (cargo_cyclonedx_version), the SBOM generator of `just dist`, building it from crates.io into the cache when missing (once: about 180 s of CPU, 2.5 minutes on 2 shared cores)
+# Print the path of cargo-cyclonedx (cargo_cyclonedx_version), the SBOM generator of `just dist`, building it from the crate registry into the cache when missing (once: about 180 s of CPU, 2.5 minutes on 2 shared cores)
 cargo-cyclonedx: (cargo-tool "cargo-cyclonedx" cargo_cyclonedx_version)
 
-# Print the path of the cargo tool CRATE at VERSION, built from crates.io with `cargo install --locked` into the cache (outside the repository) when missing
+# Print the path of the cargo tool CRATE at VERSION, built with `cargo install --locked` into the cache (outside the repository) when missing
 [private]
 cargo-tool crate version:
     #!/usr/bin/env bash
@@ -98,7 +98,7 @@ cargo-tool crate version:
     cache="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}"
     bin="$cache/bin/{{crate}}-{{version}}"
     if [[ ! -x "$bin" ]]; then
-        echo "building {{crate}} {{version}} from crates.io into $bin (once)" >&2
+        echo "building {{crate}} {{version}} from the crate registry into $bin (once)" >&2
         mkdir -p "$cache/bin"
         root=$(mktemp -d "$cache/bin/.{{crate}}.XXXXXX")
         trap 'rm -rf "$root"' EXIT
