@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
 # The sidecar-injector image: the one static Rust binary on an empty filesystem, non-root, with
 # no shell and no package manager. `just image` builds the same image without an engine.
-#   docker build -t <your-registry>/sidecar-injector:0.1.0 .
+#   docker build -t <your-registry>/sidecar-injector:0.1.0 \
+#       --build-arg SIDECAR_INJECTOR_REVISION="$(git rev-parse HEAD)" .
+# The context leaves .git out: without the argument, the binary's build_info metric and the
+# revision label say `unknown`. `just dist` writes the release's image, with every label.
 
 FROM rust:1.95-bookworm AS builder
 # build/release.sh's profile-guided build: llvm-profdata of rustc's LLVM (rustup's
@@ -11,6 +14,8 @@ RUN rustup component add llvm-tools \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
+# Read by build/release.sh (build/revision.sh) for the final build.
+ARG SIDECAR_INJECTOR_REVISION
 # Static (crt-static with an explicit --target: the binary needs no libc in the image, while
 # build scripts and proc macros stay dynamic) and profile-guided, as `just release` builds it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
@@ -22,6 +27,10 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && printf 'root:x:0:\nnogroup:x:65534:\nnonroot:x:65532:\n' > /out/etc/group
 
 FROM scratch
+ARG SIDECAR_INJECTOR_REVISION=unknown
+LABEL org.opencontainers.image.title=sidecar-injector \
+      org.opencontainers.image.revision=$SIDECAR_INJECTOR_REVISION \
+      org.opencontainers.image.licenses=Apache-2.0
 COPY --from=builder /out/ /
 USER 65532:65532
 EXPOSE 8443 8080

@@ -6,6 +6,8 @@ crd_file := "crds/sidecartemplates.sidecar.dev.yaml"
 # The chart's copy, which its templates/crd.yaml renders (so that `helm upgrade` upgrades it)
 chart_crd_file := "charts/sidecar-injector/files/sidecartemplates.sidecar.dev.yaml"
 cargo_deny_version := "0.20.2"
+# The SBOM generator of `just dist`, by the CycloneDX project
+cargo_cyclonedx_version := "0.5.9"
 
 # List the recipes
 default:
@@ -83,18 +85,25 @@ deny:
     fi
 
 # Print the path of cargo-deny (cargo_deny_version), building it from crates.io into the cache when missing (once: about 220 s of CPU, 10 minutes on 2 shared cores)
-cargo-deny:
+cargo-deny: (cargo-tool "cargo-deny" cargo_deny_version)
+
+# Print the path of cargo-cyclonedx (cargo_cyclonedx_version), the SBOM generator of `just dist`, building it from the crate registry into the cache when missing (once: about 180 s of CPU, 2.5 minutes on 2 shared cores)
+cargo-cyclonedx: (cargo-tool "cargo-cyclonedx" cargo_cyclonedx_version)
+
+# Print the path of the cargo tool CRATE at VERSION, built with `cargo install --locked` into the cache (outside the repository) when missing
+[private]
+cargo-tool crate version:
     #!/usr/bin/env bash
     set -euo pipefail
     cache="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}"
-    bin="$cache/bin/cargo-deny-{{cargo_deny_version}}"
+    bin="$cache/bin/{{crate}}-{{version}}"
     if [[ ! -x "$bin" ]]; then
-        echo "building cargo-deny {{cargo_deny_version}} from crates.io into $bin (once)" >&2
+        echo "building {{crate}} {{version}} from the crate registry into $bin (once)" >&2
         mkdir -p "$cache/bin"
-        root=$(mktemp -d "$cache/bin/.cargo-deny.XXXXXX")
+        root=$(mktemp -d "$cache/bin/.{{crate}}.XXXXXX")
         trap 'rm -rf "$root"' EXIT
-        cargo install --quiet --locked cargo-deny --version {{cargo_deny_version}} --root "$root"
-        mv -f "$root/bin/cargo-deny" "$bin"
+        cargo install --quiet --locked {{crate}} --version {{version}} --root "$root"
+        mv -f "$root/bin/{{crate}}" "$bin"
     fi
     echo "$bin"
 
@@ -161,8 +170,8 @@ bench-scale:
     fi
     SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-scale
 
-# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just image` (the first build of the binaries takes ~15 minutes, of the profile-guided image ~12); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
-e2e: node-packages image
+# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~15 minutes, of the profile-guided image ~12); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
+e2e: node-packages dist
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
     {{just_executable()}} e2e-next
 
@@ -246,11 +255,28 @@ release: build-packages
 build-packages:
     bash build/packages.sh
 
-# Build the operator's OCI image without a container engine, into target/sidecar-injector-image.tar (`ctr images import` it): the release binary of `just release`, alone and non-root (the Dockerfile describes the same image)
-image tag="sidecar-injector.invalid/sidecar-injector:dev": release
-    cargo run --quiet -p oci-image -- --out target/sidecar-injector-image.tar --name {{tag}} \
-        --users --file target/x86_64-unknown-linux-gnu/release/sidecar-injector:/usr/local/bin/sidecar-injector \
+# Build the operator's OCI image without a container engine, into OUT (default: sidecar-injector-image.tar in cargo's target directory; `ctr images import` it): the release binary of `just release`, alone and non-root, labelled with its version, revision, source and licence (the Dockerfile describes the same image)
+image tag="sidecar-injector.invalid/sidecar-injector:dev" out="": release
+    #!/usr/bin/env bash
+    set -euo pipefail
+    target=$({{just_executable()}} target-dir)
+    out="{{out}}"
+    read -r version source licenses < <({{just_executable()}} package-metadata)
+    cargo run --quiet -p oci-image -- --out "${out:-$target/sidecar-injector-image.tar}" --name "{{tag}}" \
+        --users --file "$target/x86_64-unknown-linux-gnu/release/sidecar-injector:/usr/local/bin/sidecar-injector" \
         --entrypoint /usr/local/bin/sidecar-injector --cmd run --user 65532:65532 \
         --expose 8443/tcp --expose 8080/tcp \
         --label org.opencontainers.image.title=sidecar-injector \
-        --label org.opencontainers.image.version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "injector-cli"))')
+        --label "org.opencontainers.image.version=$version" \
+        --label "org.opencontainers.image.revision=$(bash build/revision.sh)" \
+        --label "org.opencontainers.image.source=$source" \
+        --label "org.opencontainers.image.licenses=$licenses"
+
+# Versioned release artifacts, afresh into dist/ of cargo's target directory: the image archive of `just image` and its SBOM (cargo-cyclonedx), the static binary and kubectl plugin archives with SHA256SUMS, krew's manifest sidecar.yaml (its archive under BASE_URL, `{version}` replaced) and the chart packaged by helm (build/dist.sh; publishing them: docs/operations.md)
+dist base_url="https://example.invalid/releases/v{version}":
+    JUST={{just_executable()}} bash build/dist.sh "{{base_url}}"
+
+# Print the version, repository and licence of the binary's package (the workspace's: one version for the binary, the image, the chart and the plugin)
+[private]
+package-metadata:
+    @cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; p=next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "injector-cli"); print(p["version"], p["repository"], p["license"])'

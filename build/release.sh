@@ -10,19 +10,29 @@
 # llvm-profdata of the LLVM rustc was built with (build/llvm-profdata.sh finds it; Debian:
 # llvm-<major>; rustup: llvm-tools); SIDECAR_INJECTOR_PGO=0 builds without a profile.
 #
-# Outputs: target/x86_64-unknown-linux-gnu/release/{sidecar-injector,examples/transport_only}.
+# Outputs: target/x86_64-unknown-linux-gnu/release/{sidecar-injector,examples/transport_only}
+# (in CARGO_TARGET_DIR when set).
 # The instrumented build and the profile are kept in target/pgo/: the profile is recorded again
 # only when the instrumented binaries or the training (this script, the trainer, its fixtures)
 # changed, so it always describes the code being built.
+#
+# The final build carries the source revision (build/revision.sh) in its
+# `sidecar_injector_build_info` metric (SIDECAR_INJECTOR_REVISION, read at compile time); the
+# instrumented build does not, so that its binaries, hence the profile, stay the same from one
+# commit to the next when the code does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/local.sh
 source bench/local.sh
 
 target=x86_64-unknown-linux-gnu
+revision=$(bash build/revision.sh)
 # Cargo's encoded form (flags separated by 0x1f): a path with a space stays one flag, and an
 # inherited CARGO_ENCODED_RUSTFLAGS cannot silently replace these.
-build() { # RUSTFLAGS..., as separate arguments
+build() { # RUSTFLAGS..., as separate arguments: the final build, with the revision
+    SIDECAR_INJECTOR_REVISION="$revision" build_as_is "$@"
+}
+build_as_is() { # RUSTFLAGS..., as separate arguments
     local IFS=$'\x1f'
     CARGO_ENCODED_RUSTFLAGS="-Ctarget-feature=+crt-static${*:+$IFS$*}" RUSTFLAGS="" \
         cargo build --release --locked --target "$target" \
@@ -67,7 +77,10 @@ cleanup() {
 trap cleanup EXIT
 
 echo "--- release: the instrumented build" >&2
-CARGO_TARGET_DIR="$pgo/instrumented" build "-Cprofile-generate=$pgo/profiles"
+(
+    unset SIDECAR_INJECTOR_REVISION
+    CARGO_TARGET_DIR="$pgo/instrumented" build_as_is "-Cprofile-generate=$pgo/profiles"
+)
 instrumented=$pgo/instrumented/$target/release
 
 # A profile is an input of every crate of the final build: a new one rebuilds them all. When

@@ -4,7 +4,7 @@
 #
 #   ${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/bin/<name>-<version>
 #
-# for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform,
+# for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform, krew,
 # and the node's kubelet, kube-scheduler and kube-proxy.
 # A binary already in the cache is not rebuilt, so a second run is instant.
 # Go's module and build caches also live under the cache directory (unless
@@ -35,7 +35,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source-path=SCRIPTDIR source=versions.env
 source "$here/versions.env"
 
-: "${KUBE_VERSION:?} ${KUBE_VERSIONS:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?}"
+: "${KUBE_VERSION:?} ${KUBE_VERSIONS:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?} ${KREW_VERSION:?}"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -210,12 +210,18 @@ build_kubeconform() { # name out
     "-s -w -X main.version=${KUBECONFORM_VERSION}"
 }
 
+build_krew() { # name out
+  go_install "$2" sigs.k8s.io/krew/cmd/krew "$KREW_VERSION" \
+    "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=${KREW_VERSION}"
+}
+
 version_of() {
   case "$1" in
     etcd) echo "$ETCD_VERSION" ;;
     kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler | kube-proxy) echo "$KUBE_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
+    krew) echo "$KREW_VERSION" ;;
     *) die "unknown binary '$1' (known: ${all_names[*]})" ;;
   esac
 }
@@ -226,10 +232,11 @@ builder_of() {
     kube-apiserver | kube-controller-manager | kubectl | kubelet | kube-scheduler | kube-proxy) echo build_kube ;;
     helm) echo build_helm ;;
     kubeconform) echo build_kubeconform ;;
+    krew) echo build_krew ;;
   esac
 }
 
-all_names=(etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy helm kubeconform)
+all_names=(etcd kube-apiserver kube-controller-manager kubectl kubelet kube-scheduler kube-proxy helm kubeconform krew)
 
 tmp_out=""
 cleanup() { if [[ -n "$tmp_out" ]]; then rm -f "$tmp_out"; fi; }

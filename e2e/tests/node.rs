@@ -8,13 +8,15 @@
 //! failure (the harness is libtest-mimic's, `harness = false`). Needs root and the host
 //! packages (`just node-packages`). Ignored unless `SIDECAR_INJECTOR_E2E=1`.
 //!
-//! The last scenarios (from g on) run on the chart installed from the operator's image: the
+//! The last scenarios (from g on) run on the chart installed from the release artifacts of
+//! `just dist` (the packaged chart and the image archive), as a user installs it: the
 //! first of them that runs installs it, and the last (l) uninstalls it and checks that nothing
 //! is left (or, when l did not run, it is uninstalled at the end).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,7 +41,7 @@ use serde_json::{Value, json};
 type Scenario = fn(&Cluster) -> anyhow::Result<()>;
 
 /// The first scenario on the chart's operator, which replaces the one out of cluster.
-const CHART: &str = "g-chart-installed-from-the-image";
+const CHART: &str = "g-chart-installed-from-the-release-artifacts";
 const REQUIRED_DOWN: &str = "h-required-pod-refused-while-no-replica-serves";
 const FORCE_DELETED: &str = "i-operator-pod-force-deleted-under-load";
 const UPGRADE: &str = "j-helm-upgrade-under-load";
@@ -572,23 +574,17 @@ fn log_shipper(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// g. The chart installed for real from `just image`'s image: 2 replicas Ready, the
-/// certificate and the configuration created by the operator in the cluster (a Service, not a
-/// URL), and a Pod injected through it (the API server calls the webhook through the
-/// Service), running 2/2. It stays installed for the next scenarios.
+/// g. The chart installed for real as a user installs a release: `just dist`'s packaged chart
+/// and image archive (the image imported into the node's containerd, the chart's default tag,
+/// its appVersion, naming it): 2 replicas Ready, the certificate and the configuration created
+/// by the operator in the cluster (a Service, not a URL), and a Pod injected through it (the
+/// API server calls the webhook through the Service), running 2/2. It stays installed for the
+/// next scenarios.
 fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
-    let archive = std::env::var_os("SIDECAR_INJECTOR_IMAGE").map_or_else(
-        || workspace_root().join("target/sidecar-injector-image.tar"),
-        std::path::PathBuf::from,
-    );
-    ensure!(
-        archive.exists(),
-        "{} does not exist: run `just image` first (just e2e does)",
-        archive.display()
-    );
+    let archive = dist_file(&format!("sidecar-injector-image-{VERSION}.tar"))?;
+    let chart = dist_file(&format!("sidecar-injector-{VERSION}.tgz"))?;
     let started = Instant::now();
     cluster.import_image(&archive)?;
-    let chart = workspace_root().join("charts/sidecar-injector");
     helm(
         cluster,
         &[
@@ -598,10 +594,9 @@ fn chart_from_the_image(cluster: &Cluster) -> anyhow::Result<()> {
             "--namespace",
             "chart-system",
             "--create-namespace",
+            // The name `just dist` gives the image; the tag is the chart's appVersion.
             "--set",
             "image.repository=sidecar-injector.invalid/sidecar-injector",
-            "--set",
-            "image.tag=dev",
             "--set",
             "image.pullPolicy=Never",
             // The rollout scenarios restart workloads.
@@ -948,7 +943,7 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
     wait_injected(cluster, &ns, &[], GUARD)?;
     let before = wait_operator_ready(cluster)?;
     let selector = operator_selector(cluster)?;
-    let chart = workspace_root().join("charts/sidecar-injector");
+    let chart = dist_file(&format!("sidecar-injector-{VERSION}.tgz"))?;
 
     let load = Load::start(cluster, &ns)?;
     std::thread::sleep(Duration::from_secs(2));
@@ -1101,6 +1096,31 @@ fn left_in_the_namespace(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
 /// rules and the kubelet's stopping of the old containers follow the API objects.
 fn settle() {
     std::thread::sleep(Duration::from_secs(3));
+}
+
+/// The workspace's version: `just dist` names its artifacts after it.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The artifact NAME of `just dist`, in dist/ of cargo's target directory (or in
+/// `SIDECAR_INJECTOR_DIST`), which must exist.
+fn dist_file(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::var_os("SIDECAR_INJECTOR_DIST").map_or_else(
+        // Cargo's temporary directory for tests is `tmp` in its target directory.
+        || {
+            Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .parent()
+                .map_or_else(|| workspace_root().join("target"), Path::to_path_buf)
+                .join("dist")
+        },
+        PathBuf::from,
+    );
+    let path = dir.join(name);
+    ensure!(
+        path.exists(),
+        "{} does not exist: run `just dist` first (just e2e does)",
+        path.display()
+    );
+    Ok(path)
 }
 
 /// Runs helm with its homes in the cluster's directory against the cluster.

@@ -364,3 +364,20 @@ fn the_crd_command_prints_what_crds_and_the_chart_hold() {
         );
     }
 }
+
+/// One version everywhere: the chart's `version` and `appVersion` are the workspace's
+/// (`Cargo.toml`), which the binary, the image's labels and `just dist`'s artifacts carry.
+#[test]
+fn the_chart_has_the_workspace_version() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../charts/sidecar-injector/Chart.yaml");
+    let chart: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for key in ["version", "appVersion"] {
+        assert_eq!(
+            chart[key],
+            env!("CARGO_PKG_VERSION"),
+            "Chart.yaml's {key} is not Cargo.toml's workspace version: change them together"
+        );
+    }
+}

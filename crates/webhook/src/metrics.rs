@@ -39,8 +39,10 @@ pub struct BuildLabels {
     /// The crate version (the workspace's, one for every binary).
     pub version: String,
     /// The source revision the binary was built from: `SIDECAR_INJECTOR_REVISION` in the
-    /// build's environment, `unknown` when it was not set (a build from a checkout does not
-    /// set it, so that the profile-guided build's profile is not recorded again for every
+    /// build's environment, which the release build (`build/release.sh`: `just release`,
+    /// `just image`, `just dist`) sets to the commit (`-dirty` when files differ from it);
+    /// `unknown` when it was not set, as in an ordinary `cargo build` (and in the release
+    /// build's instrumented binaries, so that its profile is not recorded again for every
     /// commit).
     pub revision: String,
 }
