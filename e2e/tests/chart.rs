@@ -576,6 +576,7 @@ fn viewer_rbac(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<(
         !can_on_templates(cp, "create", &app_team)? && !can_on_templates(cp, "patch", &app_team)?,
         "viewerRbac.subjects may write SidecarTemplates"
     );
+    explain_as_an_app_team(cp)?;
     for binding in [
         "clusterrolebinding/e2e-cluster-viewer",
         "clusterrolebinding/e2e-cluster-editor",
@@ -592,6 +593,72 @@ fn viewer_rbac(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<(
     eprintln!(
         "[chart] view and edit read SidecarTemplates and write none; view in one namespace does not; viewerRbac.subjects read them"
     );
+    Ok(())
+}
+
+/// `kubectl sidecar explain` as an app team: `view` in its own namespace only, plus the chart's
+/// `viewerRbac.subjects` (group `app-teams`), through a kubeconfig that impersonates such a
+/// user. Without the group it stops, saying which value grants what it lacks.
+fn explain_as_an_app_team(cp: &ControlPlane) -> anyhow::Result<()> {
+    let ns = cp.namespace("app-team", &[])?;
+    cp.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "app-team-view",
+        "--namespace",
+        &ns,
+        "--clusterrole=view",
+        "--user=someone",
+    ])?;
+    cp.kubectl_ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--namespace",
+        &ns,
+        "--image=app.invalid/web:1",
+    ])?;
+    let kubeconfig = |groups: &[&str]| -> anyhow::Result<PathBuf> {
+        let mut config: Value = serde_json::from_slice(&std::fs::read(cp.kubeconfig_path())?)?;
+        let users = config["users"]
+            .as_array_mut()
+            .context("no users in the kubeconfig")?;
+        for user in users {
+            user["user"]["as"] = Value::from("someone");
+            user["user"]["as-groups"] = Value::from(groups.to_vec());
+        }
+        let path = cp.dir().join(format!("app-team-{}.json", groups.len()));
+        std::fs::write(&path, serde_json::to_vec(&config)?)?;
+        Ok(path)
+    };
+    let explain = |kubeconfig: &Path| -> anyhow::Result<std::process::Output> {
+        Ok(Command::new(injector_e2e::operator_binary()?)
+            .args(["kubectl", "--kubeconfig"])
+            .arg(kubeconfig)
+            .args(["explain", "deployment/web", "-n", &ns])
+            .output()?)
+    };
+    let alone = explain(&kubeconfig(&[])?)?;
+    let refusal = String::from_utf8_lossy(&alone.stderr);
+    ensure!(
+        !alone.status.success() && refusal.contains("viewerRbac.subjects"),
+        "explain without viewerRbac.subjects: {refusal}"
+    );
+    let team = explain(&kubeconfig(&["app-teams", "system:authenticated"])?)?;
+    ensure!(
+        team.status.success(),
+        "explain as an app team: {}",
+        String::from_utf8_lossy(&team.stderr)
+    );
+    let shown = String::from_utf8_lossy(&team.stdout);
+    ensure!(
+        shown.contains("web"),
+        "explain as an app team printed: {shown}"
+    );
+    eprintln!(
+        "[chart] kubectl sidecar explain as an app team (view in {ns}, viewerRbac.subjects): works; without the subjects it names the value"
+    );
+    cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
     Ok(())
 }
 

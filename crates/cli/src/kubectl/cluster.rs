@@ -31,6 +31,16 @@ pub enum ClusterError {
     /// No client can be made from the configuration.
     #[error("cannot connect to Kubernetes")]
     Client(#[source] kube::Error),
+    /// A call was forbidden: the user lacks a cluster-scoped read.
+    #[error(
+        "{what}: forbidden: {message}. kubectl sidecar reads SidecarTemplates and the object's Namespace, which are cluster-scoped: a role in one namespace does not grant them; the chart's viewerRbac.subjects does (docs/operations.md)"
+    )]
+    Forbidden {
+        /// What was asked.
+        what: String,
+        /// The API server's message.
+        message: String,
+    },
     /// A call failed.
     #[error("{what}")]
     Call {
@@ -81,7 +91,13 @@ pub async fn connect(connection: &Connection) -> Result<(Client, String), Cluste
 
 fn call(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
     let what = what.into();
-    move |source| ClusterError::Call { what, source }
+    move |source| match source {
+        kube::Error::Api(response) if response.code == 403 => ClusterError::Forbidden {
+            what,
+            message: response.message,
+        },
+        source => ClusterError::Call { what, source },
+    }
 }
 
 /// Every SidecarTemplate, or the one named.
