@@ -5,6 +5,12 @@
 #       --build-arg SIDECAR_INJECTOR_REVISION="$(git rev-parse HEAD)" .
 # The context leaves .git out: without the argument, the binary's build_info metric and the
 # revision label say `unknown`. `just dist` writes the release's image, with every label.
+#
+# Other platforms: the builder stage runs on the target platform (no --platform=$BUILDPLATFORM),
+# so it needs no cross toolchain, only a builder of that platform (a native node, or QEMU's
+# binfmt emulation, where the profile's training load is slow: SIDECAR_INJECTOR_PGO=0 skips it):
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#       --build-arg SIDECAR_INJECTOR_PGO=0 -t <your-registry>/sidecar-injector:0.1.0 --push .
 
 FROM rust:1.95-bookworm AS builder
 # build/release.sh's profile-guided build: llvm-profdata of rustc's LLVM (rustup's
@@ -16,12 +22,14 @@ WORKDIR /src
 COPY . .
 # Read by build/release.sh (build/revision.sh) for the final build.
 ARG SIDECAR_INJECTOR_REVISION
+# 0: no profile-guided optimisation (for emulated builders).
+ARG SIDECAR_INJECTOR_PGO=1
 # Static (crt-static with an explicit --target: the binary needs no libc in the image, while
 # build scripts and proc macros stay dynamic) and profile-guided, as `just release` builds it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     bash build/release.sh \
- && install -D -m 0755 target/x86_64-unknown-linux-gnu/release/sidecar-injector /out/usr/local/bin/sidecar-injector \
+ && install -D -m 0755 "target/$(uname -m)-unknown-linux-gnu/release/sidecar-injector" /out/usr/local/bin/sidecar-injector \
  && mkdir -p /out/etc \
  && printf 'root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/nonexistent:/sbin/nologin\n' > /out/etc/passwd \
  && printf 'root:x:0:\nnogroup:x:65534:\nnonroot:x:65532:\n' > /out/etc/group

@@ -10,8 +10,9 @@
 # llvm-profdata of the LLVM rustc was built with (build/llvm-profdata.sh finds it; Debian:
 # llvm-<major>; rustup: llvm-tools); SIDECAR_INJECTOR_PGO=0 builds without a profile.
 #
-# Outputs: target/x86_64-unknown-linux-gnu/release/{sidecar-injector,examples/transport_only}
-# (in CARGO_TARGET_DIR when set).
+# Outputs: target/<arch>-unknown-linux-gnu/release/{sidecar-injector,examples/transport_only}
+# (in CARGO_TARGET_DIR when set), <arch> the machine's (`uname -m`: x86_64 here; aarch64 on an
+# arm64 builder, which is how the Dockerfile builds other platforms: natively, never across).
 # The instrumented build and the profile are kept in target/pgo/: the profile is recorded again
 # only when the instrumented binaries or the training (this script, the trainer, its fixtures)
 # changed, so it always describes the code being built.
@@ -25,7 +26,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=bench/local.sh
 source bench/local.sh
 
-target=x86_64-unknown-linux-gnu
+target=$(uname -m)-unknown-linux-gnu
 revision=$(bash build/revision.sh)
 # Cargo's encoded form (flags separated by 0x1f): a path with a space stays one flag, and an
 # inherited CARGO_ENCODED_RUSTFLAGS cannot silently replace these.
