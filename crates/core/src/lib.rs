@@ -15,6 +15,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod freshness;
 pub mod group;
+pub mod in_force;
 pub mod json_pull;
 pub mod json_scan;
 pub mod lifecycle;

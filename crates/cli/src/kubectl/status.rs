@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use injector_api::{PodCounts, RolloutStatus, SidecarTemplate, UpdateStrategyType};
-use injector_controller::sync::Observed;
 use injector_core::Snapshot;
+use injector_core::in_force::Observed;
 use injector_core::lifecycle::{PodMeta, PodState, Tally, standing};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::Serialize;

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::kubectl::in_force;
+use injector_core::in_force::from_listing;
 
 /// A template named `agent` selecting `app: web` in namespaces labelled `team: shop`, adding
 /// a container of `image`, at `generation`; with `status` as the operator wrote it.
@@ -138,7 +138,7 @@ fn cluster() -> (Vec<SidecarTemplate>, Vec<ObjectMeta>, Vec<ObjectMeta>) {
 #[test]
 fn the_live_count_is_the_operators_census() {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, _) = in_force(&templates);
+    let (snapshot, _) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     let tally = live.tallies["agent"];
     assert_eq!(
@@ -187,7 +187,7 @@ fn the_live_count_is_the_operators_census() {
 #[test]
 fn only_replicasets_and_jobs_are_looked_up() {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, _) = in_force(&templates);
+    let (snapshot, _) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     assert_eq!(
         owner_lookups(&live).into_iter().collect::<Vec<_>>(),
@@ -257,7 +257,7 @@ fn a_non_controller_owner_leaves_the_pod_bare() {
 
 fn report_of_cluster() -> StatusReport {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, observed) = in_force(&templates);
+    let (snapshot, observed) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     let owners = Owners::from([
         (
@@ -350,7 +350,7 @@ fn an_invalid_template_is_listed_without_counts() {
             "lastTransitionTime": "2026-01-01T00:00:00Z",
         }]}),
     );
-    let (snapshot, observed) = in_force(&templates);
+    let (snapshot, observed) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     let report = report(&templates, &observed, &live, &Owners::new());
     let template = &report.templates[0];
