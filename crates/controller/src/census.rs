@@ -91,18 +91,13 @@ pub fn count(
     namespaces: &[Arc<PartialObjectMeta<Namespace>>],
     operator_namespace: &str,
 ) -> Census {
-    let empty = BTreeMap::new();
-    let labels: BTreeMap<&str, &BTreeMap<String, String>> = namespaces
-        .iter()
-        .filter_map(|ns| {
-            let name = ns.metadata.name.as_deref()?;
-            (name != operator_namespace)
-                .then(|| (name, ns.metadata.labels.as_ref().unwrap_or(&empty)))
-        })
-        .collect();
+    let labels = lifecycle::selectable_namespaces(
+        namespaces.iter().map(|ns| &ns.metadata),
+        operator_namespace,
+    );
     let metas = pods
         .iter()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| lifecycle::counts(&pod.metadata))
         .map(|pod| (PodMeta::of(&pod.metadata), owner_of(&pod.metadata)));
     lifecycle::census_by_owner(snapshot.templates(), metas, |name| {
         labels.get(name).copied()
