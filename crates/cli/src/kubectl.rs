@@ -123,7 +123,10 @@ impl KubectlArgs {
                 let namespaces = cluster::namespaces(&client).await?;
                 let live = status::count(&in_force, &pods, &namespaces, &self.operator_namespace);
                 let owners = cluster::owners(&client, status::owner_lookups(&live)).await?;
-                let report = status::report(&templates, &observed, &live, &owners);
+                let workloads = status::workload_lookups(&live, &owners);
+                let verdicts = cluster::verdicts(&client, workloads).await?;
+                let lookups = status::Lookups { owners, verdicts };
+                let report = status::report(&templates, &observed, &live, &lookups);
                 Ok(match args.output {
                     StatusOutput::Table => status::to_table(&report),
                     StatusOutput::Json => status::to_json(&report)?,
