@@ -12,15 +12,10 @@ pub mod explain;
 pub mod status;
 mod table;
 
-use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
-use injector_api::SidecarTemplate;
-use injector_controller::sync::{Observed, TemplateSync};
-use injector_core::{Snapshot, Templates};
-use kube::runtime::watcher::Event;
+use injector_core::in_force::from_listing;
 
 use self::cluster::{ClusterError, Connection};
 use self::explain::{Namespace, Target};
@@ -123,12 +118,15 @@ impl KubectlArgs {
         match self.command {
             PluginCommand::Status(args) => {
                 let templates = cluster::templates(&client, args.template.as_deref()).await?;
-                let (in_force, observed) = in_force(&templates);
+                let (in_force, observed) = from_listing(templates.iter().cloned());
                 let pods = cluster::pods(&client).await?;
                 let namespaces = cluster::namespaces(&client).await?;
                 let live = status::count(&in_force, &pods, &namespaces, &self.operator_namespace);
                 let owners = cluster::owners(&client, status::owner_lookups(&live)).await?;
-                let report = status::report(&templates, &observed, &live, &owners);
+                let workloads = status::workload_lookups(&live, &owners);
+                let verdicts = cluster::verdicts(&client, workloads).await?;
+                let lookups = status::Lookups { owners, verdicts };
+                let report = status::report(&templates, &observed, &live, &lookups);
                 Ok(match args.output {
                     StatusOutput::Table => status::to_table(&report),
                     StatusOutput::Json => status::to_json(&report)?,
@@ -139,7 +137,7 @@ impl KubectlArgs {
                 let object = cluster::object(&client, &args.target, &namespace).await?;
                 let labels = cluster::namespace_labels(&client, &namespace).await?;
                 let templates = cluster::templates(&client, None).await?;
-                let (in_force, _) = in_force(&templates);
+                let (in_force, _) = from_listing(templates);
                 let namespace = Namespace {
                     name: &namespace,
                     labels: (namespace != self.operator_namespace).then_some(&labels),
@@ -157,26 +155,6 @@ impl KubectlArgs {
             }
         }
     }
-}
-
-/// The templates the operator keeps in force for `templates`, and what compiling each gave:
-/// the operator's own sync, fed one complete listing, so an invalid required template keeps
-/// the generation its `status.lastValid` records, exactly as in a replica started now.
-fn in_force(templates: &[SidecarTemplate]) -> (Arc<Snapshot>, BTreeMap<String, Observed>) {
-    let published = Templates::new();
-    let observed = Arc::new(Mutex::new(BTreeMap::new()));
-    let mut sync = TemplateSync::new(Arc::clone(&published), Arc::clone(&observed));
-    sync.handle(Event::Init);
-    for template in templates {
-        sync.handle(Event::InitApply(template.clone()));
-    }
-    sync.handle(Event::InitDone);
-    let observed = std::mem::take(
-        &mut *observed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    (published.snapshot(), observed)
 }
 
 #[cfg(test)]

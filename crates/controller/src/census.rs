@@ -14,9 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
+use injector_api::WorkloadRef;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
 use injector_core::Templates;
 use injector_core::lifecycle::{self, PodMeta, TemplateCensus};
+use injector_core::workload::owner_of;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
@@ -48,34 +50,9 @@ pub struct Counted {
     pub pods: PodView,
 }
 
-/// A Pod's controlling owner (what a rollout restarts, once resolved to its workload).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PodOwner {
-    /// The Pod's namespace, which is its owner's.
-    pub namespace: String,
-    /// The owner's kind: `ReplicaSet`, `StatefulSet`, `DaemonSet`, `Job`, …
-    pub kind: String,
-    /// The owner's name.
-    pub name: String,
-}
-
 /// Where the Pods stand with each template in force, by template name, with the stale and
-/// missing ones by owner (`None`: a Pod without a controlling owner).
-pub type Census = BTreeMap<String, TemplateCensus<Option<PodOwner>>>;
-
-/// The controlling owner of the Pod `meta` describes.
-pub fn owner_of(meta: &ObjectMeta) -> Option<PodOwner> {
-    let owner = meta
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|owner| owner.controller == Some(true))?;
-    Some(PodOwner {
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        kind: owner.kind.clone(),
-        name: owner.name.clone(),
-    })
-}
+/// missing ones by controlling owner ([`owner_of`]; `None`: a Pod without one).
+pub type Census = BTreeMap<String, TemplateCensus<Option<WorkloadRef>>>;
 
 /// Keeps only what the census reads of a Pod's metadata.
 pub fn strip_pod(meta: &mut ObjectMeta) {
@@ -114,18 +91,13 @@ pub fn count(
     namespaces: &[Arc<PartialObjectMeta<Namespace>>],
     operator_namespace: &str,
 ) -> Census {
-    let empty = BTreeMap::new();
-    let labels: BTreeMap<&str, &BTreeMap<String, String>> = namespaces
-        .iter()
-        .filter_map(|ns| {
-            let name = ns.metadata.name.as_deref()?;
-            (name != operator_namespace)
-                .then(|| (name, ns.metadata.labels.as_ref().unwrap_or(&empty)))
-        })
-        .collect();
+    let labels = lifecycle::selectable_namespaces(
+        namespaces.iter().map(|ns| &ns.metadata),
+        operator_namespace,
+    );
     let metas = pods
         .iter()
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| lifecycle::counts(&pod.metadata))
         .map(|pod| (PodMeta::of(&pod.metadata), owner_of(&pod.metadata)));
     lifecycle::census_by_owner(snapshot.templates(), metas, |name| {
         labels.get(name).copied()

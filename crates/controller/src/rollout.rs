@@ -21,6 +21,7 @@ use injector_core::rollout::{
     WorkloadState, in_place_patch, is_ready, max_unavailable, next_restarts, restarted_for,
     restarted_for_entry, states, updated_in_place,
 };
+use injector_core::workload::{Workload, owner_of, restarted_through_its_owner};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -31,7 +32,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use tokio::time::Instant;
 
-use crate::census::{Counted, PodOwner, PodView, owner_of};
+use crate::census::{Counted, PodView};
 
 mod workloads;
 
@@ -69,7 +70,7 @@ struct Round {
     /// The (template, workload) pairs looked at.
     seen: BTreeSet<(String, WorkloadRef)>,
     /// The ReplicaSets resolved.
-    replica_sets: BTreeSet<(String, String)>,
+    replica_sets: BTreeSet<WorkloadRef>,
     /// The Pods considered for an update in place.
     candidates: BTreeSet<(String, String)>,
 }
@@ -99,7 +100,7 @@ struct InPlaceRound {
     /// The Pods being updated (`namespace/name`).
     updating: Vec<String>,
     /// The owners of stale Pods that cannot be updated in place: restarted instead.
-    fallback: Vec<Option<PodOwner>>,
+    fallback: Vec<Option<WorkloadRef>>,
     /// Stale Pods without a restartable owner, or of an opted-out one: never touched.
     not_restartable: u32,
     /// A Pod updated in place that did not come back Ready in time.
@@ -111,9 +112,9 @@ struct InPlaceRound {
 /// (`sidecar.dev/restartedAt`).
 pub struct RolloutDriver {
     client: Client,
-    /// Each ReplicaSet's Deployment (`None`: it has none), as last resolved; only those seen
-    /// in the last round are kept.
-    replica_sets: HashMap<(String, String), Option<String>>,
+    /// Each ReplicaSet's controlling owner (`None`: it has none, or is gone), as last
+    /// resolved; only those seen in the last round are kept.
+    replica_sets: HashMap<WorkloadRef, Option<WorkloadRef>>,
     /// Each template's restarting workloads: their last progress counts, and when they last
     /// changed.
     progress: HashMap<(String, WorkloadRef), ([i64; 4], Instant)>,
@@ -277,10 +278,15 @@ impl RolloutDriver {
         let mut states = Vec::new();
         let mut views = HashMap::new();
         let mut still_restarting = BTreeSet::new();
+        let mut not_restartable = plan.not_restartable;
         for (workload, pods) in workloads {
             let view = match self.view(&workload).await {
                 Ok(Some(view)) => view,
-                Ok(None) => continue,
+                // Gone: nothing restarts it (NotRestartable::Gone), and its Pods go with it.
+                Ok(None) => {
+                    not_restartable += pods;
+                    continue;
+                }
                 Err(error) => {
                     tracing::warn!(template = %template.name, %workload, %error, "reading a workload for its rollout failed");
                     continue;
@@ -296,7 +302,7 @@ impl RolloutDriver {
             round.seen.insert(key);
             states.push(WorkloadState {
                 workload: workload.clone(),
-                opted_out: view.not_restartable,
+                opted_out: view.not_restartable.is_some(),
                 restarted,
                 complete: view.complete,
                 since_progress,
@@ -305,7 +311,7 @@ impl RolloutDriver {
             views.insert(workload, view);
         }
         let strategy = &template.update_strategy;
-        let decision = next_restarts(strategy, &states, plan.not_restartable);
+        let decision = next_restarts(strategy, &states, not_restartable);
         let mut status = decision.status;
         // A Pod updated in place that never came back halts the rollout like a workload.
         let halted = plan.in_place.stuck.as_ref().map(|pod| {
@@ -441,7 +447,7 @@ impl RolloutDriver {
                 Some(out) => *out,
                 None => {
                     let out = match self.view(&workload).await {
-                        Ok(Some(view)) => view.not_restartable,
+                        Ok(Some(view)) => view.not_restartable.is_some(),
                         Ok(None) | Err(_) => true,
                     };
                     opted_out.insert(workload.clone(), out);
@@ -544,46 +550,46 @@ impl RolloutDriver {
         now.duration_since(*at)
     }
 
-    /// The restartable workload that owns Pods owned by `owner`, if any.
+    /// The workload a rollout restarts for Pods owned by `owner` ([`Workload::behind`] it),
+    /// if its kind is restartable; a ReplicaSet's owner is looked up, once a round.
     async fn workload_of(
         &mut self,
-        owner: Option<&PodOwner>,
+        owner: Option<&WorkloadRef>,
         round: &mut Round,
     ) -> Option<WorkloadRef> {
         let owner = owner?;
-        let workload = |kind: &str, name: String| WorkloadRef {
-            kind: kind.to_owned(),
-            namespace: owner.namespace.clone(),
-            name,
+        let owners_owner = if restarted_through_its_owner(owner) {
+            self.owner_of_replica_set(owner, round).await?
+        } else {
+            None
         };
-        match owner.kind.as_str() {
-            "StatefulSet" | "DaemonSet" => Some(workload(&owner.kind, owner.name.clone())),
-            "ReplicaSet" => {
-                let key = (owner.namespace.clone(), owner.name.clone());
-                round.replica_sets.insert(key.clone());
-                if let Some(deployment) = self.replica_sets.get(&key) {
-                    return deployment.clone().map(|name| workload("Deployment", name));
-                }
-                let api: Api<PartialObjectMeta<ReplicaSet>> =
-                    Api::namespaced(self.client.clone(), &owner.namespace);
-                let deployment = match api.get_metadata_opt(&owner.name).await {
-                    Ok(found) => found.and_then(|rs| {
-                        rs.metadata
-                            .owner_references?
-                            .into_iter()
-                            .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                            .map(|o| o.name)
-                    }),
-                    Err(error) => {
-                        tracing::warn!(namespace = %owner.namespace, replica_set = %owner.name, %error, "reading a ReplicaSet's owner failed");
-                        return None;
-                    }
-                };
-                self.replica_sets.insert(key, deployment.clone());
-                deployment.map(|name| workload("Deployment", name))
-            }
-            _ => None,
+        Workload::behind(owner, owners_owner.as_ref())
+            .restartable()
+            .cloned()
+    }
+
+    /// The controlling owner of the ReplicaSet `replica_set` (`Some(None)`: it has none, or is
+    /// gone; `None`: it could not be read).
+    async fn owner_of_replica_set(
+        &mut self,
+        replica_set: &WorkloadRef,
+        round: &mut Round,
+    ) -> Option<Option<WorkloadRef>> {
+        round.replica_sets.insert(replica_set.clone());
+        if let Some(owner) = self.replica_sets.get(replica_set) {
+            return Some(owner.clone());
         }
+        let api: Api<PartialObjectMeta<ReplicaSet>> =
+            Api::namespaced(self.client.clone(), &replica_set.namespace);
+        let owner = match api.get_metadata_opt(&replica_set.name).await {
+            Ok(found) => found.and_then(|rs| owner_of(&rs.metadata)),
+            Err(error) => {
+                tracing::warn!(namespace = %replica_set.namespace, replica_set = %replica_set.name, %error, "reading a ReplicaSet's owner failed");
+                return None;
+            }
+        };
+        self.replica_sets.insert(replica_set.clone(), owner.clone());
+        Some(owner)
     }
 
     /// Reads `workload`; `None` when it is gone.

@@ -24,6 +24,7 @@
 use injector_api::{
     FailurePolicy, LastValid, RolloutStatus, SidecarTemplate, SidecarTemplateStatus, WorkloadRef,
 };
+use injector_core::in_force::Kept;
 use injector_core::lifecycle::Tally;
 use injector_core::rollout::states;
 use injector_core::{GroupId, ValidationErrors};
@@ -35,7 +36,6 @@ use kube::{Api, Resource};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::sync::Kept;
 use crate::webhook_config::entry_name;
 
 /// The type of the condition the controller owns.

@@ -2,8 +2,9 @@
 //! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them;
 //! read a Pod from the request's JSON with bounded memory ([`pod_json`], [`json_pull`]); compile
 //! templates into admission policies ([`policy`]); and decide, from a running Pod's metadata,
-//! where it stands with each template ([`lifecycle`]) and which workloads a rollout restarts
-//! next ([`rollout`]).
+//! where it stands with each template ([`lifecycle`]), which workload is behind it and whether a
+//! rollout would restart that ([`workload`]), and which workloads a rollout restarts next
+//! ([`rollout`]).
 //!
 //! No I/O lives here: no async runtime, no HTTP, no Kubernetes client. Everything is a function
 //! of its inputs, which is what lets the webhook call it on the hot path and the tests and
@@ -14,6 +15,7 @@ pub mod error;
 pub mod fingerprint;
 pub mod freshness;
 pub mod group;
+pub mod in_force;
 pub mod json_pull;
 pub mod json_scan;
 pub mod lifecycle;
@@ -29,6 +31,7 @@ pub mod rollout;
 pub mod selector;
 pub mod syntax;
 pub mod template;
+pub mod workload;
 
 pub use error::{FieldError, ValidationErrors};
 pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};

@@ -191,6 +191,27 @@ pub fn census<'p>(
         .collect()
 }
 
+/// The labels of each of `namespaces` whose Pods templates may select, by name: every one but
+/// `operator_namespace`, which no template may select. A Pod of a namespace left out counts
+/// only for what it carries ([`standing`]).
+pub fn selectable_namespaces<'n>(
+    namespaces: impl IntoIterator<Item = &'n ObjectMeta>,
+    operator_namespace: &str,
+) -> BTreeMap<&'n str, &'n BTreeMap<String, String>> {
+    namespaces
+        .into_iter()
+        .filter_map(|ns| {
+            let name = ns.name.as_deref()?;
+            (name != operator_namespace).then(|| (name, ns.labels.as_ref().unwrap_or(&NO_KEYS)))
+        })
+        .collect()
+}
+
+/// Whether a Pod counts at all: one being deleted does not.
+pub fn counts(pod: &ObjectMeta) -> bool {
+    pod.deletion_timestamp.is_none()
+}
+
 /// One template's census: its tally, and its stale and missing Pods by owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TemplateCensus<O> {

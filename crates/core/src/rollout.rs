@@ -30,7 +30,9 @@ use crate::template::{CompiledTemplate, Item};
 pub struct WorkloadState {
     /// The workload.
     pub workload: WorkloadRef,
-    /// Annotated `sidecar.dev/rollout: disabled`: reported, never restarted.
+    /// It says itself that a rollout must not restart it (`sidecar.dev/rollout: disabled`,
+    /// `OnDelete`: [`crate::workload::WorkloadObject::not_restartable`]): reported, never
+    /// restarted.
     pub opted_out: bool,
     /// Already restarted for the template's current version.
     pub restarted: bool,

@@ -1,11 +1,13 @@
 //! What `kubectl sidecar` reads from the cluster, and nothing else: it never writes. Pods,
 //! ReplicaSets and Jobs are read as metadata only (the API server sends no spec), like the
-//! operator's census.
+//! operator's census; the Deployments, StatefulSets and DaemonSets behind stale and missing
+//! Pods whole, as the operator's rollouts read them (their update strategy is in the spec).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use injector_api::SidecarTemplate;
+use injector_api::{SidecarTemplate, WorkloadRef};
+use injector_core::workload::{NotRestartable, WorkloadObject, owner_of};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -17,7 +19,6 @@ use kube::{Client, Config};
 use serde_json::Value;
 
 use super::explain::{Target, TargetKind};
-use super::status::{ObjectKey, Owners, controller};
 
 /// How many objects one list call asks for.
 const PAGE: u32 = 500;
@@ -120,13 +121,27 @@ pub async fn templates(
     }
 }
 
-/// The metadata of every `K` in the cluster, page by page.
-async fn all_metadata<K>(client: &Client, what: &str) -> Result<Vec<ObjectMeta>, ClusterError>
-where
+/// A namespaced kind the plugin reads.
+trait Namespaced:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Namespaced for K where
     K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+        + std::fmt::Debug
+{
+}
+
+/// The metadata of every `K` in the cluster, page by page.
+async fn all_metadata<K>(client: &Client, what: &str) -> Result<Vec<ObjectMeta>, ClusterError>
+where
+    K: Namespaced,
 {
     let api: Api<K> = Api::all(client.clone());
     list_pages(&api, what).await
@@ -184,46 +199,64 @@ pub async fn namespace_labels(
         .unwrap_or_default())
 }
 
-/// The controller owner of each of `keys` (ReplicaSets and Jobs), read one by one; a key whose
-/// object is gone has none.
-pub async fn owners(client: &Client, keys: BTreeSet<ObjectKey>) -> Result<Owners, ClusterError> {
-    let mut owners = Owners::new();
+/// The controlling owner of each of `keys` (ReplicaSets and Jobs), read one by one; one
+/// whose object is gone has none.
+pub async fn owners(
+    client: &Client,
+    keys: BTreeSet<WorkloadRef>,
+) -> Result<BTreeMap<WorkloadRef, Option<WorkloadRef>>, ClusterError> {
+    let mut owners = BTreeMap::new();
     for key in keys {
-        let what = format!(
-            "{}/{} -n {}",
-            key.kind.to_lowercase(),
-            key.name,
-            key.namespace
-        );
+        let what = key.to_string();
         let meta: Option<ObjectMeta> = match key.kind.as_str() {
             "ReplicaSet" => metadata_of::<ReplicaSet>(client, &key, &what).await?,
             "Job" => metadata_of::<Job>(client, &key, &what).await?,
             _ => None,
         };
-        let owner = meta
-            .as_ref()
-            .and_then(controller)
-            .map(|(kind, name)| (kind.to_owned(), name.to_owned()));
-        owners.insert(key, owner);
+        owners.insert(key, meta.as_ref().and_then(owner_of));
     }
     Ok(owners)
 }
 
 async fn metadata_of<K>(
     client: &Client,
-    key: &ObjectKey,
+    key: &WorkloadRef,
     what: &str,
 ) -> Result<Option<ObjectMeta>, ClusterError>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: Namespaced,
 {
     let api: Api<K> = Api::namespaced(client.clone(), &key.namespace);
     let found: Option<PartialObjectMeta<K>> =
         api.get_metadata_opt(&key.name).await.map_err(call(what))?;
     Ok(found.map(|object| object.metadata))
+}
+
+/// What each of `workloads` (Deployments, StatefulSets and DaemonSets) says of a restart
+/// ([`WorkloadObject::not_restartable`]), read one by one; one that is gone says
+/// [`NotRestartable::Gone`].
+pub async fn verdicts(
+    client: &Client,
+    workloads: BTreeSet<WorkloadRef>,
+) -> Result<BTreeMap<WorkloadRef, Option<NotRestartable>>, ClusterError> {
+    let mut verdicts = BTreeMap::new();
+    for workload in workloads {
+        let (namespace, name, what) = (&workload.namespace, &workload.name, workload.to_string());
+        let verdict = match workload.kind.as_str() {
+            "Deployment" => get::<Deployment>(client, namespace, name, &what)
+                .await?
+                .map(|object| WorkloadObject::Deployment(&object).not_restartable()),
+            "StatefulSet" => get::<StatefulSet>(client, namespace, name, &what)
+                .await?
+                .map(|object| WorkloadObject::StatefulSet(&object).not_restartable()),
+            "DaemonSet" => get::<DaemonSet>(client, namespace, name, &what)
+                .await?
+                .map(|object| WorkloadObject::DaemonSet(&object).not_restartable()),
+            _ => continue,
+        };
+        verdicts.insert(workload, verdict.unwrap_or(Some(NotRestartable::Gone)));
+    }
+    Ok(verdicts)
 }
 
 /// The object `target` names in `namespace`, as JSON (with its `kind`).
@@ -257,19 +290,25 @@ async fn typed<K>(
     what: String,
 ) -> Result<Value, ClusterError>
 where
-    K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + k8s_openapi::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug,
+    K: Namespaced + k8s_openapi::Resource + serde::Serialize,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let object = api
-        .get_opt(name)
-        .await
-        .map_err(call(what.clone()))?
+    let object = get::<K>(client, namespace, name, &what)
+        .await?
         .ok_or_else(|| ClusterError::NotFound(what.clone()))?;
     // k8s-openapi's types serialize their apiVersion and kind, which planning reads.
     serde_json::to_value(&object).map_err(|source| ClusterError::Json { what, source })
+}
+
+/// The `K` named `name` in `namespace`, `None` when it does not exist.
+async fn get<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    what: &str,
+) -> Result<Option<K>, ClusterError>
+where
+    K: Namespaced,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    api.get_opt(name).await.map_err(call(what))
 }

@@ -1,6 +1,7 @@
 //! `kubectl sidecar status`, without I/O: where every Pod stands with each template in force
 //! (the operator's own decision, [`injector_core::lifecycle`]), the workloads behind the stale
-//! and missing Pods, and the report as a table or as JSON.
+//! and missing Pods and whether a rollout would restart each ([`injector_core::workload`], the
+//! rules the operator's rollouts follow), and the report as a table or as JSON.
 //!
 //! The counts are taken here, live, from the same Pods and Namespaces the operator's leader
 //! counts (Pods being deleted left out, the operator's namespace selected by no template), so
@@ -10,12 +11,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use injector_api::{PodCounts, RolloutStatus, SidecarTemplate, UpdateStrategyType};
-use injector_controller::sync::Observed;
+use injector_api::{PodCounts, RolloutStatus, SidecarTemplate, UpdateStrategyType, WorkloadRef};
 use injector_core::Snapshot;
-use injector_core::lifecycle::{PodMeta, PodState, Tally, standing};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde::Serialize;
+use injector_core::in_force::Observed;
+use injector_core::lifecycle::{self, PodMeta, PodState, Tally, selectable_namespaces, standing};
+use injector_core::workload::{NotRestartable, Workload, named_by_its_owner, owner_of};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Serialize, Serializer};
 
 use super::table::Table;
 
@@ -46,17 +48,12 @@ pub fn count<'p>(
     namespaces: &[ObjectMeta],
     operator_namespace: &str,
 ) -> LiveCount<'p> {
-    let empty = BTreeMap::new();
-    let labels: BTreeMap<&str, &BTreeMap<String, String>> = namespaces
-        .iter()
-        .filter_map(|ns| Some((ns.name.as_deref()?, ns.labels.as_ref().unwrap_or(&empty))))
-        .filter(|(name, _)| *name != operator_namespace)
-        .collect();
+    let labels = selectable_namespaces(namespaces, operator_namespace);
     let mut live = LiveCount::default();
     for template in in_force.templates() {
         let tally = live.tallies.entry(template.name.clone()).or_default();
         let behind = live.behind.entry(template.name.clone()).or_default();
-        for pod in pods.iter().filter(|p| p.deletion_timestamp.is_none()) {
+        for pod in pods.iter().filter(|p| lifecycle::counts(p)) {
             let meta = PodMeta::of(pod);
             let Some(state) = standing(template, &meta, labels.get(meta.namespace).copied()) else {
                 continue;
@@ -70,143 +67,109 @@ pub fn count<'p>(
     live
 }
 
-/// An object by namespace, kind and name.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ObjectKey {
-    /// Its namespace.
-    pub namespace: String,
-    /// Its kind.
-    pub kind: String,
-    /// Its name.
-    pub name: String,
+/// What was read of the workloads behind the stale and missing Pods.
+#[derive(Clone, Debug, Default)]
+pub struct Lookups {
+    /// The controlling owner of each ReplicaSet and Job that owns such Pods
+    /// ([`owner_lookups`]); `None` when it has none or is gone.
+    pub owners: BTreeMap<WorkloadRef, Option<WorkloadRef>>,
+    /// What each Deployment, StatefulSet and DaemonSet behind such Pods says of a restart
+    /// ([`workload_lookups`]; [`NotRestartable::Gone`] when it is not found).
+    pub verdicts: BTreeMap<WorkloadRef, Option<NotRestartable>>,
 }
 
-/// The controller owner (kind, name) of each ReplicaSet and Job looked up, by its key; `None`
-/// for one that has none or is gone.
-pub type Owners = BTreeMap<ObjectKey, Option<(String, String)>>;
-
-/// The ReplicaSets and Jobs that own stale or missing Pods: whose owner must be looked up to
-/// name the workload (a Deployment, a CronJob).
-pub fn owner_lookups(live: &LiveCount<'_>) -> BTreeSet<ObjectKey> {
+/// The ReplicaSets and Jobs that own stale or missing Pods: their owners name the workloads
+/// (a Deployment, a CronJob).
+pub fn owner_lookups(live: &LiveCount<'_>) -> BTreeSet<WorkloadRef> {
     live.behind
         .values()
         .flatten()
-        .filter_map(|behind| {
-            let (kind, name) = controller(behind.pod)?;
-            matches!(kind, "ReplicaSet" | "Job").then(|| ObjectKey {
-                namespace: behind.pod.namespace.clone().unwrap_or_default(),
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-            })
-        })
+        .filter_map(|behind| owner_of(behind.pod))
+        .filter(named_by_its_owner)
         .collect()
 }
 
-/// The controller owner of an object, from its owner references.
-pub fn controller(meta: &ObjectMeta) -> Option<(&str, &str)> {
-    meta.owner_references
-        .iter()
+/// The workloads a rollout could restart, by kind, behind stale or missing Pods (given the
+/// `owners` looked up): what each says of a restart must be read.
+pub fn workload_lookups(
+    live: &LiveCount<'_>,
+    owners: &BTreeMap<WorkloadRef, Option<WorkloadRef>>,
+) -> BTreeSet<WorkloadRef> {
+    live.behind
+        .values()
         .flatten()
-        .find(|owner: &&OwnerReference| owner.controller == Some(true))
-        .map(|owner| (owner.kind.as_str(), owner.name.as_str()))
+        .filter_map(|behind| by_kind(behind.pod, owners).restartable().cloned())
+        .collect()
 }
 
-/// The workload behind a Pod: what a rollout would restart, or why none can.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Workload {
-    /// `Deployment`, `StatefulSet`, `DaemonSet`; or, not restartable, `Pod` (a bare Pod),
-    /// `Job`, `CronJob`, `ReplicaSet` (without a Deployment) or another owner's kind.
-    pub kind: String,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-    /// Why no rollout restarts it, when none does (`bare Pod`, `Job`, `CronJob`, `no
-    /// Deployment`, `kind not restartable`): its Pods get the change only when created again by
-    /// whoever creates them (a CronJob's next Jobs, a person).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub not_restartable: Option<String>,
+/// The workload behind `pod`, judged by kind alone.
+fn by_kind(pod: &ObjectMeta, owners: &BTreeMap<WorkloadRef, Option<WorkloadRef>>) -> Workload {
+    Workload::of_pod(pod, |owner| owners.get(owner).cloned().flatten())
 }
 
-impl Workload {
-    /// `kind/name`, as kubectl names objects.
-    pub fn reference(&self) -> String {
-        format!("{}/{}", self.kind.to_lowercase(), self.name)
-    }
+/// The workload behind `pod` and whether a rollout restarts it: by kind, through its owner
+/// looked up, then by what the workload says (one not read counts as gone).
+pub fn workload_of(pod: &ObjectMeta, lookups: &Lookups) -> Workload {
+    let workload = by_kind(pod, &lookups.owners);
+    let verdict = lookups
+        .verdicts
+        .get(&workload.reference)
+        .copied()
+        .unwrap_or(Some(NotRestartable::Gone));
+    workload.judged(verdict)
 }
 
-/// Why a workload of a kind rollouts do not restart (only Deployments, StatefulSets and
-/// DaemonSets) is not restartable.
-const NOT_RESTARTABLE_KIND: &str = "kind not restartable";
-
-/// The workload behind `pod`, through its controller owner and, for a ReplicaSet or a Job, that
-/// one's owner in `owners`.
-pub fn workload_of(pod: &ObjectMeta, owners: &Owners) -> Workload {
-    let namespace = pod.namespace.clone().unwrap_or_default();
-    let make = |kind: &str, name: &str, why: Option<&str>| Workload {
-        kind: kind.to_owned(),
-        namespace: namespace.clone(),
-        name: name.to_owned(),
-        not_restartable: why.map(str::to_owned),
-    };
-    let Some((kind, name)) = controller(pod) else {
-        return make(
-            "Pod",
-            pod.name.as_deref().unwrap_or_default(),
-            Some("bare Pod"),
-        );
-    };
-    let owner_of = |kind: &str| {
-        owners
-            .get(&ObjectKey {
-                namespace: namespace.clone(),
-                kind: kind.to_owned(),
-                name: name.to_owned(),
-            })
-            .cloned()
-            .flatten()
-    };
-    match kind {
-        "StatefulSet" | "DaemonSet" => make(kind, name, None),
-        "ReplicaSet" => match owner_of(kind) {
-            Some((owner, owner_name)) if owner == "Deployment" => make(&owner, &owner_name, None),
-            Some((owner, owner_name)) => make(&owner, &owner_name, Some(NOT_RESTARTABLE_KIND)),
-            None => make(kind, name, Some("no Deployment")),
-        },
-        "Job" => match owner_of(kind) {
-            Some((owner, owner_name)) if owner == "CronJob" => {
-                make(&owner, &owner_name, Some("CronJob"))
-            }
-            Some((owner, owner_name)) => make(&owner, &owner_name, Some(NOT_RESTARTABLE_KIND)),
-            None => make(kind, name, Some("Job")),
-        },
-        _ => make(kind, name, Some(NOT_RESTARTABLE_KIND)),
-    }
+/// `kind/name`, as kubectl names objects.
+pub fn kubectl_name(workload: &WorkloadRef) -> String {
+    format!("{}/{}", workload.kind.to_lowercase(), workload.name)
 }
 
 /// A workload and its Pods that do not carry a template's current version.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadPods {
-    /// The workload.
+    /// The workload: `Deployment`, `StatefulSet`, `DaemonSet`; or what stands for one no
+    /// rollout restarts: `Pod` (a bare Pod), `Job`, `CronJob`, `ReplicaSet` (without a
+    /// Deployment) or another owner's kind.
     #[serde(flatten)]
-    pub workload: Workload,
+    pub workload: WorkloadRef,
+    /// Why no rollout restarts it, when none does: its Pods get the change only when created
+    /// again by whoever creates them (a CronJob's next Jobs, a person).
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "serialize_reason"
+    )]
+    pub not_restartable: Option<NotRestartable>,
     /// Its Pods that carry an earlier version.
     pub stale: Vec<String>,
     /// Its Pods the template selects that do not carry it.
     pub missing: Vec<String>,
 }
 
-/// Groups `behind` by workload: restartable workloads first, then by namespace, kind and name;
-/// Pod names sorted.
-pub fn group_by_workload(behind: &[Behind<'_>], owners: &Owners) -> Vec<WorkloadPods> {
-    let mut groups: BTreeMap<(bool, Workload), (Vec<String>, Vec<String>)> = BTreeMap::new();
+/// A reason why a workload is not restartable, in its words.
+fn serialize_reason<S: Serializer>(
+    why: &Option<NotRestartable>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match why {
+        Some(why) => serializer.serialize_str(why.as_str()),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// Groups `behind` by workload: restartable workloads first, then by kind, namespace and
+/// name; Pod names sorted.
+pub fn group_by_workload(behind: &[Behind<'_>], lookups: &Lookups) -> Vec<WorkloadPods> {
+    type Group = (Vec<String>, Vec<String>);
+    let mut groups: BTreeMap<(bool, WorkloadRef, Option<NotRestartable>), Group> = BTreeMap::new();
     for entry in behind {
-        let workload = workload_of(entry.pod, owners);
-        let (stale, missing) = groups
-            .entry((workload.not_restartable.is_some(), workload))
-            .or_default();
+        let workload = workload_of(entry.pod, lookups);
+        let key = (
+            workload.not_restartable.is_some(),
+            workload.reference,
+            workload.not_restartable,
+        );
+        let (stale, missing) = groups.entry(key).or_default();
         let name = entry.pod.name.clone().unwrap_or_default();
         match entry.state {
             PodState::Missing => missing.push(name),
@@ -215,15 +178,18 @@ pub fn group_by_workload(behind: &[Behind<'_>], owners: &Owners) -> Vec<Workload
     }
     groups
         .into_iter()
-        .map(|((_, workload), (mut stale, mut missing))| {
-            stale.sort();
-            missing.sort();
-            WorkloadPods {
-                workload,
-                stale,
-                missing,
-            }
-        })
+        .map(
+            |((_, workload, not_restartable), (mut stale, mut missing))| {
+                stale.sort();
+                missing.sort();
+                WorkloadPods {
+                    workload,
+                    not_restartable,
+                    stale,
+                    missing,
+                }
+            },
+        )
         .collect()
 }
 
@@ -269,12 +235,12 @@ pub struct StatusReport {
 }
 
 /// The report of `templates` (as listed, with their status), `observed` (what compiling them
-/// gave, as the operator's sync does), the live count and the owners looked up.
+/// gave, as the operator's sync does), the live count and the workloads looked up.
 pub fn report(
     templates: &[SidecarTemplate],
     observed: &BTreeMap<String, Observed>,
     live: &LiveCount<'_>,
-    owners: &Owners,
+    lookups: &Lookups,
 ) -> StatusReport {
     let mut rows: Vec<TemplateStatus> = templates
         .iter()
@@ -290,10 +256,7 @@ pub fn report(
                     reason: c.reason.clone(),
                     message: c.message.clone(),
                 });
-            let generation_in_force = observed.get(&name).and_then(|o| match &o.outcome {
-                Ok(_) => o.template.metadata.generation,
-                Err(_) => o.kept.as_ref().map(|k| k.generation),
-            });
+            let generation_in_force = observed.get(&name).and_then(Observed::generation_in_force);
             let in_force = generation_in_force.is_some();
             let strategy = template
                 .spec
@@ -310,7 +273,7 @@ pub fn report(
                     .behind
                     .get(&name)
                     .filter(|_| in_force)
-                    .map(|b| group_by_workload(b, owners))
+                    .map(|b| group_by_workload(b, lookups))
                     .unwrap_or_default(),
                 name,
                 ready,
@@ -434,11 +397,9 @@ fn details(template: &TemplateStatus) -> String {
                 .collect();
             table.row([
                 group.workload.namespace.clone(),
-                group.workload.reference(),
+                kubectl_name(&group.workload),
                 group
-                    .workload
                     .not_restartable
-                    .as_ref()
                     .map_or_else(|| "yes".to_owned(), |why| format!("no: {why}")),
                 group.stale.len().to_string(),
                 group.missing.len().to_string(),

@@ -1,8 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use injector_api::FailurePolicy;
-use serde_json::json;
-
 use super::*;
 use crate::args::{Cli, Command};
 
@@ -78,26 +75,4 @@ fn help_names_the_plugin_as_kubectl_does() {
         error.to_string().contains("Usage: kubectl sidecar"),
         "{error}"
     );
-}
-
-#[test]
-fn an_invalid_required_template_keeps_its_last_valid_generation_in_force() {
-    let template: SidecarTemplate = serde_json::from_value(json!({
-        "apiVersion": "sidecar.dev/v1alpha1",
-        "kind": "SidecarTemplate",
-        "metadata": {"name": "security", "generation": 5},
-        "spec": {"containers": [{"name": "agent"}]},
-        "status": {"lastValid": {"generation": 4, "spec": {
-            "containers": [{"name": "agent", "image": "agent:4"}],
-        }}},
-    }))
-    .unwrap();
-    let (snapshot, observed) = in_force(&[template]);
-    let kept = snapshot.get("security").unwrap();
-    assert_eq!(
-        (kept.generation, kept.failure_policy),
-        (4, FailurePolicy::Fail)
-    );
-    assert!(observed["security"].outcome.is_err());
-    assert_eq!(observed["security"].kept.as_ref().unwrap().generation, 4);
 }

@@ -483,7 +483,7 @@ async fn a_configuration_too_large_for_etcd_is_never_applied_and_what_is_left_ou
         let compiled = compile(template).unwrap();
         operator.observed.lock().unwrap().insert(
             compiled.name.clone(),
-            crate::sync::Observed {
+            injector_core::in_force::Observed {
                 template: Arc::new(template.clone()),
                 outcome: Ok(compiled.group_id.clone()),
                 kept: None,

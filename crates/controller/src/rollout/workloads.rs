@@ -1,21 +1,20 @@
 //! Where a workload's rollout stands, read from the workload itself (as
 //! `kubectl rollout status` judges it), and the patch that restarts it. Pure.
 
-use injector_api::names::{
-    RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION, ROLLOUT_ANNOTATION, ROLLOUT_DISABLED,
-};
+use injector_api::names::{RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION};
 use injector_core::rollout::with_restarted_for;
+use injector_core::workload::{NotRestartable, WorkloadObject};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 /// What is known of a workload's rollout, read from the workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadView {
-    /// Annotated `sidecar.dev/rollout: disabled`, or updated only on delete (a restart would
-    /// not replace its Pods).
-    pub not_restartable: bool,
+    /// Why a rollout must not restart it, when it says so itself
+    /// ([`WorkloadObject::not_restartable`]: annotated `sidecar.dev/rollout: disabled`, or
+    /// updated only on delete, where a restart would not replace its Pods).
+    pub not_restartable: Option<NotRestartable>,
     /// Its `sidecar.dev/restarted-for` annotation.
     pub restarted_for: Option<String>,
     /// Every replica updated and available.
@@ -40,32 +39,23 @@ fn restarted_at(template: Option<&PodTemplateSpec>) -> Option<Timestamp> {
         .ok()
 }
 
-/// Reads `annotations` for the opt-out and the restart record.
-fn annotations_of(meta: &ObjectMeta) -> (bool, Option<String>) {
-    let annotations = meta.annotations.as_ref();
-    let opted_out = annotations
-        .and_then(|a| a.get(ROLLOUT_ANNOTATION))
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case(ROLLOUT_DISABLED));
-    let restarted = annotations
-        .and_then(|a| a.get(RESTARTED_FOR_ANNOTATION))
-        .cloned();
-    (opted_out, restarted)
-}
-
-/// A workload's view from its metadata and Pod template (the opt-out, the restart record and
-/// time, the resourceVersion) and what its kind says of its rollout: whether it updates only
-/// on delete, whether the rollout is complete, and its progress counts.
+/// A workload's view from the object (what it says of a restart, the restart record and time,
+/// the resourceVersion) and what its kind says of its rollout: whether it is complete, and its
+/// progress counts.
 fn view_of(
-    meta: &ObjectMeta,
+    object: WorkloadObject<'_>,
     template: Option<&PodTemplateSpec>,
-    on_delete: bool,
     complete: bool,
     progress: [i64; 4],
 ) -> WorkloadView {
-    let (opted_out, restarted_for) = annotations_of(meta);
+    let meta = object.metadata();
     WorkloadView {
-        not_restartable: opted_out || on_delete,
-        restarted_for,
+        not_restartable: object.not_restartable(),
+        restarted_for: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RESTARTED_FOR_ANNOTATION))
+            .cloned(),
         complete,
         progress,
         resource_version: meta.resource_version.clone(),
@@ -92,22 +82,16 @@ pub fn deployment_view(deployment: &Deployment) -> WorkloadView {
         && replicas == updated
         && available >= updated;
     view_of(
-        &deployment.metadata,
+        WorkloadObject::Deployment(deployment),
         deployment.spec.as_ref().map(|s| &s.template),
-        false,
         complete,
         [observed, updated, ready, available],
     )
 }
 
-/// Where a StatefulSet's rollout stands. One updated only on delete is not restartable.
+/// Where a StatefulSet's rollout stands.
 pub fn stateful_set_view(set: &StatefulSet) -> WorkloadView {
     let spec = set.spec.clone().unwrap_or_default();
-    let on_delete = spec
-        .update_strategy
-        .as_ref()
-        .and_then(|s| s.type_.as_deref())
-        == Some("OnDelete");
     let wanted = i64::from(spec.replicas.unwrap_or(1));
     let status = set.status.clone().unwrap_or_default();
     let generation = set.metadata.generation.unwrap_or_default();
@@ -121,22 +105,15 @@ pub fn stateful_set_view(set: &StatefulSet) -> WorkloadView {
         && status.update_revision.is_some()
         && status.current_revision == status.update_revision;
     view_of(
-        &set.metadata,
+        WorkloadObject::StatefulSet(set),
         set.spec.as_ref().map(|s| &s.template),
-        on_delete,
         complete,
         [observed, updated, ready, available],
     )
 }
 
-/// Where a DaemonSet's rollout stands. One updated only on delete is not restartable.
+/// Where a DaemonSet's rollout stands.
 pub fn daemon_set_view(set: &DaemonSet) -> WorkloadView {
-    let on_delete = set
-        .spec
-        .as_ref()
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|s| s.type_.as_deref())
-        == Some("OnDelete");
     let status = set.status.clone().unwrap_or_default();
     let generation = set.metadata.generation.unwrap_or_default();
     let observed = status.observed_generation.unwrap_or_default();
@@ -146,9 +123,8 @@ pub fn daemon_set_view(set: &DaemonSet) -> WorkloadView {
     let available = i64::from(status.number_available.unwrap_or_default());
     let complete = observed >= generation && updated >= desired && available >= desired;
     view_of(
-        &set.metadata,
+        WorkloadObject::DaemonSet(set),
         set.spec.as_ref().map(|s| &s.template),
-        on_delete,
         complete,
         [observed, updated, ready, available],
     )

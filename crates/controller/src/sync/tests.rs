@@ -1,3 +1,6 @@
+use injector_api::FailurePolicy;
+use injector_core::in_force::Kept;
+
 use super::*;
 
 fn template(name: &str, generation: i64, image: &str) -> SidecarTemplate {

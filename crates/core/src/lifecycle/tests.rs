@@ -293,3 +293,31 @@ fn the_census_by_owner_counts_the_pods_behind() {
         BTreeMap::from([(Some("web-rs"), 2), (None, 1)])
     );
 }
+
+#[test]
+fn every_namespace_but_the_operators_is_selectable_and_deleted_pods_do_not_count() {
+    let named = |name: &str, labels: Option<&[(&str, &str)]>| ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: labels.map(|l| {
+            l.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        }),
+        ..ObjectMeta::default()
+    };
+    let namespaces = [
+        named("shop", Some(&[("team", "shop")])),
+        named("bare", None),
+        named("sidecar-injector", Some(&[("team", "shop")])),
+    ];
+    let selectable = selectable_namespaces(&namespaces, "sidecar-injector");
+    let names: Vec<(&str, usize)> = selectable.iter().map(|(n, l)| (*n, l.len())).collect();
+    assert_eq!(names, [("bare", 0), ("shop", 1)]);
+
+    let mut pod = named("p", None);
+    assert!(counts(&pod));
+    pod.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        Default::default(),
+    ));
+    assert!(!counts(&pod));
+}

@@ -1,12 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use injector_api::names::INJECTED_ANNOTATION;
+use injector_api::names::{INJECTED_ANNOTATION, ROLLOUT_ANNOTATION};
 use injector_core::compile;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use injector_core::workload::WorkloadObject;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::kubectl::in_force;
+use injector_core::in_force::from_listing;
 
 /// A template named `agent` selecting `app: web` in namespaces labelled `team: shop`, adding
 /// a container of `image`, at `generation`; with `status` as the operator wrote it.
@@ -64,8 +66,8 @@ fn namespace(name: &str, team: &str) -> ObjectMeta {
     }
 }
 
-fn key(namespace: &str, kind: &str, name: &str) -> ObjectKey {
-    ObjectKey {
+fn key(namespace: &str, kind: &str, name: &str) -> WorkloadRef {
+    WorkloadRef {
         namespace: namespace.to_owned(),
         kind: kind.to_owned(),
         name: name.to_owned(),
@@ -138,7 +140,7 @@ fn cluster() -> (Vec<SidecarTemplate>, Vec<ObjectMeta>, Vec<ObjectMeta>) {
 #[test]
 fn the_live_count_is_the_operators_census() {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, _) = in_force(&templates);
+    let (snapshot, _) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     let tally = live.tallies["agent"];
     assert_eq!(
@@ -187,7 +189,7 @@ fn the_live_count_is_the_operators_census() {
 #[test]
 fn only_replicasets_and_jobs_are_looked_up() {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, _) = in_force(&templates);
+    let (snapshot, _) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
     assert_eq!(
         owner_lookups(&live).into_iter().collect::<Vec<_>>(),
@@ -199,51 +201,96 @@ fn only_replicasets_and_jobs_are_looked_up() {
 }
 
 #[test]
-fn each_owner_resolves_to_its_workload() {
-    let owners = Owners::from([
+fn each_pod_resolves_to_its_workload_through_what_was_looked_up() {
+    let owners = BTreeMap::from([
         (
             key("shop", "ReplicaSet", "web-1"),
-            Some(("Deployment".to_owned(), "web".to_owned())),
+            Some(key("shop", "Deployment", "web")),
+        ),
+        (
+            key("shop", "ReplicaSet", "quiet-1"),
+            Some(key("shop", "Deployment", "quiet")),
         ),
         (key("shop", "ReplicaSet", "lone"), None),
         (
-            key("shop", "ReplicaSet", "rollout-1"),
-            Some(("Rollout".to_owned(), "canary".to_owned())),
+            key("shop", "Job", "nightly-1"),
+            Some(key("shop", "CronJob", "nightly")),
+        ),
+    ]);
+    let verdicts = BTreeMap::from([
+        (key("shop", "Deployment", "web"), None),
+        (
+            key("shop", "Deployment", "quiet"),
+            Some(NotRestartable::OptedOut),
+        ),
+        (
+            key("shop", "StatefulSet", "db"),
+            Some(NotRestartable::OnDelete),
+        ),
+        (key("shop", "DaemonSet", "node"), None),
+    ]);
+    let lookups = Lookups { owners, verdicts };
+    let resolve = |owner: Option<(&str, &str)>| {
+        let workload = workload_of(&meta("shop", "p", owner, None), &lookups);
+        (kubectl_name(&workload.reference), workload.not_restartable)
+    };
+    let expected = [
+        (Some(("ReplicaSet", "web-1")), "deployment/web", None),
+        (
+            Some(("ReplicaSet", "quiet-1")),
+            "deployment/quiet",
+            Some(NotRestartable::OptedOut),
+        ),
+        (
+            Some(("StatefulSet", "db")),
+            "statefulset/db",
+            Some(NotRestartable::OnDelete),
+        ),
+        (Some(("DaemonSet", "node")), "daemonset/node", None),
+        // Not read (gone since the list): counted as gone.
+        (
+            Some(("DaemonSet", "other")),
+            "daemonset/other",
+            Some(NotRestartable::Gone),
+        ),
+        (
+            Some(("ReplicaSet", "lone")),
+            "replicaset/lone",
+            Some(NotRestartable::NoDeployment),
+        ),
+        (
+            Some(("Job", "nightly-1")),
+            "cronjob/nightly",
+            Some(NotRestartable::CronJob),
+        ),
+        (None, "pod/p", Some(NotRestartable::BarePod)),
+    ];
+    for (owner, reference, why) in expected {
+        assert_eq!(resolve(owner), (reference.to_owned(), why), "{owner:?}");
+    }
+}
+
+#[test]
+fn only_workloads_restartable_by_kind_are_read() {
+    let (templates, pods, namespaces) = cluster();
+    let (snapshot, _) = from_listing(templates.iter().cloned());
+    let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
+    let owners = BTreeMap::from([
+        (
+            key("shop", "ReplicaSet", "web-old"),
+            Some(key("shop", "Deployment", "web")),
         ),
         (
             key("shop", "Job", "nightly-1"),
-            Some(("CronJob".to_owned(), "nightly".to_owned())),
+            Some(key("shop", "CronJob", "nightly")),
         ),
-        (key("shop", "Job", "once"), None),
     ]);
-    let resolve = |owner: Option<(&str, &str)>| {
-        let workload = workload_of(&meta("shop", "p", owner, None), &owners);
-        (workload.reference(), workload.not_restartable.is_none())
-    };
-    let expected = [
-        (Some(("ReplicaSet", "web-1")), "deployment/web", true),
-        (Some(("StatefulSet", "db")), "statefulset/db", true),
-        (Some(("DaemonSet", "node")), "daemonset/node", true),
-        (Some(("ReplicaSet", "lone")), "replicaset/lone", false),
-        // A ReplicaSet not looked up (gone since) is taken as having no Deployment.
-        (Some(("ReplicaSet", "unknown")), "replicaset/unknown", false),
-        (Some(("ReplicaSet", "rollout-1")), "rollout/canary", false),
-        (Some(("Job", "nightly-1")), "cronjob/nightly", false),
-        (Some(("Job", "once")), "job/once", false),
-        (
-            Some(("ReplicationController", "rc")),
-            "replicationcontroller/rc",
-            false,
-        ),
-        (None, "pod/p", false),
-    ];
-    for (owner, reference, restartable) in expected {
-        assert_eq!(
-            resolve(owner),
-            (reference.to_owned(), restartable),
-            "{owner:?}"
-        );
-    }
+    assert_eq!(
+        workload_lookups(&live, &owners)
+            .into_iter()
+            .collect::<Vec<_>>(),
+        [key("shop", "Deployment", "web")]
+    );
 }
 
 #[test]
@@ -252,24 +299,28 @@ fn a_non_controller_owner_leaves_the_pod_bare() {
     if let Some(owners) = &mut pod.owner_references {
         owners[0].controller = None;
     }
-    assert_eq!(workload_of(&pod, &Owners::new()).reference(), "pod/p");
+    let workload = workload_of(&pod, &Lookups::default());
+    assert_eq!(kubectl_name(&workload.reference), "pod/p");
 }
 
 fn report_of_cluster() -> StatusReport {
     let (templates, pods, namespaces) = cluster();
-    let (snapshot, observed) = in_force(&templates);
+    let (snapshot, observed) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
-    let owners = Owners::from([
-        (
-            key("shop", "ReplicaSet", "web-old"),
-            Some(("Deployment".to_owned(), "web".to_owned())),
-        ),
-        (
-            key("shop", "Job", "nightly-1"),
-            Some(("CronJob".to_owned(), "nightly".to_owned())),
-        ),
-    ]);
-    report(&templates, &observed, &live, &owners)
+    let lookups = Lookups {
+        owners: BTreeMap::from([
+            (
+                key("shop", "ReplicaSet", "web-old"),
+                Some(key("shop", "Deployment", "web")),
+            ),
+            (
+                key("shop", "Job", "nightly-1"),
+                Some(key("shop", "CronJob", "nightly")),
+            ),
+        ]),
+        verdicts: BTreeMap::from([(key("shop", "Deployment", "web"), None)]),
+    };
+    report(&templates, &observed, &live, &lookups)
 }
 
 #[test]
@@ -278,7 +329,13 @@ fn stale_and_missing_pods_are_grouped_by_workload_restartable_first() {
     let workloads: Vec<(String, Vec<String>, Vec<String>)> = report.templates[0]
         .workloads
         .iter()
-        .map(|w| (w.workload.reference(), w.stale.clone(), w.missing.clone()))
+        .map(|w| {
+            (
+                kubectl_name(&w.workload),
+                w.stale.clone(),
+                w.missing.clone(),
+            )
+        })
         .collect();
     let names = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
     assert_eq!(
@@ -350,9 +407,9 @@ fn an_invalid_template_is_listed_without_counts() {
             "lastTransitionTime": "2026-01-01T00:00:00Z",
         }]}),
     );
-    let (snapshot, observed) = in_force(&templates);
+    let (snapshot, observed) = from_listing(templates.iter().cloned());
     let live = count(&snapshot, &pods, &namespaces, "sidecar-injector");
-    let report = report(&templates, &observed, &live, &Owners::new());
+    let report = report(&templates, &observed, &live, &Lookups::default());
     let template = &report.templates[0];
     assert_eq!((template.pods, template.generation_in_force), (None, None));
     let table = to_table(&report);
@@ -390,4 +447,252 @@ fn no_template_says_so() {
         to_table(&StatusReport::default()),
         "No SidecarTemplates found.\n"
     );
+}
+
+/// Workloads of every kind and setting the rules tell apart, each owning one stale and one
+/// missing Pod of `agent` in `shop`, as the API server would return them.
+struct Workloads {
+    pods: Vec<ObjectMeta>,
+    replica_sets: Vec<ObjectMeta>,
+    jobs: Vec<ObjectMeta>,
+    deployments: Vec<Deployment>,
+    stateful_sets: Vec<StatefulSet>,
+    daemon_sets: Vec<DaemonSet>,
+}
+
+/// `kind` named `name` in `shop` with `spec`, annotated `sidecar.dev/rollout: rollout`, as
+/// JSON for `K`.
+fn object<K: serde::de::DeserializeOwned>(name: &str, rollout: Option<&str>, spec: Value) -> K {
+    let annotations = rollout.map(|r| json!({ (ROLLOUT_ANNOTATION): r }));
+    let mut spec = spec;
+    spec["selector"] = json!({});
+    spec["template"] = json!({});
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn workloads() -> Workloads {
+    let owned = |name: &str, owner: Option<(&str, &str)>| {
+        let mut meta = meta("shop", name, owner, None);
+        meta.labels = None;
+        meta
+    };
+    // (owner of the Pods, their name prefix)
+    let owners = [
+        (Some(("ReplicaSet", "web-1")), "web"),
+        (Some(("ReplicaSet", "quiet-1")), "quiet"),
+        (Some(("ReplicaSet", "orphan-1")), "orphan"),
+        (Some(("ReplicaSet", "lone")), "lone"),
+        (Some(("ReplicaSet", "vanished")), "vanished"),
+        (Some(("ReplicaSet", "canary-1")), "canary"),
+        (Some(("StatefulSet", "db")), "db"),
+        (Some(("StatefulSet", "cache")), "cache"),
+        (Some(("StatefulSet", "ledger")), "ledger"),
+        (Some(("DaemonSet", "node")), "node"),
+        (Some(("DaemonSet", "logs")), "logs"),
+        (Some(("DaemonSet", "gone")), "gone"),
+        (Some(("Job", "nightly-1")), "nightly"),
+        (Some(("Job", "once")), "once"),
+        (Some(("ReplicationController", "rc")), "rc"),
+        (None, "bare"),
+    ];
+    let stale = Some(record_of("agent:1", 1));
+    let pods = owners
+        .iter()
+        .flat_map(|(owner, prefix)| {
+            [
+                meta("shop", &format!("{prefix}-stale"), *owner, stale.clone()),
+                meta("shop", &format!("{prefix}-missing"), *owner, None),
+            ]
+        })
+        .collect();
+    Workloads {
+        pods,
+        replica_sets: vec![
+            owned("web-1", Some(("Deployment", "web"))),
+            owned("quiet-1", Some(("Deployment", "quiet"))),
+            // Its Deployment is gone.
+            owned("orphan-1", Some(("Deployment", "orphan"))),
+            owned("lone", None),
+            owned("canary-1", Some(("Rollout", "canary"))),
+        ],
+        jobs: vec![
+            owned("nightly-1", Some(("CronJob", "nightly"))),
+            owned("once", None),
+        ],
+        deployments: vec![
+            object("web", None, json!({"strategy": {"type": "Recreate"}})),
+            object("quiet", Some("Disabled"), json!({})),
+        ],
+        stateful_sets: vec![
+            object("db", None, json!({"updateStrategy": {"type": "OnDelete"}})),
+            object("cache", None, json!({})),
+            object("ledger", Some("disabled"), json!({})),
+        ],
+        daemon_sets: vec![
+            object(
+                "node",
+                None,
+                json!({"updateStrategy": {"type": "RollingUpdate"}}),
+            ),
+            object(
+                "logs",
+                None,
+                json!({"updateStrategy": {"type": "OnDelete"}}),
+            ),
+        ],
+    }
+}
+
+fn find<'a, K>(objects: &'a [K], name: &str, meta: impl Fn(&K) -> &ObjectMeta) -> Option<&'a K> {
+    objects
+        .iter()
+        .find(|o| meta(o).name.as_deref() == Some(name))
+}
+
+/// What `kubectl sidecar status` decides of `cluster`: each restartable workload with its
+/// stale and missing Pods, and how many such Pods no rollout restarts.
+fn as_the_plugin_sees(
+    cluster: &Workloads,
+    snapshot: &Snapshot,
+) -> (BTreeMap<WorkloadRef, u32>, u32) {
+    let namespaces = [namespace("shop", "shop")];
+    let live = count(snapshot, &cluster.pods, &namespaces, "sidecar-injector");
+    // What cluster::owners and cluster::verdicts read.
+    let owners = owner_lookups(&live)
+        .into_iter()
+        .map(|key| {
+            let found = match key.kind.as_str() {
+                "ReplicaSet" => find(&cluster.replica_sets, &key.name, |m| m),
+                _ => find(&cluster.jobs, &key.name, |m| m),
+            };
+            (key, found.and_then(owner_of))
+        })
+        .collect();
+    let verdicts = workload_lookups(&live, &owners)
+        .into_iter()
+        .map(|key| {
+            let verdict = match key.kind.as_str() {
+                "Deployment" => find(&cluster.deployments, &key.name, |o| &o.metadata)
+                    .map(|o| WorkloadObject::Deployment(o).not_restartable()),
+                "StatefulSet" => find(&cluster.stateful_sets, &key.name, |o| &o.metadata)
+                    .map(|o| WorkloadObject::StatefulSet(o).not_restartable()),
+                _ => find(&cluster.daemon_sets, &key.name, |o| &o.metadata)
+                    .map(|o| WorkloadObject::DaemonSet(o).not_restartable()),
+            };
+            (key, verdict.unwrap_or(Some(NotRestartable::Gone)))
+        })
+        .collect();
+    let groups = group_by_workload(&live.behind["agent"], &Lookups { owners, verdicts });
+    let mut restartable = BTreeMap::new();
+    let mut not_restartable = 0;
+    for group in groups {
+        let pods = u32::try_from(group.stale.len() + group.missing.len()).unwrap();
+        match group.not_restartable {
+            None => *restartable.entry(group.workload).or_default() += pods,
+            Some(_) => not_restartable += pods,
+        }
+    }
+    (restartable, not_restartable)
+}
+
+/// What the operator's leader decides of `cluster`, step by step as its census and
+/// `RolloutDriver` do: the census by owner, each owner's restartable workload (a ReplicaSet's
+/// owner read), each workload's view, and the rollout's decision.
+fn as_the_controller_sees(
+    cluster: &Workloads,
+    snapshot: &Snapshot,
+) -> (BTreeMap<WorkloadRef, u32>, u32) {
+    use injector_controller::rollout::{daemon_set_view, deployment_view, stateful_set_view};
+    use injector_core::rollout::{WorkloadState, next_restarts};
+    use injector_core::workload::restarted_through_its_owner;
+    use k8s_openapi::api::core::v1::{Namespace as CoreNamespace, Pod};
+    use kube::core::PartialObjectMeta;
+    use std::sync::Arc;
+
+    let pods: Vec<Arc<PartialObjectMeta<Pod>>> = cluster
+        .pods
+        .iter()
+        .map(|meta| {
+            Arc::new(PartialObjectMeta::<Pod> {
+                metadata: meta.clone(),
+                ..PartialObjectMeta::default()
+            })
+        })
+        .collect();
+    let shop = PartialObjectMeta::<CoreNamespace> {
+        metadata: namespace("shop", "shop"),
+        ..PartialObjectMeta::default()
+    };
+    let census =
+        injector_controller::census::count(snapshot, &pods, &[Arc::new(shop)], "sidecar-injector");
+    let mut workloads: BTreeMap<WorkloadRef, u32> = BTreeMap::new();
+    let mut not_restartable = 0;
+    for (owner, &pods) in &census["agent"].behind {
+        let workload = owner.as_ref().and_then(|owner| {
+            let owners_owner = restarted_through_its_owner(owner)
+                .then(|| find(&cluster.replica_sets, &owner.name, |m| m).and_then(owner_of))
+                .flatten();
+            Workload::behind(owner, owners_owner.as_ref())
+                .restartable()
+                .cloned()
+        });
+        match workload {
+            Some(workload) => *workloads.entry(workload).or_default() += pods,
+            None => not_restartable += pods,
+        }
+    }
+    let mut states = Vec::new();
+    for (workload, pods) in workloads {
+        let view = match workload.kind.as_str() {
+            "Deployment" => {
+                find(&cluster.deployments, &workload.name, |o| &o.metadata).map(deployment_view)
+            }
+            "StatefulSet" => {
+                find(&cluster.stateful_sets, &workload.name, |o| &o.metadata).map(stateful_set_view)
+            }
+            _ => find(&cluster.daemon_sets, &workload.name, |o| &o.metadata).map(daemon_set_view),
+        };
+        let Some(view) = view else {
+            not_restartable += pods;
+            continue;
+        };
+        states.push(WorkloadState {
+            workload,
+            opted_out: view.not_restartable.is_some(),
+            restarted: false,
+            complete: view.complete,
+            since_progress: std::time::Duration::ZERO,
+            pods,
+        });
+    }
+    let template = snapshot.get("agent").unwrap();
+    let decision = next_restarts(&template.update_strategy, &states, not_restartable);
+    let restartable = states
+        .into_iter()
+        .filter(|s| !s.opted_out)
+        .map(|s| (s.workload, s.pods))
+        .collect();
+    (restartable, decision.status.not_restartable)
+}
+
+#[test]
+fn the_plugin_and_the_controller_classify_workloads_alike() {
+    let (templates, _, _) = cluster();
+    let (snapshot, _) = from_listing(templates);
+    let cluster = workloads();
+    let plugin = as_the_plugin_sees(&cluster, &snapshot);
+    let controller = as_the_controller_sees(&cluster, &snapshot);
+    assert_eq!(plugin, controller);
+    // Only these are restarted; OnDelete, opted out, gone and every other kind are not.
+    let restartable: Vec<String> = plugin.0.keys().map(kubectl_name).collect();
+    assert_eq!(
+        restartable,
+        ["daemonset/node", "deployment/web", "statefulset/cache"]
+    );
+    assert!(plugin.0.values().all(|&pods| pods == 2));
+    assert_eq!(plugin.1, 2 * 13);
 }

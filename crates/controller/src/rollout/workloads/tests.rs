@@ -1,9 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use injector_api::names::ROLLOUT_ANNOTATION;
 use k8s_openapi::api::apps::v1::{
     DaemonSetSpec, DaemonSetStatus, DaemonSetUpdateStrategy, DeploymentSpec, DeploymentStatus,
     StatefulSetSpec, StatefulSetStatus,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
 use super::*;
@@ -74,7 +76,10 @@ fn an_opted_out_or_on_delete_workload_is_not_restartable() {
         deployment_status(3, 1, 1, 1),
         &[(ROLLOUT_ANNOTATION, "Disabled")],
     );
-    assert!(deployment_view(&opted_out).not_restartable);
+    assert_eq!(
+        deployment_view(&opted_out).not_restartable,
+        Some(NotRestartable::OptedOut)
+    );
 
     let on_delete = StatefulSet {
         spec: Some(StatefulSetSpec {
@@ -87,7 +92,10 @@ fn an_opted_out_or_on_delete_workload_is_not_restartable() {
         }),
         ..StatefulSet::default()
     };
-    assert!(stateful_set_view(&on_delete).not_restartable);
+    assert_eq!(
+        stateful_set_view(&on_delete).not_restartable,
+        Some(NotRestartable::OnDelete)
+    );
 
     let daemons = DaemonSet {
         spec: Some(DaemonSetSpec {
@@ -99,7 +107,10 @@ fn an_opted_out_or_on_delete_workload_is_not_restartable() {
         }),
         ..DaemonSet::default()
     };
-    assert!(daemon_set_view(&daemons).not_restartable);
+    assert_eq!(
+        daemon_set_view(&daemons).not_restartable,
+        Some(NotRestartable::OnDelete)
+    );
 }
 
 #[test]
