@@ -54,6 +54,11 @@ pub fn dry_run(
         ],
         &pod.to_string(),
     )?;
+    answer(&output)
+}
+
+/// What a kubectl call printing a Pod (`-o json`) answered: the Pod, or its refusal.
+pub fn answer(output: &std::process::Output) -> anyhow::Result<Result<Value, String>> {
     if output.status.success() {
         Ok(Ok(serde_json::from_slice(&output.stdout)?))
     } else {

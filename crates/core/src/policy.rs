@@ -1409,17 +1409,13 @@ fn mutation(
                 "size(object.spec.containers){}",
                 added_before(&missing, offset)
             );
-            let mut ops = format!(
-                "[{}]",
-                json_patch("\"/spec/containers/-\"", &cel_node(&item.body))
-            );
-            if let Some(token) = token_mount_ops("containers", &index, item) {
-                ops = format!("{ops} + {token}");
-            }
-            items.push(match &missing[offset] {
-                Some(missing) => format!("({missing} ? {ops} : [])"),
-                None => ops,
-            });
+            items.push(added_item(
+                "containers",
+                "\"/spec/containers/-\"",
+                &index,
+                item,
+                missing[offset].as_ref(),
+            ));
         }
     }
     if !template.volumes.is_empty() {
@@ -1566,22 +1562,29 @@ fn init_container_ops(
     let mut ops = vec![create_list("initContainers")];
     for (offset, item) in items.iter().enumerate() {
         let index = format!("{first}{}", added_before(missing, offset));
-        let mut op = format!(
-            "[{}]",
-            json_patch(
-                &format!("\"/spec/initContainers/\" + string({index})"),
-                &cel_node(&item.body),
-            )
-        );
-        if let Some(token) = token_mount_ops("initContainers", &index, item) {
-            op = format!("{op} + {token}");
-        }
-        ops.push(match missing.get(offset).cloned().flatten() {
-            Some(missing) => format!("({missing} ? {op} : [])"),
-            None => op,
-        });
+        ops.push(added_item(
+            "initContainers",
+            &format!("\"/spec/initContainers/\" + string({index})"),
+            &index,
+            item,
+            missing.get(offset).and_then(Option::as_ref),
+        ));
     }
     ops
+}
+
+/// The operations adding `item` to `spec.<list>` at `at` (a CEL JSON pointer), where it lands
+/// at `index` (a CEL int), and the token's mount after it ([`token_mount_ops`]); only when
+/// `missing` holds, if given.
+fn added_item(list: &str, at: &str, index: &str, item: &Item, missing: Option<&String>) -> String {
+    let mut ops = format!("[{}]", json_patch(at, &cel_node(&item.body)));
+    if let Some(token) = token_mount_ops(list, index, item) {
+        ops = format!("{ops} + {token}");
+    }
+    match missing {
+        Some(missing) => format!("({missing} ? {ops} : [])"),
+        None => ops,
+    }
 }
 
 /// The CEL condition that the Pod has no container or init container named `name`.

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use injector_e2e::pod::{dry_run, stored_view};
+use injector_e2e::pod::{answer, dry_run, stored_view};
 use injector_e2e::{ControlPlane, poll};
 use serde_json::{Value, json};
 
@@ -299,9 +299,5 @@ fn update(
             "json",
         ])
         .unwrap();
-    if output.status.success() {
-        Ok(serde_json::from_slice(&output.stdout).unwrap())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-    }
+    answer(&output).unwrap()
 }
