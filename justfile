@@ -39,12 +39,17 @@ fmt-check:
 fmt:
     cargo fmt --all
 
-# Regenerate crds/ (and the chart's copy, which its templates/crd.yaml renders) from the Rust types
+# Regenerate crds/ (and the chart's copy, which its templates/crd.yaml renders) from the Rust types, and the chart's README from its values.yaml
 generate:
     cargo run --quiet -p injector-cli -- crd > {{crd_file}}
     cp {{crd_file}} {{chart_crd_file}}
+    bash build/chart-docs.sh
 
-# Fail when crds/ (or the chart's copy) differs from what the Rust types generate
+# Write charts/sidecar-injector/README.md from its README.md.gotmpl and the `# --` comments of values.yaml, with helm-docs (built from its Go module into the cache when missing, about 30 s once)
+chart-docs:
+    bash build/chart-docs.sh
+
+# Fail when crds/ (or the chart's copy) differs from what the Rust types generate, or the chart's README from what its values.yaml gives
 check-generated:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -59,6 +64,7 @@ check-generated:
         echo "{{chart_crd_file}} differs from crds/: run 'just generate' and commit" >&2
         exit 1
     fi
+    bash build/chart-docs.sh --check
 
 # Dependency policy of deny.toml (cargo-deny), for the workspace and the fuzz harness: licences, bans and sources always; advisories only when a RustSec advisory database is on disk (this network cannot fetch it: see docs/development.md)
 deny:
