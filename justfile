@@ -122,7 +122,7 @@ fuzz seconds="60":
 render template pod *args:
     cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
 
-# Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH
+# Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH, and linked as DIR/kubectl_complete-sidecar, which kubectl 1.26+ runs to complete `kubectl sidecar <TAB>`
 install-plugin dir=(env_var('HOME') / ".local/bin"):
     #!/usr/bin/env bash
     set -euo pipefail
@@ -130,7 +130,9 @@ install-plugin dir=(env_var('HOME') / ".local/bin"):
     target=$({{just_executable()}} target-dir)
     mkdir -p "{{dir}}"
     install -m 0755 "$target/debug/sidecar-injector" "{{dir}}/kubectl-sidecar"
+    ln -sfn kubectl-sidecar "{{dir}}/kubectl_complete-sidecar"
     echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+    echo "and {{dir}}/kubectl_complete-sidecar, for 'kubectl sidecar <TAB>' once kubectl's own completion is loaded"
 
 # Print cargo's target directory, wherever CARGO_TARGET_DIR (or a cargo config) puts it
 [private]
