@@ -41,12 +41,17 @@ fmt-check:
 fmt:
     cargo fmt --all
 
-# Regenerate crds/ (and the chart's copy, which its templates/crd.yaml renders) from the Rust types
+# Regenerate crds/ (and the chart's copy, which its templates/crd.yaml renders) from the Rust types, and the chart's README from its values.yaml
 generate:
     cargo run --quiet -p injector-cli -- crd > {{crd_file}}
     cp {{crd_file}} {{chart_crd_file}}
+    bash build/chart-docs.sh
 
-# Fail when crds/ (or the chart's copy) differs from what the Rust types generate
+# Write charts/sidecar-injector/README.md from its README.md.gotmpl and the `# --` comments of values.yaml, with helm-docs (built from its Go module into the cache when missing, about 30 s once)
+chart-docs:
+    bash build/chart-docs.sh
+
+# Fail when crds/ (or the chart's copy) differs from what the Rust types generate, or the chart's README from what its values.yaml gives
 check-generated:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -61,6 +66,7 @@ check-generated:
         echo "{{chart_crd_file}} differs from crds/: run 'just generate' and commit" >&2
         exit 1
     fi
+    bash build/chart-docs.sh --check
 
 # Dependency policy of deny.toml (cargo-deny), for the workspace and the fuzz harness: licences, bans and sources always; advisories only when a RustSec advisory database is on disk (this network cannot fetch it: see docs/development.md)
 deny:
@@ -125,7 +131,7 @@ fuzz seconds="60":
 render template pod *args:
     cargo run --quiet -p injector-cli -- render --template {{template}} --pod {{pod}} --explain {{args}}
 
-# Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH
+# Install the kubectl plugin: the binary (debug build) copied as DIR/kubectl-sidecar, which kubectl runs as `kubectl sidecar` when DIR is on PATH, and linked as DIR/kubectl_complete-sidecar, which kubectl 1.26+ runs to complete `kubectl sidecar <TAB>`
 install-plugin dir=(env_var('HOME') / ".local/bin"):
     #!/usr/bin/env bash
     set -euo pipefail
@@ -133,7 +139,9 @@ install-plugin dir=(env_var('HOME') / ".local/bin"):
     target=$({{just_executable()}} target-dir)
     mkdir -p "{{dir}}"
     install -m 0755 "$target/debug/sidecar-injector" "{{dir}}/kubectl-sidecar"
+    ln -sfn kubectl-sidecar "{{dir}}/kubectl_complete-sidecar"
     echo "installed {{dir}}/kubectl-sidecar: try 'kubectl sidecar status' ('kubectl plugin list' finds it when {{dir}} is on PATH)"
+    echo "and {{dir}}/kubectl_complete-sidecar, for 'kubectl sidecar <TAB>' once kubectl's own completion is loaded"
 
 # Print cargo's target directory, wherever CARGO_TARGET_DIR (or a cargo config) puts it
 [private]

@@ -5,7 +5,8 @@
 #   ${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/bin/<name>-<version>
 #
 # for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform, krew,
-# and the node's kubelet, kube-scheduler and kube-proxy.
+# and the node's kubelet, kube-scheduler and kube-proxy; and helm-docs (which writes
+# the chart's README), built only when named.
 # A binary already in the cache is not rebuilt, so a second run is instant.
 # Go's module and build caches also live under the cache directory (unless
 # GOMODCACHE / GOCACHE are already set), so CI on the same machine reuses them.
@@ -36,6 +37,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 
 : "${KUBE_VERSION:?} ${KUBE_VERSIONS:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?} ${KREW_VERSION:?}"
+: "${HELM_DOCS_VERSION:?}"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -215,6 +217,13 @@ build_krew() { # name out
     "-s -w -X sigs.k8s.io/krew/internal/version.gitTag=${KREW_VERSION}"
 }
 
+# helm-docs writes the chart's README from values.yaml (`just chart-docs`); not part of the
+# control plane, so not built by default (see all_names), only when named.
+build_helm_docs() { # name out
+  go_install "$2" github.com/norwoodj/helm-docs/cmd/helm-docs "$HELM_DOCS_VERSION" \
+    "-s -w -X main.version=${HELM_DOCS_VERSION#v}"
+}
+
 version_of() {
   case "$1" in
     etcd) echo "$ETCD_VERSION" ;;
@@ -222,7 +231,8 @@ version_of() {
     helm) echo "$HELM_VERSION" ;;
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
     krew) echo "$KREW_VERSION" ;;
-    *) die "unknown binary '$1' (known: ${all_names[*]})" ;;
+    helm-docs) echo "$HELM_DOCS_VERSION" ;;
+    *) die "unknown binary '$1' (known: ${all_names[*]} helm-docs)" ;;
   esac
 }
 
@@ -233,6 +243,7 @@ builder_of() {
     helm) echo build_helm ;;
     kubeconform) echo build_kubeconform ;;
     krew) echo build_krew ;;
+    helm-docs) echo build_helm_docs ;;
   esac
 }
 

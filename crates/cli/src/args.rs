@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use injector_controller::certs::Lifetimes;
 use injector_controller::policy_backend::Backend;
 
+use crate::completion::{CompletionArgs, is_plugin_completer};
 use crate::kubectl::{KubectlArgs, is_plugin};
 use crate::policy::PolicyRequest;
 use crate::render::{OutputFormat, RenderRequest, parse_labels};
@@ -44,6 +45,12 @@ pub(crate) enum Command {
     Crd,
     /// The kubectl plugin's commands (`kubectl sidecar …` when installed as kubectl-sidecar).
     Kubectl(KubectlArgs),
+    /// Print the shell completion script of sidecar-injector, such as `source
+    /// <(sidecar-injector completion bash)`.
+    Completion(CompletionArgs),
+    /// Started as `kubectl_complete-sidecar`: complete these arguments of `kubectl sidecar`.
+    #[command(skip)]
+    CompletePlugin(Vec<String>),
 }
 
 /// The command line of the binary started as `kubectl-sidecar`: the plugin's commands alone,
@@ -70,6 +77,15 @@ impl Cli {
         T: Into<OsString> + Clone,
     {
         let argv: Vec<OsString> = argv.into_iter().map(Into::into).collect();
+        if argv.first().is_some_and(|argv0| is_plugin_completer(argv0)) {
+            // kubectl's words, not flags of ours: never an error.
+            let words = argv.iter().skip(1);
+            return Ok(Cli {
+                command: Command::CompletePlugin(
+                    words.map(|w| w.to_string_lossy().into_owned()).collect(),
+                ),
+            });
+        }
         if argv.first().is_some_and(|argv0| is_plugin(argv0)) {
             let plugin = PluginCli::try_parse_from(argv)?;
             return Ok(Cli {
@@ -78,6 +94,16 @@ impl Cli {
         }
         Cli::try_parse_from(argv)
     }
+}
+
+/// The command line of `sidecar-injector`, for completion.
+pub(crate) fn command() -> clap::Command {
+    Cli::command()
+}
+
+/// The command line of `kubectl sidecar`, for completion.
+pub(crate) fn plugin_command() -> clap::Command {
+    PluginCli::command()
 }
 
 #[derive(clap::Args)]

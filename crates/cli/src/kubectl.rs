@@ -19,6 +19,7 @@ use injector_core::in_force::from_listing;
 
 use self::cluster::{ClusterError, Connection};
 use self::explain::{Namespace, Target};
+use crate::completion::{self, CompletionArgs};
 
 /// The file name that makes the binary the plugin: kubectl runs `kubectl-sidecar` for
 /// `kubectl sidecar`.
@@ -61,6 +62,12 @@ enum PluginCommand {
     /// Replay the injection decision for a live object: what it carries, what it would get
     /// now, and why each template applies or not.
     Explain(ExplainArgs),
+    /// Print the shell completion script of kubectl-sidecar, run directly.
+    ///
+    /// `kubectl sidecar <TAB>` needs no script: kubectl 1.26+ completes it by running
+    /// kubectl_complete-sidecar from PATH, a link to this binary under that name (`just
+    /// install-plugin` makes it beside kubectl-sidecar).
+    Completion(CompletionArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -114,9 +121,9 @@ impl KubectlArgs {
             kubeconfig: self.kubeconfig,
             context: self.context,
         };
-        let (client, default_namespace) = cluster::connect(&connection).await?;
         match self.command {
             PluginCommand::Status(args) => {
+                let (client, _) = cluster::connect(&connection).await?;
                 let templates = cluster::templates(&client, args.template.as_deref()).await?;
                 let (in_force, observed) = from_listing(templates.iter().cloned());
                 let pods = cluster::pods(&client).await?;
@@ -133,6 +140,7 @@ impl KubectlArgs {
                 })
             }
             PluginCommand::Explain(args) => {
+                let (client, default_namespace) = cluster::connect(&connection).await?;
                 let namespace = args.namespace.unwrap_or(default_namespace);
                 let object = cluster::object(&client, &args.target, &namespace).await?;
                 let labels = cluster::namespace_labels(&client, &namespace).await?;
@@ -153,6 +161,12 @@ impl KubectlArgs {
                     }
                 })
             }
+            // No cluster: the script only.
+            PluginCommand::Completion(args) => Ok(completion::script(
+                args.shell,
+                crate::args::plugin_command(),
+                PLUGIN_FILE_NAME,
+            )),
         }
     }
 }

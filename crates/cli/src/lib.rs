@@ -2,6 +2,7 @@
 //! `main` only parses flags ([`args`]) and hands over to [`process`].
 
 pub mod args;
+pub mod completion;
 pub mod documents;
 pub mod kubectl;
 pub mod log_format;

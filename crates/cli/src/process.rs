@@ -55,6 +55,20 @@ impl Cli {
                 print_out(&output.stdout)?;
                 Ok(ExitCode::SUCCESS)
             }
+            Command::Completion(args) => {
+                print_out(&crate::completion::script(
+                    args.shell,
+                    crate::args::command(),
+                    "sidecar-injector",
+                ))?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::CompletePlugin(words) => {
+                let completions =
+                    crate::completion::complete(&crate::args::plugin_command(), &words);
+                print_out(&completions.to_cobra())?;
+                Ok(ExitCode::SUCCESS)
+            }
             Command::Crd => {
                 print_out(&injector_api::crd_yaml().context("cannot print the CRD")?)?;
                 Ok(ExitCode::SUCCESS)

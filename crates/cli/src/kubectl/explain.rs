@@ -34,6 +34,17 @@ pub enum TargetKind {
 }
 
 impl TargetKind {
+    /// Every kind `explain` takes.
+    pub const ALL: [TargetKind; 7] = [
+        TargetKind::Pod,
+        TargetKind::Deployment,
+        TargetKind::StatefulSet,
+        TargetKind::DaemonSet,
+        TargetKind::ReplicaSet,
+        TargetKind::Job,
+        TargetKind::CronJob,
+    ];
+
     /// The kind, as in `kind:`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -49,16 +60,9 @@ impl TargetKind {
 
     /// The kind a controller owner reference names, when `explain` takes it.
     pub fn of_owner(kind: &str) -> Option<Self> {
-        [
-            TargetKind::Deployment,
-            TargetKind::StatefulSet,
-            TargetKind::DaemonSet,
-            TargetKind::ReplicaSet,
-            TargetKind::Job,
-            TargetKind::CronJob,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == kind)
+        Self::ALL
+            .into_iter()
+            .find(|k| *k != TargetKind::Pod && k.as_str() == kind)
     }
 }
 
