@@ -1970,8 +1970,9 @@ fn wait_pod_counts(cp: &ControlPlane, name: &str, want: [u64; 4]) -> anyhow::Res
 }
 
 /// The leader's Pod census: Pods created before a template are missing, the ones it injects
-/// current; an image edit makes them stale (with a `PodsStale` event), a priority edit
-/// changes nothing; `kubectl get sct` shows the counts and `/metrics` has them.
+/// current; an image edit makes them stale (with a `PodsStale` event), and the status that
+/// first observes it carries those counts; a priority edit changes nothing; `kubectl get sct`
+/// shows the counts and `/metrics` has them.
 fn pod_counts_follow_template_changes(env: &mut Env<'_>) -> anyhow::Result<()> {
     let cp = env.cp;
     let name = "e2e-census";
@@ -1996,10 +1997,27 @@ fn pod_counts_follow_template_changes(env: &mut Env<'_>) -> anyhow::Result<()> {
     let took = wait_pod_counts(cp, name, [2, 2, 0, 2])?;
     eprintln!("[e2e] counts after the Pods were created: {took:.1?}");
 
-    // An image edit: the two injected Pods are stale; a Pod created now is current.
+    // An image edit: the two injected Pods are stale; a Pod created now is current. The first
+    // status that observes the edit already carries its counts: observedGeneration never
+    // stands beside the previous generation's (current 2, stale 0).
     cp.apply_yaml(&template("busybox:1.37", 10))?;
-    let took = wait_pod_counts(cp, name, [2, 0, 2, 2])?;
-    eprintln!("[e2e] counts after the image edit: {took:.1?}");
+    let started = Instant::now();
+    let generation = cp.get_json("sidecartemplate", None, name)?["metadata"]["generation"].clone();
+    let status = poll(Duration::from_secs(30), "the image edit observed", || {
+        let template = cp.get_json("sidecartemplate", None, name)?;
+        let status = &template["status"];
+        Ok((status["observedGeneration"] == generation).then(|| status.clone()))
+    })?;
+    let counts = ["injected", "current", "stale", "missing"].map(|k| status["pods"][k].as_u64());
+    ensure!(
+        counts == [Some(2), Some(0), Some(2), Some(2)],
+        "observedGeneration {generation} beside status.pods {}",
+        status["pods"]
+    );
+    eprintln!(
+        "[e2e] the image edit observed, with its counts: {:.1?}",
+        started.elapsed()
+    );
     wait_dry_run_image(cp, &ns, &counted, "counted-agent", "busybox:1.37")?;
     create_pod(cp, &ns, "after-edit", &counted, &[], false)?;
     wait_pod_counts(cp, name, [3, 1, 2, 2])?;

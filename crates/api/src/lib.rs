@@ -376,7 +376,8 @@ pub struct SidecarTemplateStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 
-    /// The `metadata.generation` that the conditions describe.
+    /// The `metadata.generation` the operator has observed: `pods` was counted against it (it
+    /// advances only together with those counts); each condition carries its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 

@@ -50,6 +50,15 @@ pub struct Counted {
     pub pods: PodView,
 }
 
+impl Counted {
+    /// What it counted of the template `name`: the generation of it in force then, with its
+    /// tally; `None` when none was.
+    pub fn of(&self, name: &str) -> Option<(i64, lifecycle::Tally)> {
+        let generation = self.snapshot.get(name)?.generation;
+        Some((generation, self.census.get(name)?.tally))
+    }
+}
+
 /// Where the Pods stand with each template in force, by template name, with the stale and
 /// missing ones by controlling owner ([`owner_of`]; `None`: a Pod without one).
 pub type Census = BTreeMap<String, TemplateCensus<Option<WorkloadRef>>>;

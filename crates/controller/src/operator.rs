@@ -36,7 +36,7 @@ use crate::metrics::ControllerMetrics;
 use crate::ownership;
 use crate::policy_backend::Backend;
 use crate::rollout::{RolloutDriver, Rollouts};
-use crate::status::PolicyState;
+use crate::status::{Counts, PolicyState};
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
 
@@ -1005,14 +1005,12 @@ impl Operator {
                             now(),
                         )
                     };
-                    let tally = census
-                        .as_ref()
-                        .and_then(|counted| counted.census.get(&name))
-                        .map(|found| found.tally);
-                    // A template not in force (invalid, nothing kept) has no counts.
-                    if census.is_some() {
-                        desired.pods = tally.map(Into::into);
-                    }
+                    // The counts and observedGeneration from one census of this generation.
+                    let counts = crate::status::counts_for(
+                        observed.generation_in_force(),
+                        census.as_ref().map(|counted| counted.of(&name)),
+                    );
+                    desired = crate::status::with_counts(template, desired, counts);
                     if let Some(rollouts) = &rollouts {
                         desired = crate::status::with_rollout(
                             template,
@@ -1049,7 +1047,8 @@ impl Operator {
                         name.clone(),
                         template.metadata.generation.unwrap_or_default(),
                     );
-                    if let Some(tally) = tally.filter(|t| t.stale > 0)
+                    if let Counts::Counted(tally) = counts
+                        && tally.stale > 0
                         && !stale_evented.contains(&key)
                     {
                         match crate::status::record_stale(&recorder, template, tally).await {

@@ -9,7 +9,9 @@
 //! configuration has no room for gets `Ready=False`/`NotServed`
 //! ([`desired_status_not_served`]), and so does a template the `policy` backend cannot inject.
 //! [`with_policy`] adds `PolicyServed` (which backend serves it), [`with_rollout`] adds
-//! `status.rollout` and `RolloutBlocked`; the Pod counts are the census's. [`needs_update`]
+//! `status.rollout` and `RolloutBlocked`, and [`with_counts`] the census's Pod counts, with
+//! `status.observedGeneration` only once they were counted for that generation
+//! ([`counts_for`]). [`needs_update`]
 //! tells whether that status differs from the one in the cluster on anything but
 //! `lastTransitionTime`, so that a resync of an unchanged template writes nothing. They are
 //! pure.
@@ -238,8 +240,8 @@ fn status_with(
         conditions,
         observed_generation: generation,
         last_valid,
-        // The Pod counts are the census's (the status loop sets them); until it has counted,
-        // the counts in the cluster stay.
+        // The Pod counts are the census's ([`with_counts`]); until it has counted, the counts
+        // in the cluster stay.
         pods: template.status.as_ref().and_then(|status| status.pods),
         // The rollout's state is the rollout loop's, kept the same way.
         rollout: template
@@ -480,6 +482,52 @@ pub fn with_rollout(
         });
     }
     desired.rollout = rollout.cloned();
+    desired
+}
+
+/// Where a template's Pod counts stand for the generation it is observed at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counts {
+    /// The census counted its Pods against the generation in force for it.
+    Counted(Tally),
+    /// No generation of it is in force (invalid, none kept): no Pod is counted.
+    NotInForce,
+    /// The census has not counted against that generation yet (it counts at most once a
+    /// second, and a new leader only after its first list).
+    Pending,
+}
+
+/// Where the Pod counts of a template stand: `in_force` is the generation of it in force for
+/// the generation observed ([`injector_core::in_force::Observed::generation_in_force`]),
+/// `census` what the leader's latest census counted of it: the generation of it in force
+/// then, with the tally (`Some(None)`: none was in force; `None`: no census yet).
+pub fn counts_for(in_force: Option<i64>, census: Option<Option<(i64, Tally)>>) -> Counts {
+    match (in_force, census) {
+        (None, _) => Counts::NotInForce,
+        (Some(wanted), Some(Some((counted, tally)))) if counted == wanted => Counts::Counted(tally),
+        (Some(_), _) => Counts::Pending,
+    }
+}
+
+/// `desired` with `status.pods` for `counts`, and `status.observedGeneration` advanced only
+/// with them: while the census has not counted the generation observed, both stay as they
+/// are in the cluster, so that whoever waits for `observedGeneration` to reach the
+/// generation never reads the counts of an earlier one beside it. The conditions carry their
+/// own `observedGeneration` and advance at once.
+pub fn with_counts(
+    template: &SidecarTemplate,
+    mut desired: SidecarTemplateStatus,
+    counts: Counts,
+) -> SidecarTemplateStatus {
+    match counts {
+        Counts::Counted(tally) => desired.pods = Some(tally.into()),
+        Counts::NotInForce => desired.pods = None,
+        Counts::Pending => {
+            let existing = template.status.as_ref();
+            desired.observed_generation = existing.and_then(|s| s.observed_generation);
+            desired.pods = existing.and_then(|s| s.pods);
+        }
+    }
     desired
 }
 

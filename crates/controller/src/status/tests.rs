@@ -890,3 +890,158 @@ fn a_required_template_selecting_every_namespace_says_so() {
     let best_effort = "metadata: {name: t, generation: 1}\nspec:\n  failurePolicy: Ignore\n  containers: [{name: c, image: i:1}]";
     assert_eq!(condition(best_effort), None);
 }
+
+/// `valid()` at `generation` with the shipper's image `fluent-bit:<generation>`, and `status`.
+fn shipper(generation: i64, status: Option<SidecarTemplateStatus>) -> SidecarTemplate {
+    let mut template = valid();
+    template.metadata.generation = Some(generation);
+    template.spec.containers[0].image = Some(format!("fluent-bit:{generation}"));
+    template.status = status;
+    template
+}
+
+/// The leader's census of two Pods in `logs` injected with `carried`, counted against
+/// `in_force`, as the census loop publishes it.
+fn census_of(in_force: &SidecarTemplate, carried: &SidecarTemplate) -> crate::census::Counted {
+    use injector_api::names::INJECTED_ANNOTATION;
+    use k8s_openapi::api::core::v1::{Namespace, Pod};
+    use kube::core::PartialObjectMeta;
+    use std::sync::Arc;
+
+    let (snapshot, _) = injector_core::in_force::from_listing([in_force.clone()]);
+    let record = compile(carried).unwrap();
+    let record = format!("log-shipper@{}#{}", record.generation, record.fingerprint);
+    let pods: Vec<Arc<PartialObjectMeta<Pod>>> = ["a", "b"]
+        .into_iter()
+        .map(|name| {
+            let mut pod = PartialObjectMeta::<Pod>::default();
+            pod.metadata.name = Some(name.to_owned());
+            pod.metadata.namespace = Some("logs".to_owned());
+            pod.metadata.annotations =
+                Some([(INJECTED_ANNOTATION.to_owned(), record.clone())].into());
+            Arc::new(pod)
+        })
+        .collect();
+    let mut logs = PartialObjectMeta::<Namespace>::default();
+    logs.metadata.name = Some("logs".to_owned());
+    logs.metadata.labels = Some([("logs".to_owned(), "on".to_owned())].into());
+    let census = crate::census::count(&snapshot, &pods, &[Arc::new(logs)], "sidecar-injector");
+    crate::census::Counted {
+        census: Arc::new(census),
+        snapshot,
+        pods: kube::runtime::reflector::store().0,
+    }
+}
+
+/// What the status loop writes for `template` given the leader's latest `census`.
+fn composed(
+    template: &SidecarTemplate,
+    census: Option<&crate::census::Counted>,
+) -> (SidecarTemplateStatus, Counts) {
+    let (_, observed) = injector_core::in_force::observe(template.clone(), None);
+    let desired = desired_status_kept(template, &observed.outcome, None, at(100));
+    let counts = counts_for(
+        observed.generation_in_force(),
+        census.map(|c| c.of("log-shipper")),
+    );
+    (with_counts(template, desired, counts), counts)
+}
+
+fn pods(injected: u32, current: u32, stale: u32) -> Option<injector_api::PodCounts> {
+    Some(injector_api::PodCounts {
+        injected,
+        current,
+        stale,
+        missing: 0,
+    })
+}
+
+#[test]
+fn observed_generation_advances_only_with_counts_of_that_generation() {
+    // Generation 2 in force and counted: its two Pods current.
+    let two = shipper(2, None);
+    let census_two = census_of(&two, &two);
+    let (status, _) = composed(&two, Some(&census_two));
+    assert_eq!(
+        (status.observed_generation, status.pods),
+        (Some(2), pods(2, 2, 0))
+    );
+
+    // An image edit: generation 3, while the latest census still counted generation 2. The
+    // status keeps generation 2 beside generation 2's counts; the Ready condition says 3.
+    let three = shipper(3, Some(status));
+    let (status, counts) = composed(&three, Some(&census_two));
+    assert_eq!(counts, Counts::Pending);
+    assert_eq!(
+        (status.observed_generation, status.pods),
+        (Some(2), pods(2, 2, 0))
+    );
+    assert_eq!(ready(&status).observed_generation, Some(3));
+    assert!(needs_update(three.status.as_ref(), &status));
+
+    // Once counted against generation 3: both advance together, the Pods stale.
+    let three = shipper(3, Some(status));
+    let (status, counts) = composed(&three, Some(&census_of(&three, &two)));
+    assert!(matches!(counts, Counts::Counted(tally) if tally.stale == 2));
+    assert_eq!(
+        (status.observed_generation, status.pods),
+        (Some(3), pods(2, 0, 2))
+    );
+}
+
+#[test]
+fn without_a_census_nothing_is_claimed_but_a_template_not_in_force_has_no_counts() {
+    // A new leader before its first count: what the cluster says stays.
+    let before = shipper(2, None);
+    let (counted, _) = composed(&before, Some(&census_of(&before, &before)));
+    let edited = shipper(3, Some(counted));
+    let (status, counts) = composed(&edited, None);
+    assert_eq!(counts, Counts::Pending);
+    assert_eq!(
+        (status.observed_generation, status.pods),
+        (Some(2), pods(2, 2, 0))
+    );
+    // A brand-new template gets no observedGeneration until it is counted.
+    let (status, _) = composed(&shipper(1, None), None);
+    assert_eq!((status.observed_generation, status.pods), (None, None));
+
+    // Invalid and required: generation 2, kept in force, is what the census counts.
+    let mut kept = invalid();
+    kept.status = edited.status.clone();
+    let census = census_of(&before, &before);
+    let (status, counts) = composed(&kept, Some(&census));
+    assert!(matches!(counts, Counts::Counted(_)));
+    assert_eq!(
+        (status.observed_generation, status.pods),
+        (Some(4), pods(2, 2, 0))
+    );
+    // Invalid with no valid generation recorded: none is in force, so nothing is counted.
+    if let Some(status) = &mut kept.status {
+        status.last_valid = None;
+    }
+    let (status, counts) = composed(&kept, Some(&census));
+    assert_eq!(counts, Counts::NotInForce);
+    assert_eq!((status.observed_generation, status.pods), (Some(4), None));
+}
+
+#[test]
+fn counts_are_for_the_generation_in_force() {
+    let tally = Tally {
+        current: 1,
+        ..Tally::default()
+    };
+    assert_eq!(
+        counts_for(Some(3), Some(Some((3, tally)))),
+        Counts::Counted(tally)
+    );
+    assert_eq!(counts_for(Some(3), Some(Some((2, tally)))), Counts::Pending);
+    // Counted while it was not in force (before it was created, or while invalid).
+    assert_eq!(counts_for(Some(3), Some(None)), Counts::Pending);
+    assert_eq!(counts_for(Some(3), None), Counts::Pending);
+    // An invalid required template's kept generation is what is counted.
+    assert_eq!(
+        counts_for(Some(2), Some(Some((2, tally)))),
+        Counts::Counted(tally)
+    );
+    assert_eq!(counts_for(None, Some(Some((2, tally)))), Counts::NotInForce);
+}
