@@ -38,6 +38,12 @@ awk 'found { sub(/^  /, ""); print } /^spec:$/ { found = 1 }' "$rendered" >"$rul
 [[ -s "$rules" ]] || { log "the PrometheusRule has no spec"; exit 1; }
 cp "$here/alerts.test.yaml" "$dir/alerts.test.yaml"
 
+# docs/operations.md, "Alerts", shows every alert's expression: it must say what the rules say.
+while IFS= read -r expr; do
+  grep -qF -- "$expr" "$root/docs/operations.md" \
+    || { log "docs/operations.md's table of alerts lacks: $expr"; exit 1; }
+done < <(sed -n 's/^ *expr: //p' "$root/charts/sidecar-injector/rules/sidecar-injector.rules.yaml")
+
 "$promtool" check rules "$rules"
 "$promtool" test rules "$dir/alerts.test.yaml"
 log "the chart's alerts pass promtool check rules and test rules ($rules)"
