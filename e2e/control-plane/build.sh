@@ -227,8 +227,9 @@ build_helm_docs() { # name out
 
 # Prometheus and promtool, for the monitoring test only, so built only when named. Without
 # Prometheus's tag builtinassets (the web UI's compiled assets, which the module does not ship:
-# its release build makes them with npm), and with remove_all_sd: the test scrapes a static
-# target, and the service discovery of every cloud is most of the build. The version stamped
+# its release build makes them with npm), and with remove_all_sd (Prometheus's own tag): the
+# test scrapes static targets, so every cloud's service discovery, and its SDK, is left out of
+# the build. The version stamped
 # is Prometheus's own (v0.316.0 -> 3.16.0), as its release build stamps it.
 build_prometheus() { # name out
   local ver ld
