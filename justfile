@@ -245,15 +245,20 @@ chart-lint:
     set -euo pipefail
     helm=$(bash e2e/control-plane/build.sh helm)
     "$helm" lint --strict charts/sidecar-injector
-    "$helm" lint --strict charts/sidecar-injector --set serviceMonitor.enabled=true --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24"
+    optionals=(--set serviceMonitor.enabled=true --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true
+        --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24")
+    "$helm" lint --strict charts/sidecar-injector "${optionals[@]}"
     "$helm" template t charts/sidecar-injector --namespace sidecar-injector >/dev/null
-    "$helm" template t charts/sidecar-injector --namespace sidecar-injector \
-        --set serviceMonitor.enabled=true --set "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24" >/dev/null
+    "$helm" template t charts/sidecar-injector --namespace sidecar-injector "${optionals[@]}" >/dev/null
     # A managed cluster's values (docs/operations.md, "Managed clusters"), and the CRD left out
     managed=(--set hostNetwork=true --set webhookPort=9443 --set adminPort=9080 --set priorityClassName=system-cluster-critical)
     "$helm" lint --strict charts/sidecar-injector "${managed[@]}"
     "$helm" template t charts/sidecar-injector --namespace sidecar-injector "${managed[@]}" --set crds.install=false >/dev/null
     echo "chart OK"
+
+# The alerts of the chart's PrometheusRule, as the chart renders them, through `promtool check rules` and `promtool test rules` (e2e/monitoring/alerts.test.yaml); Prometheus's promtool is built from its Go module into the cache when missing (a few minutes once)
+chart-alerts:
+    bash e2e/monitoring/check-rules.sh
 
 # The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs the llvm-profdata of rustc's LLVM, see build-packages; SIDECAR_INJECTOR_PGO=0 builds without a profile)
 release: build-packages

@@ -6,7 +6,8 @@
 #
 # for etcd, kube-apiserver, kube-controller-manager, kubectl, helm, kubeconform, krew,
 # and the node's kubelet, kube-scheduler and kube-proxy; and helm-docs (which writes
-# the chart's README), built only when named.
+# the chart's README), prometheus and promtool (the e2e suite's monitoring test), built
+# only when named.
 # A binary already in the cache is not rebuilt, so a second run is instant.
 # Go's module and build caches also live under the cache directory (unless
 # GOMODCACHE / GOCACHE are already set), so CI on the same machine reuses them.
@@ -37,7 +38,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/versions.env"
 
 : "${KUBE_VERSION:?} ${KUBE_VERSIONS:?} ${ETCD_VERSION:?} ${HELM_VERSION:?} ${KUBECONFORM_VERSION:?} ${KREW_VERSION:?}"
-: "${HELM_DOCS_VERSION:?}"
+: "${HELM_DOCS_VERSION:?} ${PROMETHEUS_VERSION:?}"
 
 log() { printf '[control-plane] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -181,10 +182,10 @@ build_etcd() { # name out
 }
 
 # go install module/cmd@version into a private GOBIN, then move the result.
-go_install() { # out package version ldflags
+go_install() { # out package version ldflags [tags]
   local gobin
   gobin="$(mktemp -d "$bindir/.gobin.XXXXXX")"
-  (cd / && GOBIN="$gobin" go install "${go_build_flags[@]}" -ldflags "$4" "$2@$3") \
+  (cd / && GOBIN="$gobin" go install "${go_build_flags[@]}" -tags "${5:-}" -ldflags "$4" "$2@$3") \
     || { rm -rf "$gobin"; return 1; }
   mv -f "$gobin/$(basename "$2")" "$1"
   rm -rf "$gobin"
@@ -224,6 +225,21 @@ build_helm_docs() { # name out
     "-s -w -X main.version=${HELM_DOCS_VERSION#v}"
 }
 
+# Prometheus and promtool, for the monitoring test only, so built only when named. Without
+# Prometheus's tag builtinassets (the web UI's compiled assets, which the module does not ship:
+# its release build makes them with npm), and with remove_all_sd (Prometheus's own tag): the
+# test scrapes static targets, so every cloud's service discovery, and its SDK, is left out of
+# the build. The version stamped
+# is Prometheus's own (v0.316.0 -> 3.16.0), as its release build stamps it.
+build_prometheus() { # name out
+  local ver ld
+  [[ "$PROMETHEUS_VERSION" =~ ^v0\.([0-9])([0-9]{2})\.([0-9]+)$ ]] \
+    || die "PROMETHEUS_VERSION must look like v0.316.0, got $PROMETHEUS_VERSION"
+  ver="${BASH_REMATCH[1]}.$((10#${BASH_REMATCH[2]})).${BASH_REMATCH[3]}"
+  ld="-s -w -X github.com/prometheus/common/version.Version=${ver}"
+  go_install "$2" "github.com/prometheus/prometheus/cmd/$1" "$PROMETHEUS_VERSION" "$ld" remove_all_sd
+}
+
 version_of() {
   case "$1" in
     etcd) echo "$ETCD_VERSION" ;;
@@ -232,7 +248,8 @@ version_of() {
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
     krew) echo "$KREW_VERSION" ;;
     helm-docs) echo "$HELM_DOCS_VERSION" ;;
-    *) die "unknown binary '$1' (known: ${all_names[*]} helm-docs)" ;;
+    prometheus | promtool) echo "$PROMETHEUS_VERSION" ;;
+    *) die "unknown binary '$1' (known: ${all_names[*]} helm-docs prometheus promtool)" ;;
   esac
 }
 
@@ -244,6 +261,7 @@ builder_of() {
     kubeconform) echo build_kubeconform ;;
     krew) echo build_krew ;;
     helm-docs) echo build_helm_docs ;;
+    prometheus | promtool) echo build_prometheus ;;
   esac
 }
 

@@ -27,6 +27,7 @@ pub mod node;
 mod operator;
 pub mod pod;
 mod process;
+pub mod prometheus;
 pub mod release;
 pub mod schemas;
 pub mod steps;

@@ -196,5 +196,50 @@ pub fn http_get_at(
         .nth(1)
         .and_then(|code| code.parse().ok())
         .with_context(|| format!("not an HTTP response from {addr}{path}: {head:?}"))?;
+    // Go's servers (Prometheus) send a body larger than their buffer in chunks, even when the
+    // connection closes after it.
+    let chunked = head.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("transfer-encoding") && value.trim() == "chunked"
+        })
+    });
+    if chunked {
+        let body =
+            dechunk(body).with_context(|| format!("a bad chunked body from {addr}{path}"))?;
+        return Ok((status, body));
+    }
     Ok((status, body.to_owned()))
+}
+
+/// The body of a `Transfer-Encoding: chunked` message: the chunks' data joined, up to the last
+/// (empty) chunk. `None` when the framing is broken.
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut body = String::new();
+    loop {
+        let (size_line, after) = rest.split_once("\r\n")?;
+        // A chunk extension (`;name=value`) may follow the size.
+        let size_hex = size_line.split(';').next()?.trim();
+        let size = usize::from_str_radix(size_hex, 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn chunked_bodies_are_joined() {
+        assert_eq!(
+            dechunk("4\r\nWiki\r\n7;x=y\r\npedia i\r\n0\r\n\r\n").as_deref(),
+            Some("Wikipedia i")
+        );
+        assert_eq!(dechunk("0\r\n\r\n").as_deref(), Some(""));
+        assert_eq!(dechunk("5\r\nabc").as_deref(), None, "a short chunk");
+        assert_eq!(dechunk("zz\r\nabc\r\n").as_deref(), None, "not a size");
+    }
 }

@@ -58,18 +58,11 @@ fn chart() {
 
     step("helm lint --strict, with the defaults and with every optional object");
     helm.run(&["lint", "--strict", path(&chart)]).unwrap();
-    helm.run(&[
-        "lint",
-        "--strict",
-        path(&chart),
-        "--set",
-        OPTIONALS[0],
-        "--set",
-        OPTIONALS[1],
-        "--set",
-        OPTIONALS[2],
-    ])
-    .unwrap();
+    let mut lint = vec!["lint", "--strict", path(&chart)];
+    for set in OPTIONALS {
+        lint.extend(["--set", set]);
+    }
+    helm.run(&lint).unwrap();
 
     // Static admission policies, the one kind the API server runs on admission policies, are on
     // by default from Kubernetes 1.37 (the default control plane is 1.34).
@@ -735,8 +728,10 @@ fn template_safety_warnings(cp: &ControlPlane) -> anyhow::Result<()> {
 }
 
 /// `--set` values that turn every optional object on.
-const OPTIONALS: [&str; 3] = [
+const OPTIONALS: [&str; 5] = [
     "serviceMonitor.enabled=true",
+    "prometheusRule.enabled=true",
+    "grafanaDashboard.enabled=true",
     "networkPolicy.webhook.from[0].ipBlock.cidr=10.0.0.0/24",
     "rollouts.enabled=true",
 ];
@@ -814,8 +809,9 @@ fn output(command: &mut Command, what: &str) -> anyhow::Result<String> {
 
 /// Renders the chart (defaults, then every optional object) and validates the manifests, and
 /// every example, with kubeconform in strict mode against schemas made from this API server's
-/// OpenAPI document (which publishes the CRD the chart just installed). The ServiceMonitor is
-/// skipped: its CRD belongs to the Prometheus Operator, which is not installed here.
+/// OpenAPI document (which publishes the CRD the chart just installed). The ServiceMonitor and
+/// the PrometheusRule are skipped: their CRDs belong to the Prometheus Operator, which is not
+/// installed here (`e2e/tests/monitoring.rs` loads the rules into a real Prometheus).
 fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::Result<()> {
     let kubeconform = tool("kubeconform")?;
     let openapi = poll(
@@ -900,7 +896,7 @@ fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> an
         "-output",
         "json",
         "-skip",
-        "ServiceMonitor",
+        "ServiceMonitor,PrometheusRule",
         "-schema-location",
         &schema_location(&dir),
     ]);
@@ -917,7 +913,7 @@ fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> an
     for resource in resources {
         let kind = resource["kind"].as_str().unwrap_or_default().to_owned();
         let status = resource["status"].as_str().unwrap_or_default();
-        let expected = if kind == "ServiceMonitor" {
+        let expected = if kind == "ServiceMonitor" || kind == "PrometheusRule" {
             "statusSkipped"
         } else {
             "statusValid"
@@ -940,6 +936,7 @@ fn validate_with_kubeconform(cp: &ControlPlane, helm: &Helm, chart: &Path) -> an
         "Namespace",
         "NetworkPolicy",
         "PodDisruptionBudget",
+        "PrometheusRule",
         "Role",
         "RoleBinding",
         "Service",
