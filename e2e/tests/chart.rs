@@ -619,16 +619,8 @@ fn explain_as_an_app_team(cp: &ControlPlane) -> anyhow::Result<()> {
         "--image=app.invalid/web:1",
     ])?;
     let kubeconfig = |groups: &[&str]| -> anyhow::Result<PathBuf> {
-        let mut config: Value = serde_json::from_slice(&std::fs::read(cp.kubeconfig_path())?)?;
-        let users = config["users"]
-            .as_array_mut()
-            .context("no users in the kubeconfig")?;
-        for user in users {
-            user["user"]["as"] = Value::from("someone");
-            user["user"]["as-groups"] = Value::from(groups.to_vec());
-        }
         let path = cp.dir().join(format!("app-team-{}.json", groups.len()));
-        std::fs::write(&path, serde_json::to_vec(&config)?)?;
+        cp.write_impersonating_kubeconfig("someone", groups, &path)?;
         Ok(path)
     };
     let explain = |kubeconfig: &Path| -> anyhow::Result<std::process::Output> {
