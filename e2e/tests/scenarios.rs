@@ -46,7 +46,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 23] = [
+const SCENARIOS: [(&str, Scenario); 24] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -119,6 +119,10 @@ const SCENARIOS: [(&str, Scenario); 23] = [
     (
         "kubectl_sidecar_check_names_the_broken_link",
         kubectl_sidecar_check,
+    ),
+    (
+        "a_skipped_best_effort_template_leaves_an_event_on_the_replica_set",
+        skipped_template_event,
     ),
     (
         "a_required_sidecar_cannot_be_replaced_after_admission",
@@ -2145,20 +2149,7 @@ fn kubectl_sidecar_status_and_explain(env: &mut Env<'_>) -> anyhow::Result<()> {
     cp.apply_yaml(&template("busybox:1.36"))?;
     wait_served(cp, name)?;
     wait_dry_run_image(cp, &ns, &plugged, "plugged-agent", "busybox:1.36")?;
-    let deployment = serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "plugged"}},
-            "template": {
-                "metadata": {"labels": {"app": "plugged"}},
-                "spec": {"containers": [{"name": "web", "image": "busybox:1.36"}]},
-            },
-        },
-    });
-    cp.apply_yaml(&deployment.to_string())?;
+    apply_web_deployment(cp, &ns, "plugged", 2, "busybox:1.36")?;
     let web_pods = poll(
         Duration::from_secs(60),
         "the Deployment's 2 Pods, injected",
@@ -2540,6 +2531,102 @@ fn kubectl_sidecar_check(env: &mut Env<'_>) -> anyhow::Result<()> {
     })();
     broken.and(restored)?;
     cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// A Deployment's Pods with a container of the same name as a best-effort template's, but
+/// another: the template is skipped at admission (a conflict), and the warning goes to
+/// kube-controller-manager, which creates the Pods. The leader tells it where the app team
+/// reads it: one Event on the ReplicaSet (its uid, so `kubectl describe` shows it), naming the
+/// template and the conflict.
+fn skipped_template_event(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-skipped";
+    cp.apply_yaml(&one_container_template(
+        name,
+        "skipped",
+        "skipped",
+        "web",
+        "busybox:1.36",
+        100,
+    ))?;
+    wait_served(cp, name)?;
+    // Where the API server serves policies, the policy skips it: no webhook call, no warning.
+    wait_policy_holds(cp, name, Some(1))?;
+    let served = policy_served(cp, name)?;
+    eprintln!("[e2e] {name} served by the MutatingAdmissionPolicy: {served}");
+    let ns = cp.namespace("skipped", &[("e2e.sidecar.dev/scenario", "skipped")])?;
+    apply_web_deployment(cp, &ns, "skipped", 3, "app.invalid/web:1")?;
+    let started = Instant::now();
+    let events = poll(
+        Duration::from_secs(60),
+        "an Event on the ReplicaSet naming the skipped template",
+        || {
+            let events = cp.list_json("events.events.k8s.io", Some(&ns), None)?;
+            let told: Vec<Value> = events
+                .into_iter()
+                .filter(|e| e["reason"] == "TemplateSkipped")
+                .collect();
+            Ok((!told.is_empty()).then_some(told))
+        },
+    )?;
+    eprintln!(
+        "[e2e] told after {:.1?}: {}",
+        started.elapsed(),
+        events[0]["note"]
+    );
+    ensure!(
+        events.len() == 1,
+        "one Event per owner and template: {events:#?}"
+    );
+    let event = &events[0];
+    let replica_sets = cp.list_json("replicasets", Some(&ns), None)?;
+    ensure!(replica_sets.len() == 1, "{replica_sets:#?}");
+    let rs = &replica_sets[0]["metadata"];
+    ensure!(
+        event["regarding"]["kind"] == "ReplicaSet"
+            && event["regarding"]["name"] == rs["name"]
+            && event["regarding"]["uid"] == rs["uid"],
+        "regarding {}, not the ReplicaSet {}",
+        event["regarding"],
+        rs["name"]
+    );
+    let note = event["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains(&format!("SidecarTemplate {name}")) && note.contains("conflict"),
+        "{note}"
+    );
+    let rs_name = rs["name"].as_str().unwrap_or_default();
+    let described = cp.kubectl_ok(&["describe", "replicaset", rs_name, "-n", &ns])?;
+    ensure!(described.contains("TemplateSkipped"), "{described}");
+    cp.kubectl_ok(&["delete", "deployment", "web", "-n", &ns, "--wait=false"])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// Applies Deployment `web` in `namespace`: `replicas` Pods labelled `app: APP`, each with
+/// one container `web` of `image`.
+fn apply_web_deployment(
+    cp: &ControlPlane,
+    namespace: &str,
+    app: &str,
+    replicas: u32,
+    image: &str,
+) -> anyhow::Result<()> {
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {"containers": [{"name": "web", "image": image}]},
+            },
+        },
+    });
+    cp.apply_yaml(&deployment.to_string())?;
     Ok(())
 }
 
