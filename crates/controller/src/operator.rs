@@ -936,17 +936,29 @@ impl Operator {
         let started = Instant::now();
         // As the recorder of the other events reports this replica.
         let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.to_owned());
+        // The Pods missing best-effort templates, found again only from a new census.
+        let mut found: Option<(Arc<census::Census>, Arc<skips::MissingPods>)> = None;
         loop {
             if self.is_leader() {
                 let counted = self.census.borrow().clone();
                 if let Some(counted) = counted {
-                    tokio::select! {
-                        () = self.tell_skips(&counted, &mut log, started.elapsed(), &instance) => {}
-                        _ = stop.cancelled() => return,
+                    let missing = match &found {
+                        Some((census, missing)) if Arc::ptr_eq(census, &counted.census) => {
+                            Some(Arc::clone(missing))
+                        }
+                        _ => Self::missing_off_runtime(&counted).await,
+                    };
+                    if let Some(missing) = missing {
+                        found = Some((Arc::clone(&counted.census), Arc::clone(&missing)));
+                        tokio::select! {
+                            () = self.tell_skips(&counted, &missing, &mut log, started.elapsed(), &instance) => {}
+                            _ = stop.cancelled() => return,
+                        }
                     }
                 }
             } else {
                 log = SkipLog::default();
+                found = None;
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -956,18 +968,32 @@ impl Operator {
         }
     }
 
-    /// One round of [`Self::skip_loop`]: plans again a Pod of each owner not planned yet (at
-    /// most [`skips::LOOKUPS_PER_ROUND`]), then publishes what is due.
+    /// [`skips::missing`] of `counted` on a blocking thread (every Pod against each best-effort
+    /// template behind); `None` when that thread failed.
+    async fn missing_off_runtime(counted: &Counted) -> Option<Arc<skips::MissingPods>> {
+        let snapshot = Arc::clone(&counted.snapshot);
+        let census = Arc::clone(&counted.census);
+        let pods = counted.pods.state();
+        match tokio::task::spawn_blocking(move || skips::missing(&snapshot, &census, &pods)).await {
+            Ok(missing) => Some(Arc::new(missing)),
+            Err(error) => {
+                tracing::error!(%error, "finding the Pods missing best-effort templates failed");
+                None
+            }
+        }
+    }
+
+    /// One round of [`Self::skip_loop`]: plans again a Pod of each owner of `missing` not
+    /// planned yet (at most [`skips::LOOKUPS_PER_ROUND`]), then publishes what is due.
     async fn tell_skips(
         &self,
         counted: &Counted,
+        missing: &skips::MissingPods,
         log: &mut SkipLog,
         now: Duration,
         instance: &str,
     ) {
-        let pods = counted.pods.state();
-        let missing = skips::missing(&counted.snapshot, &counted.census, &pods);
-        for key in log.to_plan(&missing, skips::LOOKUPS_PER_ROUND) {
+        for key in log.to_plan(missing, skips::LOOKUPS_PER_ROUND) {
             let Some(sample) = missing.get(&key).map(|m| m.sample.clone()) else {
                 continue;
             };
@@ -980,9 +1006,10 @@ impl Operator {
                 }
             }
         }
-        for tell in log.due(&missing, now) {
+        for tell in log.due(missing, now) {
             if let Err(error) = crate::status::tell_skip(&self.client, &tell, instance).await {
-                tracing::warn!(template = %tell.key.template, owner = %tell.key.owner, %error, "recording why a template was skipped failed");
+                tracing::warn!(template = %tell.key.template, owner = %tell.key.owner, %error, "recording why a template was skipped failed; retrying");
+                log.untold(&tell.key);
             }
         }
     }

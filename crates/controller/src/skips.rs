@@ -62,6 +62,9 @@ pub struct Missing {
     pub sample: String,
 }
 
+/// What [`missing`] finds: the Pods missing each key's template.
+pub type MissingPods = BTreeMap<SkipKey, Missing>;
+
 /// The Pods missing a best-effort template of `snapshot`, by owner, from the census (which
 /// owners have Pods behind) and the Pods it counted: of an owner behind on a template, the
 /// Pods that do not carry it. Pods without an owner are left out: whoever created one got the
@@ -70,7 +73,7 @@ pub fn missing(
     snapshot: &Snapshot,
     census: &Census,
     pods: &[Arc<PartialObjectMeta<Pod>>],
-) -> BTreeMap<SkipKey, Missing> {
+) -> MissingPods {
     let mut by_owner: BTreeMap<WorkloadRef, Vec<&PartialObjectMeta<Pod>>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| counts(&p.metadata)) {
         if let Some(owner) = owner_of(&pod.metadata) {
@@ -162,7 +165,7 @@ pub struct SkipLog {
 impl SkipLog {
     /// The Pods to plan again (a key, the Pod's namespace and name), at most `limit`: the keys
     /// of `missing` not planned yet.
-    pub fn to_plan(&self, missing: &BTreeMap<SkipKey, Missing>, limit: usize) -> Vec<SkipKey> {
+    pub fn to_plan(&self, missing: &MissingPods, limit: usize) -> Vec<SkipKey> {
         missing
             .keys()
             .filter(|key| !self.known.contains_key(*key))
@@ -189,7 +192,7 @@ impl SkipLog {
     /// What to tell now (`now`: a monotonic time), and remembers it as told: a key skipped and
     /// never told, or one told for fewer Pods than miss it now, [`RETELL_AFTER`] ago or more.
     /// Keys no longer missing are forgotten, so that the log is as large as what is missing.
-    pub fn due(&mut self, missing: &BTreeMap<SkipKey, Missing>, now: Duration) -> Vec<Tell> {
+    pub fn due(&mut self, missing: &MissingPods, now: Duration) -> Vec<Tell> {
         let present: BTreeSet<&SkipKey> = missing.keys().collect();
         self.known.retain(|key, _| present.contains(key));
         let mut tell = Vec::new();
@@ -223,6 +226,15 @@ impl SkipLog {
             }
         }
         tell
+    }
+
+    /// Forgets that `key` was told (its Event could not be written): the next round tells it
+    /// again.
+    pub fn untold(&mut self, key: &SkipKey) {
+        if let Some(Known::Skipped { told, told_at, .. }) = self.known.get_mut(key) {
+            *told = 0;
+            *told_at = None;
+        }
     }
 }
 

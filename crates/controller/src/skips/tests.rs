@@ -198,6 +198,10 @@ fn more_missing_pods_are_told_again_after_a_while_only() {
         5
     );
 
+    // Its Event could not be written: told again next round.
+    log.untold(&web);
+    assert_eq!(log.due(&with(5), start + RETELL_AFTER).len(), 1);
+
     // Gone (the owner scaled to zero, or its Pods got the template): forgotten, then planned
     // again should they miss it again.
     assert!(
