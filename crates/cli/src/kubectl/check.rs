@@ -1080,6 +1080,13 @@ fn templates_ready(read: &Read<Vec<SidecarTemplate>>, templates: &Templates<'_>)
         })
         .collect();
     let count = templates.listed.len();
+    if count == 0 {
+        return link(
+            TEMPLATES,
+            State::Ok,
+            "no SidecarTemplate: nothing is injected",
+        );
+    }
     if not_ready.is_empty() {
         return link(
             TEMPLATES,

@@ -599,6 +599,21 @@ fn the_policy_backend_is_judged_from_the_templates_conditions() {
 }
 
 #[test]
+fn no_template_is_said_and_expects_no_entry() {
+    let mut observed = healthy();
+    observed.templates = Read::Found(Vec::new());
+    let ca = ca();
+    observed.configuration = Read::Found(configuration(&[], service_client(&ca)));
+    let report = judge(&observed, &names(), now());
+    assert!(!report.broken, "{report:#?}");
+    assert_eq!(
+        the(&report, TEMPLATES).message,
+        "no SidecarTemplate: nothing is injected"
+    );
+    assert_eq!(the(&report, CA_BUNDLE).state, State::Skipped);
+}
+
+#[test]
 fn a_template_not_ready_is_broken() {
     let mut observed = healthy();
     let templates = vec![
