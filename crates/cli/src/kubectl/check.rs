@@ -202,6 +202,9 @@ pub struct Observed {
     pub secret: Read<Secret>,
     /// The handshake with the webhook's URL, when the entries call one.
     pub handshake: Option<Handshake>,
+    /// The handshake with a ready endpoint of the Service, when the entries call it (asking
+    /// for the Service's name); its error when the address cannot be reached from here.
+    pub endpoint_handshake: Option<Handshake>,
     /// The NetworkPolicies of the operator's namespace.
     pub network_policies: Read<Vec<NetworkPolicy>>,
     /// The MutatingAdmissionPolicy (presence only).
@@ -688,8 +691,39 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
             ),
         };
     }
-    // Through the Service, the replicas' addresses are seldom reachable from here: the
-    // certificate they serve is the Secret's, which every replica reloads.
+    // Through the Service: what a replica serves, when its address can be reached from here.
+    if let Some(Handshake {
+        url,
+        host,
+        served: Ok(chain),
+    }) = &observed.endpoint_handshake
+    {
+        return match verify_chain(chain, &roots, host, now) {
+            Ok(()) => link(
+                CA_BUNDLE,
+                State::Ok,
+                format!(
+                    "verifies the certificate a replica serves at {url} (a TLS handshake, for {host})"
+                ),
+            ),
+            Err(why) => link(
+                CA_BUNDLE,
+                State::Broken,
+                format!(
+                    "does not verify the certificate a replica serves at {url} for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
+                ),
+            ),
+        };
+    }
+    let unreachable = match &observed.endpoint_handshake {
+        Some(Handshake {
+            url,
+            served: Err(why),
+            ..
+        }) => format!(" (a replica's address, {url}, cannot be reached from here: {why})"),
+        _ => String::new(),
+    };
+    // Otherwise the Secret's certificate: the one every replica serves and reloads.
     let what = format!("secret/{} -n {}", names.secret(), names.namespace);
     if let Some(why) = observed.secret.unread(&what) {
         return link(
@@ -732,7 +766,7 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
             CA_BUNDLE,
             State::Ok,
             format!(
-                "holds the CA of {what} and verifies its serving certificate for {host} (the Secret's, which every replica serves; not fetched from the replicas)"
+                "holds the CA of {what} and verifies its serving certificate for {host}, which every replica serves{unreachable}"
             ),
         ),
         Err(why) => link(

@@ -2,9 +2,11 @@
 //! apart ([`Read`]), so that one the user may not make (forbidden) or that fails costs only
 //! the links that need it, and [`super::check::judge`] says so on their lines.
 //!
-//! With an operator out of the cluster (entries calling a URL), a TLS handshake with that URL
-//! fetches the certificate it serves, which the judge verifies with the caBundle; the
-//! handshake itself trusts anything, and nothing is sent over it.
+//! A TLS handshake fetches the certificate the webhook serves, which the judge verifies with
+//! the caBundle: with the URL the entries call (an operator out of the cluster), else with a
+//! ready endpoint of the Service (a replica's address, reachable from inside the cluster and
+//! seldom from outside, so a short wait). The handshake itself trusts anything, and nothing is
+//! sent over it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +35,10 @@ use super::check::{Handshake, Names, Observed, Read, Target};
 
 /// How long the handshake with the webhook's URL may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the handshake with a replica's address may take: short, as from outside the
+/// cluster it is usually not reachable at all, and the Secret's certificate is checked then.
+const ENDPOINT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What the command was asked about.
 #[derive(Clone, Debug)]
@@ -115,6 +121,11 @@ pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed 
         &ListParams::default().labels(&format!("kubernetes.io/service-name={full}")),
     )
     .await;
+    // Through the Service only: with a URL, the handshake above is the replica's.
+    let endpoint_handshake = match (&handshake, slices.found()) {
+        (None, Some(slices)) => endpoint_handshake(slices, &names.service_host()).await,
+        _ => None,
+    };
     let templates = list(
         Api::<SidecarTemplate>::all(client.clone()),
         &ListParams::default(),
@@ -132,6 +143,7 @@ pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed 
         )
         .await,
         handshake,
+        endpoint_handshake,
         network_policies: list(
             Api::<NetworkPolicy>::namespaced(client.clone(), ns),
             &ListParams::default(),
@@ -240,10 +252,7 @@ fn first_url(configuration: &MutatingWebhookConfiguration) -> Option<String> {
 /// A TLS handshake with `url`'s host and port: the certificate chain it serves.
 async fn handshake(url: &str) -> Handshake {
     let (host, port) = host_and_port(url);
-    let served = match tokio::time::timeout(HANDSHAKE_TIMEOUT, served_chain(&host, port)).await {
-        Ok(served) => served,
-        Err(_) => Err(format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}")),
-    };
+    let served = bounded(served_chain(&host, port, &host), HANDSHAKE_TIMEOUT).await;
     let authority = url
         .split_once("://")
         .map_or(url, |(_, rest)| rest)
@@ -255,6 +264,59 @@ async fn handshake(url: &str) -> Handshake {
         host,
         served,
     }
+}
+
+/// A TLS handshake with the first ready endpoint of `slices` (its address and the port named
+/// `webhook`, else its first), asking for `host` (the Service's name, as the API server does):
+/// the certificate a replica serves. `None` when there is no such endpoint. From outside the
+/// cluster a Pod's address is seldom reachable: that is an error here, not a broken link.
+async fn endpoint_handshake(slices: &[EndpointSlice], host: &str) -> Option<Handshake> {
+    let (address, port) = first_ready_endpoint(slices)?;
+    let served = bounded(
+        served_chain(&address, port, host),
+        ENDPOINT_HANDSHAKE_TIMEOUT,
+    )
+    .await;
+    let shown = if address.contains(':') {
+        format!("[{address}]")
+    } else {
+        address
+    };
+    Some(Handshake {
+        url: format!("https://{shown}:{port}"),
+        host: host.to_owned(),
+        served,
+    })
+}
+
+/// The address and webhook port of the first ready endpoint of `slices` (the port named
+/// `webhook`, as the chart's Service names it, else the slice's first); an endpoint whose
+/// `ready` is unset counts as ready.
+fn first_ready_endpoint(slices: &[EndpointSlice]) -> Option<(String, u16)> {
+    slices.iter().find_map(|slice| {
+        let ports = slice.ports.as_deref().unwrap_or_default();
+        let port = ports
+            .iter()
+            .find(|p| p.name.as_deref() == Some("webhook"))
+            .or_else(|| ports.first())
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())?;
+        let endpoint = slice
+            .endpoints
+            .iter()
+            .find(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))?;
+        Some((endpoint.addresses.first()?.clone(), port))
+    })
+}
+
+/// `handshake`, or an error once `timeout` has passed.
+async fn bounded(
+    handshake: impl Future<Output = Result<Vec<Vec<u8>>, String>>,
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>, String> {
+    tokio::time::timeout(timeout, handshake)
+        .await
+        .unwrap_or_else(|_| Err(format!("no TLS handshake within {timeout:?}")))
 }
 
 /// The host (without IPv6 brackets) and port (443 unless given) of an `https://` URL.
@@ -273,7 +335,8 @@ fn host_and_port(url: &str) -> (String, u16) {
     }
 }
 
-async fn served_chain(host: &str, port: u16) -> Result<Vec<Vec<u8>>, String> {
+/// The chain served at `address`:`port` to a client asking for `host`.
+async fn served_chain(address: &str, port: u16, host: &str) -> Result<Vec<Vec<u8>>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let recorder = Arc::new(Recorder {
         provider: provider.clone(),
@@ -285,13 +348,13 @@ async fn served_chain(host: &str, port: u16) -> Result<Vec<Vec<u8>>, String> {
         .with_custom_certificate_verifier(recorder)
         .with_no_client_auth();
     let name = ServerName::try_from(host.to_owned()).map_err(|e| format!("{host:?}: {e}"))?;
-    let tcp = tokio::net::TcpStream::connect((host, port))
+    let tcp = tokio::net::TcpStream::connect((address, port))
         .await
-        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
+        .map_err(|e| format!("cannot connect to {address}:{port}: {e}"))?;
     let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| format!("TLS handshake with {host}:{port}: {e}"))?;
+        .map_err(|e| format!("TLS handshake with {address}:{port}: {e}"))?;
     let (_, connection) = stream.get_ref();
     Ok(connection
         .peer_certificates()

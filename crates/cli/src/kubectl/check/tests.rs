@@ -210,6 +210,7 @@ fn healthy() -> Observed {
         slices: Read::Found(slices(&[true, true])),
         secret: Read::Found(secret(&ca, &serving(&ca))),
         handshake: None,
+        endpoint_handshake: None,
         network_policies: Read::Found(vec![network_policy(
             json!({"ports": [{"port": 8443, "protocol": "TCP"}]}),
         )]),
@@ -297,6 +298,47 @@ fn a_ca_bundle_of_another_ca_is_broken() {
             .contains("does not hold the CA of secret/sidecar-injector-tls")
     );
     assert!(report.broken);
+}
+
+#[test]
+fn a_replica_reachable_from_here_is_checked_by_a_handshake() {
+    let mut observed = healthy();
+    let ca = ca();
+    let entries = entries_for(observed.templates.found().unwrap());
+    observed.configuration = Read::Found(configuration(&entries, service_client(&ca)));
+    observed.secret = Read::Found(secret(&ca, &serving(&ca)));
+    let handshake = |served| Handshake {
+        url: "https://10.0.0.1:8443".to_owned(),
+        host: "sidecar-injector.sidecar-injector.svc".to_owned(),
+        served,
+    };
+    let chain = certificate::pem_certificates(serving(&ca).as_bytes()).unwrap();
+    observed.endpoint_handshake = Some(handshake(Ok(chain)));
+    let report = judge(&observed, &names(), now());
+    let l = the(&report, CA_BUNDLE);
+    assert_eq!(l.state, State::Ok, "{l:?}");
+    assert!(
+        l.message
+            .starts_with("verifies the certificate a replica serves at https://10.0.0.1:8443"),
+        "{l:?}"
+    );
+    // A replica serving another CA's certificate (one not reloaded, say).
+    observed.endpoint_handshake = Some(handshake(Ok(ca_other_serving())));
+    assert_eq!(
+        the(&judge(&observed, &names(), now()), CA_BUNDLE).state,
+        State::Broken
+    );
+    // Not reachable from here: the Secret's certificate, saying so.
+    observed.endpoint_handshake = Some(handshake(Err("no TLS handshake within 2s".to_owned())));
+    let report = judge(&observed, &names(), now());
+    let l = the(&report, CA_BUNDLE);
+    assert_eq!(l.state, State::Ok, "{l:?}");
+    assert!(
+        l.message
+            .contains("cannot be reached from here: no TLS handshake within 2s"),
+        "{l:?}"
+    );
+    assert!(!report.broken);
 }
 
 #[test]
@@ -418,6 +460,7 @@ fn what_cannot_be_read_is_unknown_and_not_broken() {
         slices: Read::Forbidden(forbidden()),
         secret: Read::Forbidden(forbidden()),
         handshake: None,
+        endpoint_handshake: None,
         network_policies: Read::Forbidden(forbidden()),
         policy: Read::Forbidden(forbidden()),
         policy_binding: Read::Forbidden(forbidden()),
