@@ -663,24 +663,7 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
     let fix = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
     if let Some(handshake) = &observed.handshake {
         return match &handshake.served {
-            Ok(chain) => match verify_chain(chain, &roots, &handshake.host, now) {
-                Ok(()) => link(
-                    CA_BUNDLE,
-                    State::Ok,
-                    format!(
-                        "verifies the certificate served at {} (a TLS handshake, for {})",
-                        handshake.url, handshake.host
-                    ),
-                ),
-                Err(why) => link(
-                    CA_BUNDLE,
-                    State::Broken,
-                    format!(
-                        "does not verify the certificate served at {}: {why}; the API server's calls fail their TLS handshake; {fix}",
-                        handshake.url
-                    ),
-                ),
-            },
+            Ok(chain) => verified(handshake, "", chain, &roots, now, fix),
             Err(_) => link(
                 CA_BUNDLE,
                 State::Unknown,
@@ -692,28 +675,10 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
         };
     }
     // Through the Service: what a replica serves, when its address can be reached from here.
-    if let Some(Handshake {
-        url,
-        host,
-        served: Ok(chain),
-    }) = &observed.endpoint_handshake
+    if let Some(handshake) = &observed.endpoint_handshake
+        && let Ok(chain) = &handshake.served
     {
-        return match verify_chain(chain, &roots, host, now) {
-            Ok(()) => link(
-                CA_BUNDLE,
-                State::Ok,
-                format!(
-                    "verifies the certificate a replica serves at {url} (a TLS handshake, for {host})"
-                ),
-            ),
-            Err(why) => link(
-                CA_BUNDLE,
-                State::Broken,
-                format!(
-                    "does not verify the certificate a replica serves at {url} for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
-                ),
-            ),
-        };
+        return verified(handshake, ", a replica's address", chain, &roots, now, fix);
     }
     let unreachable = match &observed.endpoint_handshake {
         Some(Handshake {
@@ -773,6 +738,34 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
             CA_BUNDLE,
             State::Broken,
             format!("does not verify the serving certificate of {what} for {host}: {why}; {fix}"),
+        ),
+    }
+}
+
+/// Whether `roots` verify `chain`, served at `handshake`'s URL (`whose`: what that URL is).
+fn verified(
+    handshake: &Handshake,
+    whose: &str,
+    chain: &[Vec<u8>],
+    roots: &[Vec<u8>],
+    now: Timestamp,
+    fix: &str,
+) -> Link {
+    let Handshake { url, host, .. } = handshake;
+    match verify_chain(chain, roots, host, now) {
+        Ok(()) => link(
+            CA_BUNDLE,
+            State::Ok,
+            format!(
+                "verifies the certificate served at {url}{whose} (a TLS handshake, for {host})"
+            ),
+        ),
+        Err(why) => link(
+            CA_BUNDLE,
+            State::Broken,
+            format!(
+                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
+            ),
         ),
     }
 }

@@ -318,8 +318,9 @@ fn a_replica_reachable_from_here_is_checked_by_a_handshake() {
     let l = the(&report, CA_BUNDLE);
     assert_eq!(l.state, State::Ok, "{l:?}");
     assert!(
-        l.message
-            .starts_with("verifies the certificate a replica serves at https://10.0.0.1:8443"),
+        l.message.starts_with(
+            "verifies the certificate served at https://10.0.0.1:8443, a replica's address"
+        ),
         "{l:?}"
     );
     // A replica serving another CA's certificate (one not reloaded, say).
