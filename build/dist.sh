@@ -112,13 +112,16 @@ metadata:
 spec:
   version: v$version
   homepage: $source
-  shortDescription: Status and live explanations of sidecar-injector's templates
+  shortDescription: Status, live explanations and plumbing checks of sidecar-injector
   description: |
     The kubectl plugin of sidecar-injector, the operator that injects sidecars into
     Pods from cluster-scoped SidecarTemplate resources. \`kubectl sidecar status\`
     shows where each template's running Pods stand (current, stale, missing) and
     the workloads behind the stale and missing ones; \`kubectl sidecar explain\`
-    replays the injection decision for a live Pod or workload. It writes nothing.
+    replays the injection decision for a live Pod or workload; \`kubectl sidecar
+    check\` checks the live plumbing (operator, leader, webhook configuration,
+    caBundle, endpoints, NetworkPolicy, policy backend) link by link and says which
+    one is broken. It writes nothing.
   caveats: |
     It reads SidecarTemplates, which are cluster-scoped: the operator's chart
     aggregates reading them into the view, edit and admin ClusterRoles held

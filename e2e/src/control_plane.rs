@@ -328,6 +328,29 @@ impl ControlPlane {
             .with_context(|| format!("cannot write {}", path.display()))
     }
 
+    /// Writes, at `path`, the admin kubeconfig impersonating `user` in `groups` (`as`,
+    /// `as-groups`): what that user may do, through the admin's credentials.
+    pub fn write_impersonating_kubeconfig(
+        &self,
+        user: &str,
+        groups: &[&str],
+        path: &Path,
+    ) -> anyhow::Result<()> {
+        let mut config: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&self.kubeconfig)
+                .with_context(|| format!("cannot read {}", self.kubeconfig.display()))?,
+        )?;
+        let users = config["users"]
+            .as_array_mut()
+            .context("no users in the kubeconfig")?;
+        for entry in users {
+            entry["user"]["as"] = json!(user);
+            entry["user"]["as-groups"] = json!(groups);
+        }
+        std::fs::write(path, serde_json::to_vec(&config)?)
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
     /// The kubectl binary (of the API server's version).
     pub fn kubectl_path(&self) -> &Path {
         &self.binaries.kubectl

@@ -612,16 +612,8 @@ fn explain_as_an_app_team(cp: &ControlPlane) -> anyhow::Result<()> {
         "--image=app.invalid/web:1",
     ])?;
     let kubeconfig = |groups: &[&str]| -> anyhow::Result<PathBuf> {
-        let mut config: Value = serde_json::from_slice(&std::fs::read(cp.kubeconfig_path())?)?;
-        let users = config["users"]
-            .as_array_mut()
-            .context("no users in the kubeconfig")?;
-        for user in users {
-            user["user"]["as"] = Value::from("someone");
-            user["user"]["as-groups"] = Value::from(groups.to_vec());
-        }
         let path = cp.dir().join(format!("app-team-{}.json", groups.len()));
-        std::fs::write(&path, serde_json::to_vec(&config)?)?;
+        cp.write_impersonating_kubeconfig("someone", groups, &path)?;
         Ok(path)
     };
     let explain = |kubeconfig: &Path| -> anyhow::Result<std::process::Output> {
@@ -650,6 +642,61 @@ fn explain_as_an_app_team(cp: &ControlPlane) -> anyhow::Result<()> {
     );
     eprintln!(
         "[chart] kubectl sidecar explain as an app team (view in {ns}, viewerRbac.subjects): works; without the subjects it names the value"
+    );
+    // `kubectl sidecar check` as the same team: the role grants, by name, what `view` lacks
+    // (the Lease, the webhook configuration, the admission policies), and not the Secret.
+    let team = kubeconfig(&["app-teams", "system:authenticated"])?;
+    let checked = Command::new(injector_e2e::operator_binary()?)
+        .args(["kubectl", "--kubeconfig"])
+        .arg(&team)
+        .args(["check", "-n", &ns, "-o", "json"])
+        .output()?;
+    let report: Value = serde_json::from_slice(&checked.stdout).with_context(|| {
+        format!(
+            "check as an app team: {}",
+            String::from_utf8_lossy(&checked.stderr)
+        )
+    })?;
+    let links = report["links"].as_array().cloned().unwrap_or_default();
+    let message = |link: &str| -> String {
+        links
+            .iter()
+            .find(|l| l["link"] == link)
+            .and_then(|l| l["message"].as_str())
+            .unwrap_or("absent")
+            .to_owned()
+    };
+    for link in [
+        "leader",
+        "webhook configuration",
+        "policy backend",
+        "templates",
+        "namespace",
+    ] {
+        let said = message(link);
+        ensure!(
+            !said.contains("forbidden") && said != "absent",
+            "check as an app team, {link}: {said}"
+        );
+    }
+    let secret = format!("secret/{RELEASE}-tls");
+    ensure!(
+        !cp.kubectl(&[
+            "auth",
+            "can-i",
+            "get",
+            &secret,
+            "-n",
+            NAMESPACE,
+            "--as=someone",
+            "--as-group=app-teams"
+        ])?
+        .status
+        .success(),
+        "the view role grants the certificate Secret"
+    );
+    eprintln!(
+        "[chart] kubectl sidecar check as an app team reads the Lease, the webhook configuration, the policies and the templates; not the Secret"
     );
     cp.kubectl_ok(&["delete", "namespace", &ns, "--wait=false"])?;
     Ok(())
@@ -1118,6 +1165,39 @@ fn exercise_operator(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<(
     )?;
     wait_invalid_event(cp, "chart-invalid")?;
     eprintln!("[chart] an invalid template got its Event");
+
+    // A Deployment whose Pods hold a container named like nginx-sidecar's, another: the
+    // template is skipped, and the chart's RBAC lets the leader read one Pod (a list by name)
+    // and publish the TemplateSkipped Event on the ReplicaSet.
+    let clash = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "clash", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "web", "chart": "clash"}},
+            "template": {
+                "metadata": {"labels": {"app": "web", "chart": "clash"}},
+                "spec": {"containers": [{"name": "nginx-sidecar", "image": "app.invalid/clash:1"}]},
+            },
+        },
+    });
+    cp.apply_yaml(&clash.to_string())?;
+    let told = poll(
+        Duration::from_secs(60),
+        "the TemplateSkipped Event under the chart's RBAC",
+        || {
+            let events = cp.list_json("events.events.k8s.io", Some(&ns), None)?;
+            Ok(events.into_iter().find(|e| {
+                e["reason"] == "TemplateSkipped" && e["regarding"]["kind"] == "ReplicaSet"
+            }))
+        },
+    )?;
+    eprintln!(
+        "[chart] a skipped template told on its ReplicaSet: {}",
+        told["note"]
+    );
+    cp.kubectl_ok(&["delete", "deployment", "clash", "-n", &ns, "--wait=false"])?;
 
     // A template asking for rollouts, which the chart's defaults do not allow: a condition
     // says so, and nothing is tried.

@@ -46,7 +46,7 @@ type Scenario = fn(&mut Env<'_>) -> anyhow::Result<()>;
 const SLOW_VAR: &str = "SIDECAR_INJECTOR_E2E_SLOW";
 const SLOW: [&str; 1] = ["certificate_rotation_under_load_fails_no_call"];
 
-const SCENARIOS: [(&str, Scenario); 22] = [
+const SCENARIOS: [(&str, Scenario); 24] = [
     ("tutorial_nginx_sidecar_is_injected", tutorial_nginx_sidecar),
     (
         "a_namespace_the_selector_does_not_match_gets_nothing",
@@ -115,6 +115,14 @@ const SCENARIOS: [(&str, Scenario); 22] = [
     (
         "kubectl_sidecar_status_and_explain",
         kubectl_sidecar_status_and_explain,
+    ),
+    (
+        "kubectl_sidecar_check_names_the_broken_link",
+        kubectl_sidecar_check,
+    ),
+    (
+        "a_skipped_best_effort_template_leaves_an_event_on_the_replica_set",
+        skipped_template_event,
     ),
     (
         "a_required_sidecar_cannot_be_replaced_after_admission",
@@ -2087,6 +2095,22 @@ fn container_image<'a>(pod: &'a Value, name: &str) -> Option<&'a str> {
 /// on `PATH` (a symbolic link to the binary under test, first on `PATH`); its standard output.
 /// kubectl takes no flag before a plugin's name, so this does without `kubectl_command`'s.
 fn kubectl_sidecar(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let out = kubectl_sidecar_output(cp, args)?;
+    ensure!(
+        out.status.success(),
+        "kubectl sidecar {}: {}\n{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// `kubectl sidecar ARGS`, whatever its exit status.
+fn kubectl_sidecar_output(
+    cp: &ControlPlane,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
     let bin = cp.dir().join("plugin-bin");
     let link = bin.join("kubectl-sidecar");
     if !link.exists() {
@@ -2097,22 +2121,14 @@ fn kubectl_sidecar(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     )))?;
-    let out = std::process::Command::new(cp.kubectl_path())
+    std::process::Command::new(cp.kubectl_path())
         .env("KUBECONFIG", cp.kubeconfig_path())
         .env("PATH", path)
         .arg("sidecar")
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()
-        .context("cannot run kubectl")?;
-    ensure!(
-        out.status.success(),
-        "kubectl sidecar {}: {}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(String::from_utf8(out.stdout)?)
+        .context("cannot run kubectl")
 }
 
 /// The kubectl plugin against live Pods: a bare Pod created before the template is missing
@@ -2133,20 +2149,7 @@ fn kubectl_sidecar_status_and_explain(env: &mut Env<'_>) -> anyhow::Result<()> {
     cp.apply_yaml(&template("busybox:1.36"))?;
     wait_served(cp, name)?;
     wait_dry_run_image(cp, &ns, &plugged, "plugged-agent", "busybox:1.36")?;
-    let deployment = serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "plugged"}},
-            "template": {
-                "metadata": {"labels": {"app": "plugged"}},
-                "spec": {"containers": [{"name": "web", "image": "busybox:1.36"}]},
-            },
-        },
-    });
-    cp.apply_yaml(&deployment.to_string())?;
+    apply_web_deployment(cp, &ns, "plugged", 2, "busybox:1.36")?;
     let web_pods = poll(
         Duration::from_secs(60),
         "the Deployment's 2 Pods, injected",
@@ -2281,6 +2284,352 @@ fn kubectl_sidecar_status_and_explain(env: &mut Env<'_>) -> anyhow::Result<()> {
 
 /// A best-effort template `name` adding one container `container` of `image`, selecting Pods
 /// labelled `app: APP` in namespaces labelled `e2e.sidecar.dev/scenario: SCENARIO`.
+/// The links of a `kubectl sidecar check -o json` report: link, state, message.
+type Links = Vec<(String, String, String)>;
+
+/// `kubectl sidecar check ARGS -o json`: whether it exited 0, and each link's state and
+/// message by link.
+fn check(cp: &ControlPlane, args: &[&str]) -> anyhow::Result<(bool, Links)> {
+    let args: Vec<&str> = ["check"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .chain(["-o", "json"])
+        .collect();
+    let out = kubectl_sidecar_output(cp, &args)?;
+    report_of(&out, &args)
+}
+
+/// A `check -o json` report's exit status and links.
+fn report_of(out: &std::process::Output, args: &[&str]) -> anyhow::Result<(bool, Links)> {
+    let report: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "kubectl sidecar {}: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let links = report["links"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|l| {
+            let text = |key: &str| l[key].as_str().unwrap_or_default().to_owned();
+            (text("link"), text("state"), text("message"))
+        })
+        .collect();
+    ensure!(
+        report["broken"].as_bool() == Some(!out.status.success()),
+        "exit status {} with broken={}",
+        out.status,
+        report["broken"]
+    );
+    Ok((out.status.success(), links))
+}
+
+/// [`check`] as `user` (impersonated through a kubeconfig of the control plane's).
+fn check_as(cp: &ControlPlane, user: &str, args: &[&str]) -> anyhow::Result<(bool, Links)> {
+    let kubeconfig = cp.dir().join(format!("{user}.json"));
+    cp.write_impersonating_kubeconfig(user, &["system:authenticated"], &kubeconfig)?;
+    let out = std::process::Command::new(injector_e2e::operator_binary()?)
+        .args(["kubectl", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .arg("check")
+        .args(args)
+        .args(["-o", "json"])
+        .output()?;
+    report_of(&out, args)
+}
+
+/// The state and message of `link` in a `check` report.
+fn link_state<'r>(
+    links: &'r [(String, String, String)],
+    link: &str,
+) -> anyhow::Result<(&'r str, &'r str)> {
+    links
+        .iter()
+        .find(|(name, _, _)| name == link)
+        .map(|(_, state, message)| (state.as_str(), message.as_str()))
+        .with_context(|| format!("no link {link:?} in {links:?}"))
+}
+
+/// `kubectl sidecar check` against the live plumbing: all ok (the operator out of the
+/// cluster: its URL's certificate verified by a TLS handshake), a Pod's record current; then,
+/// with the operator serving but not leading (another holder in its Lease, so nothing is
+/// restored behind the test's back), a caBundle of another CA and a deleted configuration are
+/// each the broken link, with exit status 1; once it leads again, all ok again.
+fn kubectl_sidecar_check(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-check";
+    cp.apply_yaml(&one_container_template(
+        name,
+        "check",
+        "checked",
+        "check-agent",
+        "busybox:1.36",
+        100,
+    ))?;
+    wait_served(cp, name)?;
+    let ns = cp.namespace("check", &[("e2e.sidecar.dev/scenario", "check")])?;
+    wait_dry_run_image(
+        cp,
+        &ns,
+        &[("app", "checked")],
+        "check-agent",
+        "busybox:1.36",
+    )?;
+    create_pod(cp, &ns, "checked", &[("app", "checked")], &[], false)?;
+
+    let all_ok = |args: &[&str]| -> anyhow::Result<Links> {
+        let (ok, links) = check(cp, args)?;
+        let bad: Vec<_> = links
+            .iter()
+            .filter(|(_, state, _)| state != "ok" && state != "skipped")
+            .collect();
+        ensure!(ok && bad.is_empty(), "check {args:?}: {bad:?}\n{links:#?}");
+        Ok(links)
+    };
+    let links = all_ok(&[])?;
+    let (_, bundle) = link_state(&links, "ca bundle")?;
+    ensure!(
+        bundle.starts_with("verifies the certificate served at https://127.0.0.1:"),
+        "{bundle}"
+    );
+    let links = all_ok(&["checked", "-n", &ns])?;
+    let (_, record) = link_state(&links, "record")?;
+    ensure!(
+        record.ends_with(&format!("current with {name}")),
+        "{record}"
+    );
+    let (_, selection) = link_state(&links, "selection")?;
+    ensure!(
+        selection.contains(&format!("selected by {name} (best effort)")),
+        "{selection}"
+    );
+    let table = kubectl_sidecar(cp, &["check"])?;
+    eprintln!("[e2e] kubectl sidecar check:\n{table}");
+    ensure!(
+        table
+            .lines()
+            .any(|l| l.starts_with("webhook configuration") && l.contains(" ok ")),
+        "{table}"
+    );
+
+    // As someone who reads less: `view` cluster-wide (no chart here, so not even
+    // SidecarTemplates). What cannot be read says so, on its line; nothing is broken.
+    cp.kubectl_ok(&[
+        "create",
+        "clusterrolebinding",
+        "e2e-check-viewer",
+        "--clusterrole=view",
+        "--user=check-viewer",
+    ])?;
+    let viewed = check_as(cp, "check-viewer", &["checked", "-n", &ns]);
+    cp.kubectl_ok(&["delete", "clusterrolebinding", "e2e-check-viewer"])?;
+    let (ok, links) = viewed?;
+    ensure!(ok, "check as a viewer: {links:#?}");
+    for link in ["leader", "webhook configuration", "templates", "selection"] {
+        let (state, message) = link_state(&links, link)?;
+        ensure!(
+            state == "unknown"
+                && message.starts_with("cannot read ")
+                && message.contains(": forbidden"),
+            "as a viewer, {link}: {state}: {message}"
+        );
+    }
+    eprintln!("[e2e] kubectl sidecar check as a viewer: {links:#?}");
+
+    // The operator serves, but another holder keeps its Lease: nothing is put back.
+    let status = env.operator.stop()?;
+    ensure!(status.success(), "the operator exited with {status}");
+    let renewed = format!(
+        "{}.000000Z",
+        k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S")
+    );
+    let lease = serde_json::json!({"spec": {
+        "holderIdentity": "e2e-someone-else",
+        "leaseDurationSeconds": 3600,
+        "renewTime": renewed,
+        "acquireTime": renewed,
+    }});
+    let broken = (|| {
+        cp.kubectl_ok(&[
+            "patch",
+            "lease",
+            "sidecar-injector-leader",
+            "-n",
+            "sidecar-injector",
+            "--type",
+            "merge",
+            "-p",
+            &lease.to_string(),
+        ])?;
+        env.operator.restart()?;
+        let links = all_ok(&[])?;
+        let (_, leader) = link_state(&links, "leader")?;
+        ensure!(leader.contains("held by e2e-someone-else"), "{leader}");
+
+        // A caBundle of another CA (the control plane's): every entry's.
+        let other = std::fs::read(cp.ca_cert_path())?;
+        let configuration = cp.get_json("mutatingwebhookconfiguration", None, CONFIGURATION)?;
+        let entries = configuration["webhooks"].as_array().map_or(0, Vec::len);
+        let patch: Vec<Value> = (0..entries)
+            .map(|i| {
+                serde_json::json!({
+                    "op": "replace",
+                    "path": format!("/webhooks/{i}/clientConfig/caBundle"),
+                    // caBundle's bytes, base64 in JSON as every ByteString.
+                    "value": k8s_openapi::ByteString(other.clone()),
+                })
+            })
+            .collect();
+        cp.kubectl_ok(&[
+            "patch",
+            "mutatingwebhookconfiguration",
+            CONFIGURATION,
+            "--type",
+            "json",
+            "-p",
+            &Value::from(patch).to_string(),
+        ])?;
+        let (ok, links) = check(cp, &[])?;
+        let (state, message) = link_state(&links, "ca bundle")?;
+        eprintln!("[e2e] a caBundle of another CA: ca bundle {state}: {message}");
+        ensure!(!ok && state == "broken", "{links:#?}");
+        ensure!(
+            message.starts_with("does not verify the certificate served at"),
+            "{message}"
+        );
+        let (state, _) = link_state(&links, "webhook configuration")?;
+        ensure!(state == "ok", "{links:#?}");
+
+        cp.kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])?;
+        let (ok, links) = check(cp, &[])?;
+        let (state, message) = link_state(&links, "webhook configuration")?;
+        eprintln!("[e2e] the configuration deleted: webhook configuration {state}: {message}");
+        ensure!(!ok && state == "broken", "{links:#?}");
+        ensure!(message.contains("not found"), "{message}");
+        Ok(())
+    })();
+    // The Lease back to the operator, which then restores its configuration.
+    let restored = (|| {
+        cp.kubectl_ok(&[
+            "delete",
+            "lease",
+            "sidecar-injector-leader",
+            "-n",
+            "sidecar-injector",
+        ])?;
+        if env.operator.check_running().is_err() {
+            let _ = env.operator.stop();
+            env.operator.restart()?;
+        }
+        wait_configuration_url(cp, &env.operator.webhook_url())?;
+        poll(Duration::from_secs(30), "check all ok again", || {
+            Ok(all_ok(&[]).ok().map(|_| ()))
+        })
+    })();
+    broken.and(restored)?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// A Deployment's Pods with a container of the same name as a best-effort template's, but
+/// another: the template is skipped at admission (a conflict), and the warning goes to
+/// kube-controller-manager, which creates the Pods. The leader tells it where the app team
+/// reads it: one Event on the ReplicaSet (its uid, so `kubectl describe` shows it), naming the
+/// template and the conflict.
+fn skipped_template_event(env: &mut Env<'_>) -> anyhow::Result<()> {
+    let cp = env.cp;
+    let name = "e2e-skipped";
+    cp.apply_yaml(&one_container_template(
+        name,
+        "skipped",
+        "skipped",
+        "web",
+        "busybox:1.36",
+        100,
+    ))?;
+    wait_served(cp, name)?;
+    // Where the API server serves policies, the policy skips it: no webhook call, no warning.
+    wait_policy_holds(cp, name, Some(1))?;
+    let served = policy_served(cp, name)?;
+    eprintln!("[e2e] {name} served by the MutatingAdmissionPolicy: {served}");
+    let ns = cp.namespace("skipped", &[("e2e.sidecar.dev/scenario", "skipped")])?;
+    apply_web_deployment(cp, &ns, "skipped", 3, "app.invalid/web:1")?;
+    let started = Instant::now();
+    let events = poll(
+        Duration::from_secs(60),
+        "an Event on the ReplicaSet naming the skipped template",
+        || {
+            let events = cp.list_json("events.events.k8s.io", Some(&ns), None)?;
+            let told: Vec<Value> = events
+                .into_iter()
+                .filter(|e| e["reason"] == "TemplateSkipped")
+                .collect();
+            Ok((!told.is_empty()).then_some(told))
+        },
+    )?;
+    eprintln!(
+        "[e2e] told after {:.1?}: {}",
+        started.elapsed(),
+        events[0]["note"]
+    );
+    ensure!(
+        events.len() == 1,
+        "one Event per owner and template: {events:#?}"
+    );
+    let event = &events[0];
+    let replica_sets = cp.list_json("replicasets", Some(&ns), None)?;
+    ensure!(replica_sets.len() == 1, "{replica_sets:#?}");
+    let rs = &replica_sets[0]["metadata"];
+    ensure!(
+        event["regarding"]["kind"] == "ReplicaSet"
+            && event["regarding"]["name"] == rs["name"]
+            && event["regarding"]["uid"] == rs["uid"],
+        "regarding {}, not the ReplicaSet {}",
+        event["regarding"],
+        rs["name"]
+    );
+    let note = event["note"].as_str().unwrap_or_default();
+    ensure!(
+        note.contains(&format!("SidecarTemplate {name}")) && note.contains("conflict"),
+        "{note}"
+    );
+    let rs_name = rs["name"].as_str().unwrap_or_default();
+    let described = cp.kubectl_ok(&["describe", "replicaset", rs_name, "-n", &ns])?;
+    ensure!(described.contains("TemplateSkipped"), "{described}");
+    cp.kubectl_ok(&["delete", "deployment", "web", "-n", &ns, "--wait=false"])?;
+    cp.kubectl_ok(&["delete", "sidecartemplate", name, "--wait=true"])?;
+    Ok(())
+}
+
+/// Applies Deployment `web` in `namespace`: `replicas` Pods labelled `app: APP`, each with
+/// one container `web` of `image`.
+fn apply_web_deployment(
+    cp: &ControlPlane,
+    namespace: &str,
+    app: &str,
+    replicas: u32,
+    image: &str,
+) -> anyhow::Result<()> {
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": app}},
+            "template": {
+                "metadata": {"labels": {"app": app}},
+                "spec": {"containers": [{"name": "web", "image": image}]},
+            },
+        },
+    });
+    cp.apply_yaml(&deployment.to_string())?;
+    Ok(())
+}
+
 fn one_container_template(
     name: &str,
     scenario: &str,

@@ -60,7 +60,7 @@ pub(crate) enum Command {
     name = "kubectl-sidecar",
     bin_name = "kubectl sidecar",
     version,
-    about = "The sidecar-injector kubectl plugin: template status and live explanations"
+    about = "The sidecar-injector kubectl plugin: template status, live explanations and plumbing checks"
 )]
 struct PluginCli {
     #[command(flatten)]

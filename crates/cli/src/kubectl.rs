@@ -3,12 +3,16 @@
 //! arguments are the plugin's; `sidecar-injector kubectl …` takes the same commands.
 //!
 //! `status` shows where each template's Pods stand and the workloads behind the stale and
-//! missing ones; `explain` replays the decision for a live object. Both read the cluster
-//! through the usual kubeconfig ([`cluster`]) and decide with the operator's own code
-//! ([`status`], [`explain`]); neither writes anything.
+//! missing ones; `explain` replays the decision for a live object; `check` judges each link of
+//! the live plumbing (operator, leader, webhook configuration, caBundle, endpoints,
+//! NetworkPolicy, policy backend, templates, and a namespace's or Pod's selection). They read
+//! the cluster through the usual kubeconfig ([`cluster`], [`plumbing`]) and decide with the
+//! operator's own code ([`status`], [`explain`], [`check`]); none writes anything.
 
+pub mod check;
 pub mod cluster;
 pub mod explain;
+pub mod plumbing;
 pub mod status;
 mod table;
 
@@ -43,11 +47,13 @@ pub struct KubectlArgs {
     context: Option<String>,
     /// The operator's namespace: its Pods are never injected, and count only for what they
     /// carry (as the operator counts them).
+    /// The chart's release namespace, as `check` names it (`--release-namespace`).
     #[arg(
         long,
         global = true,
         default_value = "sidecar-injector",
-        value_name = "NAMESPACE"
+        value_name = "NAMESPACE",
+        visible_alias = "release-namespace"
     )]
     operator_namespace: String,
     #[command(subcommand)]
@@ -62,6 +68,11 @@ enum PluginCommand {
     /// Replay the injection decision for a live object: what it carries, what it would get
     /// now, and why each template applies or not.
     Explain(ExplainArgs),
+    /// Check the live plumbing, link by link (operator, leader, webhook configuration,
+    /// caBundle, endpoints, NetworkPolicy, policy backend, templates), and for a Pod or a
+    /// namespace which templates select it and whether its Pods carry them; exits with 1 when
+    /// a link is broken.
+    Check(CheckArgs),
     /// Print the shell completion script of kubectl-sidecar, run directly.
     ///
     /// `kubectl sidecar <TAB>` needs no script: kubectl 1.26+ completes it by running
@@ -95,6 +106,44 @@ struct ExplainArgs {
     namespace: Option<String>,
 }
 
+#[derive(clap::Args, Debug)]
+struct CheckArgs {
+    /// A Pod to check too (`NAME` or `pod/NAME`, in -n's namespace, else the context's).
+    pod: Option<String>,
+    /// A namespace to check too (the Pod's, with a Pod).
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// The chart's release name: the operator's objects are named after it as the chart names
+    /// them (the release's name when it contains `sidecar-injector`, else
+    /// `<release>-sidecar-injector`).
+    #[arg(long, default_value = "sidecar-injector", value_name = "NAME")]
+    release: String,
+    /// The chart's `fullnameOverride`, when it was set: the name of the operator's objects.
+    #[arg(long, value_name = "NAME")]
+    fullname: Option<String>,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
+    output: StatusOutput,
+}
+
+/// What a plugin command prints, and whether it found something broken (exit status 1).
+#[derive(Debug)]
+pub struct PluginOutput {
+    /// Standard output.
+    pub text: String,
+    /// A link `check` judged is broken.
+    pub broken: bool,
+}
+
+impl From<String> for PluginOutput {
+    fn from(text: String) -> Self {
+        PluginOutput {
+            text,
+            broken: false,
+        }
+    }
+}
+
 /// Why a plugin command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PluginError {
@@ -116,7 +165,7 @@ pub enum PluginError {
 
 impl KubectlArgs {
     /// Runs the command; returns what to print.
-    pub async fn execute(self) -> Result<String, PluginError> {
+    pub async fn execute(self) -> Result<PluginOutput, PluginError> {
         let connection = Connection {
             kubeconfig: self.kubeconfig,
             context: self.context,
@@ -137,7 +186,8 @@ impl KubectlArgs {
                 Ok(match args.output {
                     StatusOutput::Table => status::to_table(&report),
                     StatusOutput::Json => status::to_json(&report)?,
-                })
+                }
+                .into())
             }
             PluginCommand::Explain(args) => {
                 let (client, default_namespace) = cluster::connect(&connection).await?;
@@ -150,23 +200,50 @@ impl KubectlArgs {
                     name: &namespace,
                     labels: (namespace != self.operator_namespace).then_some(&labels),
                 };
-                explain::explain(object, &namespace, in_force.templates()).map_err(|message| {
-                    PluginError::Plan {
+                explain::explain(object, &namespace, in_force.templates())
+                    .map(PluginOutput::from)
+                    .map_err(|message| PluginError::Plan {
                         object: format!(
                             "{}/{}",
                             args.target.kind.as_str().to_lowercase(),
                             args.target.name
                         ),
                         message,
-                    }
+                    })
+            }
+            PluginCommand::Check(args) => {
+                let (client, default_namespace) = cluster::connect(&connection).await?;
+                let names = check::Names::of_release(
+                    &self.operator_namespace,
+                    &args.release,
+                    args.fullname.as_deref(),
+                );
+                let scope = match (args.pod, args.namespace) {
+                    (Some(pod), namespace) => plumbing::Scope::Pod {
+                        namespace: namespace.unwrap_or(default_namespace),
+                        name: pod.strip_prefix("pod/").unwrap_or(&pod).to_owned(),
+                    },
+                    (None, Some(namespace)) => plumbing::Scope::Namespace(namespace),
+                    (None, None) => plumbing::Scope::Cluster,
+                };
+                let observed = plumbing::observe(&client, &names, &scope).await;
+                let report = check::judge(&observed, &names, k8s_openapi::jiff::Timestamp::now());
+                let text = match args.output {
+                    StatusOutput::Table => check::to_table(&report),
+                    StatusOutput::Json => check::to_json(&report)?,
+                };
+                Ok(PluginOutput {
+                    text,
+                    broken: report.broken,
                 })
             }
             // No cluster: the script only.
-            PluginCommand::Completion(args) => Ok(completion::script(
-                args.shell,
-                crate::args::plugin_command(),
-                PLUGIN_FILE_NAME,
-            )),
+            PluginCommand::Completion(args) => {
+                Ok(
+                    completion::script(args.shell, crate::args::plugin_command(), PLUGIN_FILE_NAME)
+                        .into(),
+                )
+            }
         }
     }
 }

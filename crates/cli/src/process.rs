@@ -46,8 +46,14 @@ impl Cli {
                     .enable_all()
                     .build()
                     .context("cannot start the async runtime")?;
-                print_out(&runtime.block_on(args.execute())?)?;
-                Ok(ExitCode::SUCCESS)
+                let output = runtime.block_on(args.execute())?;
+                print_out(&output.text)?;
+                // `kubectl sidecar check` found a broken link.
+                Ok(if output.broken {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                })
             }
             Command::Policy(args) => {
                 let output = crate::policy::policy(&args.into_request())?;

@@ -3,10 +3,11 @@
 //! the CA and serving certificate in a Secret and rotates them, and elects a leader so only
 //! one replica writes. The leader also counts where running Pods stand with each template
 //! ([`census`]), restarts or updates the workloads behind stale and missing Pods ([`rollout`]),
-//! and compiles, proves and applies the admission policies ([`policy_backend`]).
+//! tells the owners of Pods a best-effort template was skipped for why, in an Event
+//! ([`skips`]), and compiles, proves and applies the admission policies ([`policy_backend`]).
 //!
 //! Pure decisions live in their own modules ([`certs`], [`webhook_config`], [`entry_order`],
-//! [`sync`], [`status`]) and are tested without a cluster; the modules that talk to the API
+//! [`sync`], [`status`], [`skips`]) and are tested without a cluster; the modules that talk to the API
 //! server are thin around them, wired together in [`operator`].
 
 /// The field manager of every write the operator makes (server-side apply and updates).
@@ -21,6 +22,7 @@ pub mod operator;
 pub mod ownership;
 pub mod policy_backend;
 pub mod rollout;
+pub mod skips;
 pub mod status;
 pub mod sync;
 pub mod webhook_config;

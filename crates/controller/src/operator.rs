@@ -13,13 +13,14 @@ use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
+use injector_core::NamespaceInfo;
 use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::utils::Backoff;
@@ -36,6 +37,7 @@ use crate::metrics::ControllerMetrics;
 use crate::ownership;
 use crate::policy_backend::Backend;
 use crate::rollout::{RolloutDriver, Rollouts};
+use crate::skips::{self, SkipKey, SkipLog};
 use crate::status::{Counts, PolicyState};
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
@@ -425,6 +427,7 @@ impl Operator {
             tokio::spawn(Arc::clone(&self).status_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).census_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).rollout_loop(stop.clone())),
+            tokio::spawn(Arc::clone(&self).skip_loop(stop.clone())),
             tokio::spawn(Arc::clone(&self).policy_loop(stop.clone())),
         ];
         for task in loops {
@@ -921,6 +924,131 @@ impl Operator {
                 changed = Self::leadership_changed(&mut leading, "rollouts") => if !changed { return },
             }
         }
+    }
+
+    /// Leader: tells the owners of Pods a best-effort template is missing from why it was
+    /// skipped, in an Event ([`crate::skips`]), a round every [`STATUS_PERIOD`] from the
+    /// latest census. A new leader starts with nothing learned (and adds to the Events the
+    /// last one made, which have the same names).
+    async fn skip_loop(self: Arc<Self>, stop: CancellationToken) {
+        let mut leading = self.leading.clone();
+        let mut log = SkipLog::default();
+        let started = Instant::now();
+        // As the recorder of the other events reports this replica.
+        let instance = std::env::var("POD_NAME").unwrap_or_else(|_| FIELD_MANAGER.to_owned());
+        // The Pods missing best-effort templates, found again only from a new census.
+        let mut found: Option<(Arc<census::Census>, Arc<skips::MissingPods>)> = None;
+        loop {
+            if self.is_leader() {
+                let counted = self.census.borrow().clone();
+                if let Some(counted) = counted {
+                    let missing = match &found {
+                        Some((census, missing)) if Arc::ptr_eq(census, &counted.census) => {
+                            Some(Arc::clone(missing))
+                        }
+                        _ => Self::missing_off_runtime(&counted).await,
+                    };
+                    if let Some(missing) = missing {
+                        found = Some((Arc::clone(&counted.census), Arc::clone(&missing)));
+                        tokio::select! {
+                            () = self.tell_skips(&counted, &missing, &mut log, started.elapsed(), &instance) => {}
+                            _ = stop.cancelled() => return,
+                        }
+                    }
+                }
+            } else {
+                log = SkipLog::default();
+                found = None;
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(STATUS_PERIOD) => {}
+                changed = Self::leadership_changed(&mut leading, "skip events") => if !changed { return },
+            }
+        }
+    }
+
+    /// [`skips::missing`] of `counted` on a blocking thread (every Pod against each best-effort
+    /// template behind); `None` when that thread failed.
+    async fn missing_off_runtime(counted: &Counted) -> Option<Arc<skips::MissingPods>> {
+        let snapshot = Arc::clone(&counted.snapshot);
+        let census = Arc::clone(&counted.census);
+        let pods = counted.pods.state();
+        match tokio::task::spawn_blocking(move || skips::missing(&snapshot, &census, &pods)).await {
+            Ok(missing) => Some(Arc::new(missing)),
+            Err(error) => {
+                tracing::error!(%error, "finding the Pods missing best-effort templates failed");
+                None
+            }
+        }
+    }
+
+    /// One round of [`Self::skip_loop`]: plans again a Pod of each owner of `missing` not
+    /// planned yet (at most [`skips::LOOKUPS_PER_ROUND`]), then publishes what is due.
+    async fn tell_skips(
+        &self,
+        counted: &Counted,
+        missing: &skips::MissingPods,
+        log: &mut SkipLog,
+        now: Duration,
+        instance: &str,
+    ) {
+        for key in log.to_plan(missing, skips::LOOKUPS_PER_ROUND) {
+            let Some(sample) = missing.get(&key).map(|m| m.sample.clone()) else {
+                continue;
+            };
+            match self.plan_again(&counted.snapshot, &key, &sample).await {
+                Ok(Some((reason, uid))) => log.learn(key, reason, uid),
+                // Gone meanwhile: another of its Pods next round.
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::warn!(pod = %sample, namespace = %key.owner.namespace, %error, "reading a Pod to tell why a template was skipped failed; retrying");
+                }
+            }
+        }
+        for tell in log.due(missing, now) {
+            if let Err(error) = crate::status::tell_skip(&self.client, &tell, instance).await {
+                tracing::warn!(template = %tell.key.template, owner = %tell.key.owner, %error, "recording why a template was skipped failed; retrying");
+                log.untold(&tell.key);
+            }
+        }
+    }
+
+    /// Plans the Pod `name` of `key`'s owner again, as it is stored, with every template in
+    /// force: why `key`'s template is skipped there (`None`: it is not), and the owner's uid
+    /// as the Pod names it; `None` when the Pod is gone. Read with a list by name, which the
+    /// census's RBAC (list Pods) allows, where a get would need more.
+    async fn plan_again(
+        &self,
+        snapshot: &injector_core::Snapshot,
+        key: &SkipKey,
+        name: &str,
+    ) -> Result<Option<(Option<String>, Option<String>)>, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.owner.namespace);
+        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+        let listed = api.list(&params).await?;
+        let Some(pod) = listed.items.into_iter().next() else {
+            return Ok(None);
+        };
+        let uid = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true) && o.name == key.owner.name)
+            .map(|o| o.uid.clone());
+        let Ok(value) = serde_json::to_value(&pod) else {
+            return Ok(None);
+        };
+        // The census found the Pod selected: its namespace is not judged again.
+        let namespace = NamespaceInfo {
+            name: &key.owner.namespace,
+            labels: None,
+        };
+        let reason = injector_core::plan(&value, &namespace, snapshot.templates())
+            .ok()
+            .and_then(|plan| skips::skip_reason(&plan, &key.template));
+        Ok(Some((reason, uid)))
     }
 
     /// The recorder of the events the operator publishes on templates.

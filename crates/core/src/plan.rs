@@ -779,14 +779,13 @@ pub(crate) fn unselected_by_pod(
 }
 
 /// Whether a Pod's `sidecar.dev/inject: "false"` opts it out (of best-effort templates).
-pub(crate) fn opts_out(annotation: Option<&str>) -> bool {
+pub fn opts_out(annotation: Option<&str>) -> bool {
     annotation.is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
 }
 
-pub(crate) fn pod_wide_skip(
-    namespace_name: &str,
-    namespace: &NamespaceInfo<'_>,
-) -> Option<SkipReason> {
+/// Why no template applies to any Pod of `namespace_name`, when none does: an always-excluded
+/// namespace, or one labelled `sidecar.dev/injection=disabled` (when its labels are known).
+pub fn pod_wide_skip(namespace_name: &str, namespace: &NamespaceInfo<'_>) -> Option<SkipReason> {
     if ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace_name) {
         Some(SkipReason::NamespaceExcluded(namespace_name.to_owned()))
     } else if namespace.labels.is_some_and(|l| {

@@ -20,7 +20,7 @@ fn the_plugins_subcommands_complete_with_their_descriptions() {
         .iter()
         .map(|(name, _)| name.as_str())
         .collect();
-    assert_eq!(names, ["status", "explain", "completion", "help"]);
+    assert_eq!(names, ["status", "explain", "check", "completion", "help"]);
     assert_eq!(completions.directive, NO_FILE_COMP);
     let (_, status) = &completions.candidates[0];
     assert!(

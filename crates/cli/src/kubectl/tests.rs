@@ -76,3 +76,42 @@ fn help_names_the_plugin_as_kubectl_does() {
         "{error}"
     );
 }
+
+#[test]
+fn check_takes_a_pod_or_a_namespace_and_the_releases_names() {
+    let args = plugin_args(&[
+        "kubectl-sidecar",
+        "check",
+        "pod/web-1",
+        "-n",
+        "shop",
+        "--release",
+        "prod",
+        "--release-namespace",
+        "infra",
+        "-o",
+        "json",
+    ])
+    .unwrap();
+    assert_eq!(args.operator_namespace, "infra");
+    match args.command {
+        PluginCommand::Check(check) => {
+            assert_eq!(check.pod.as_deref(), Some("pod/web-1"));
+            assert_eq!(check.namespace.as_deref(), Some("shop"));
+            assert_eq!(check.release, "prod");
+            assert_eq!(check.fullname, None);
+            assert_eq!(check.output, StatusOutput::Json);
+        }
+        _ => panic!("not check"),
+    }
+    // The chart's defaults.
+    let args = plugin_args(&["kubectl-sidecar", "check"]).unwrap();
+    assert_eq!(args.operator_namespace, "sidecar-injector");
+    match args.command {
+        PluginCommand::Check(check) => {
+            assert_eq!(check.release, "sidecar-injector");
+            assert_eq!(check.output, StatusOutput::Table);
+        }
+        _ => panic!("not check"),
+    }
+}

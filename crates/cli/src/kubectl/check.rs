@@ -1,0 +1,1459 @@
+//! `kubectl sidecar check`, without I/O: each link of the live plumbing between the API server
+//! and an injected Pod judged from what was read ([`Observed`], read by [`super::plumbing`]),
+//! one line each: ok, or broken with why and what to do.
+//!
+//! The links: the operator's Deployment, its leader (the Lease), the MutatingWebhookConfiguration
+//! (found, its entries calling the operator's Service, one for every group of served templates),
+//! its caBundle (verifying the certificate the webhook serves, or the Secret's), the Service's
+//! ready endpoints, the NetworkPolicy in front of the webhook, the policy backend, the templates'
+//! `Ready`; and for a namespace or a Pod, which templates select it, whether it opts out, and
+//! whether Pods carry what the templates in force inject. Every rule of selection and of where
+//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), never
+//! restated here.
+//!
+//! A read that failed (forbidden, say) costs its links only: they say what could not be read,
+//! and the others are still judged.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use injector_api::SidecarTemplate;
+use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
+use injector_controller::certs::{CA_CERT_KEY, TLS_CERT_KEY};
+use injector_controller::status::{POLICY_SERVED, READY};
+use injector_controller::webhook_config::entry_name;
+use injector_core::lifecycle::{PodMeta, PodState, recorded, selects, standing};
+use injector_core::plan::{opts_out, pod_wide_skip};
+use injector_core::{CompiledTemplate, NamespaceInfo, Selector, Snapshot};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::Timestamp;
+use serde::Serialize;
+
+use super::table::Table;
+
+mod certificate;
+
+pub use certificate::verify_chain;
+
+/// The chart's name, which its objects' names derive from.
+const CHART_NAME: &str = "sidecar-injector";
+
+/// The longest full name the chart makes (so that `<fullname>-leader` stays a valid name).
+const FULLNAME_MAX: usize = 52;
+
+/// The names of one installation's objects, as the chart makes them from its release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    /// The release's (the operator's) namespace.
+    pub namespace: String,
+    /// The chart's full name: the Deployment, Service, ServiceAccount, NetworkPolicy,
+    /// MutatingWebhookConfiguration and MutatingAdmissionPolicy are called so.
+    pub fullname: String,
+}
+
+impl Names {
+    /// The names the chart gives a release `release` in `namespace` (its `fullname` helper:
+    /// the release's name when it contains the chart's, else `<release>-sidecar-injector`, cut
+    /// at 52 characters), or `fullname` as given (its `fullnameOverride`).
+    pub fn of_release(namespace: &str, release: &str, fullname: Option<&str>) -> Self {
+        let full = match fullname {
+            Some(fullname) => fullname.to_owned(),
+            None if release.contains(CHART_NAME) => release.to_owned(),
+            None => format!("{release}-{CHART_NAME}"),
+        };
+        let cut: String = full.chars().take(FULLNAME_MAX).collect();
+        Names {
+            namespace: namespace.to_owned(),
+            fullname: cut.trim_end_matches('-').to_owned(),
+        }
+    }
+
+    /// The certificate Secret (`--secret-name`).
+    pub fn secret(&self) -> String {
+        format!("{}-tls", self.fullname)
+    }
+
+    /// The leader-election Lease (`--lease-name`).
+    pub fn lease(&self) -> String {
+        format!("{}-leader", self.fullname)
+    }
+
+    /// The policy backend's guard (`--injection-backend policy`).
+    pub fn guard(&self) -> String {
+        injector_core::policy::guard_name(&self.fullname)
+    }
+
+    /// The name the API server checks the webhook's certificate for, through the Service.
+    pub fn service_host(&self) -> String {
+        format!("{}.{}.svc", self.fullname, self.namespace)
+    }
+}
+
+/// What one read gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Read<T> {
+    /// The object (or list).
+    Found(T),
+    /// It does not exist (or its kind is not served).
+    Missing,
+    /// The user may not read it: the API server's message.
+    Forbidden(String),
+    /// The call failed otherwise.
+    Failed(String),
+}
+
+impl<T> Read<T> {
+    /// The object, when found.
+    pub fn found(&self) -> Option<&T> {
+        match self {
+            Read::Found(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Whether it is known not to exist.
+    fn is_missing(&self) -> bool {
+        matches!(self, Read::Missing)
+    }
+
+    /// What `f` makes of the object, when found; the rest as it is.
+    pub fn and_then<U>(self, f: impl FnOnce(T) -> Read<U>) -> Read<U> {
+        match self {
+            Read::Found(value) => f(value),
+            Read::Missing => Read::Missing,
+            Read::Forbidden(message) => Read::Forbidden(message),
+            Read::Failed(message) => Read::Failed(message),
+        }
+    }
+
+    /// Whether it could not be read (forbidden, or the call failed).
+    fn is_unread(&self) -> bool {
+        matches!(self, Read::Forbidden(_) | Read::Failed(_))
+    }
+
+    /// Why `what` is not known, when it was neither found nor found missing.
+    fn unread(&self, what: &str) -> Option<String> {
+        match self {
+            Read::Forbidden(message) => Some(format!("cannot read {what}: forbidden ({message})")),
+            Read::Failed(message) => Some(format!("cannot read {what}: {message}")),
+            Read::Found(_) | Read::Missing => None,
+        }
+    }
+}
+
+/// What a TLS handshake with the webhook's URL gave (an operator out of cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handshake {
+    /// The URL the entries call.
+    pub url: String,
+    /// The host the certificate must name.
+    pub host: String,
+    /// The certificate chain served (DER, the leaf first), or why none was.
+    pub served: Result<Vec<Vec<u8>>, String>,
+}
+
+/// A namespace or a Pod to check, as read.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// A namespace: which templates select it, and where its Pods stand.
+    Namespace {
+        /// Its name.
+        name: String,
+        /// Its labels.
+        labels: Read<BTreeMap<String, String>>,
+        /// Its Pods' metadata.
+        pods: Read<Vec<ObjectMeta>>,
+    },
+    /// A Pod: which templates select it, and whether it carries what they inject.
+    Pod {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The namespace's labels.
+        labels: Read<BTreeMap<String, String>>,
+        /// Its metadata.
+        pod: Read<Box<ObjectMeta>>,
+    },
+}
+
+/// Everything `check` read.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The operator's Deployment.
+    pub deployment: Read<Deployment>,
+    /// The leader-election Lease.
+    pub lease: Read<Lease>,
+    /// The MutatingWebhookConfiguration.
+    pub configuration: Read<MutatingWebhookConfiguration>,
+    /// The operator's Service.
+    pub service: Read<Service>,
+    /// The Service's EndpointSlices.
+    pub slices: Read<Vec<EndpointSlice>>,
+    /// The certificate Secret.
+    pub secret: Read<Secret>,
+    /// The handshake with the webhook's URL, when the entries call one.
+    pub handshake: Option<Handshake>,
+    /// The handshake with a ready endpoint of the Service, when the entries call it (asking
+    /// for the Service's name); its error when the address cannot be reached from here.
+    pub endpoint_handshake: Option<Handshake>,
+    /// The NetworkPolicies of the operator's namespace.
+    pub network_policies: Read<Vec<NetworkPolicy>>,
+    /// The MutatingAdmissionPolicy (presence only).
+    pub policy: Read<()>,
+    /// Its binding (presence only).
+    pub policy_binding: Read<()>,
+    /// The guard ValidatingAdmissionPolicy of `--injection-backend policy` (presence only).
+    pub guard: Read<()>,
+    /// Every SidecarTemplate.
+    pub templates: Read<Vec<SidecarTemplate>>,
+    /// The namespace or Pod asked about.
+    pub target: Option<Target>,
+}
+
+/// How a link stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// It works.
+    Ok,
+    /// Not in use here.
+    Skipped,
+    /// It may not work, and cannot be proven from here; or it works only in part.
+    Warning,
+    /// It could not be read.
+    Unknown,
+    /// It does not work: the message says why and what to do.
+    Broken,
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            State::Ok => "ok",
+            State::Skipped => "skipped",
+            State::Warning => "warning",
+            State::Unknown => "unknown",
+            State::Broken => "broken",
+        })
+    }
+}
+
+/// One link of the plumbing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Link {
+    /// Which link.
+    pub link: &'static str,
+    /// How it stands.
+    pub state: State,
+    /// What was found; when broken, why and what to do.
+    pub message: String,
+}
+
+fn link(link: &'static str, state: State, message: impl Into<String>) -> Link {
+    Link {
+        link,
+        state,
+        message: message.into(),
+    }
+}
+
+/// Every link, in the order a call goes through them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The links.
+    pub links: Vec<Link>,
+    /// Whether a link is broken (the command then exits with 1).
+    pub broken: bool,
+}
+
+/// Where the API server calls the webhook, as the configuration says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Calls {
+    /// Through the operator's Service (in a cluster).
+    Service,
+    /// At a URL (an operator out of cluster).
+    Url(String),
+    /// Not known: no configuration, or one without entries.
+    Unknown,
+    /// Not known: the configuration cannot be read.
+    Unread,
+}
+
+/// The templates as the operator keeps them: in force, and their conditions.
+struct Templates<'a> {
+    listed: &'a [SidecarTemplate],
+    in_force: Arc<Snapshot>,
+    /// Why they are not known, when they could not be read.
+    unread: Option<String>,
+}
+
+impl Templates<'_> {
+    fn condition(&self, name: &str, kind: &str) -> Option<&Condition> {
+        self.listed
+            .iter()
+            .find(|t| t.metadata.name.as_deref() == Some(name))
+            .and_then(|t| t.status.as_ref())
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == kind))
+    }
+
+    fn ready(&self, name: &str) -> bool {
+        self.condition(name, READY)
+            .is_some_and(|c| c.status == "True")
+    }
+
+    fn created(&self, name: &str) -> Option<Timestamp> {
+        self.listed
+            .iter()
+            .find(|t| t.metadata.name.as_deref() == Some(name))
+            .and_then(|t| t.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0)
+    }
+}
+
+/// Judges every link from `observed`, for the installation `names`, at `now`.
+pub fn judge(observed: &Observed, names: &Names, now: Timestamp) -> Report {
+    let listed: &[SidecarTemplate] = observed.templates.found().map_or(&[], Vec::as_slice);
+    let (in_force, _) = injector_core::in_force::from_listing(listed.iter().cloned());
+    let templates = Templates {
+        listed,
+        in_force,
+        unread: observed.templates.unread("sidecartemplates"),
+    };
+    let calls = calls(&observed.configuration);
+    let mut links = vec![
+        operator(observed, names, &calls),
+        leader(&observed.lease, names, now),
+        configuration(observed, names, &templates),
+        ca_bundle(observed, names, now),
+        endpoints(observed, names, &calls),
+        network_policy(observed, names, &calls),
+        policy_backend(observed, names, &templates),
+        templates_ready(&observed.templates, &templates),
+    ];
+    match &observed.target {
+        None => {}
+        Some(Target::Namespace { name, labels, pods }) => {
+            links.push(namespace(name, labels, names, &templates));
+            links.push(namespace_pods(name, labels, pods, names, &templates));
+        }
+        Some(Target::Pod {
+            namespace: ns,
+            name,
+            labels,
+            pod,
+        }) => {
+            links.push(namespace(ns, labels, names, &templates));
+            links.extend(pod_links(ns, name, labels, pod, names, &templates));
+        }
+    }
+    let broken = links.iter().any(|l| l.state == State::Broken);
+    Report { links, broken }
+}
+
+fn calls(configuration: &Read<MutatingWebhookConfiguration>) -> Calls {
+    if configuration.is_unread() {
+        return Calls::Unread;
+    }
+    let first = configuration
+        .found()
+        .and_then(|c| c.webhooks.as_ref())
+        .and_then(|w| w.first());
+    match first.map(|w| &w.client_config) {
+        Some(client) => match (&client.url, &client.service) {
+            (Some(url), _) => Calls::Url(base_url(url)),
+            (None, Some(_)) => Calls::Service,
+            (None, None) => Calls::Unknown,
+        },
+        None => Calls::Unknown,
+    }
+}
+
+/// `https://host:port` of an entry's URL (`…/mutate/<group>`).
+fn base_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let authority = rest.split('/').next().unwrap_or_default();
+            format!("{scheme}://{authority}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+const OPERATOR: &str = "operator";
+const LEADER: &str = "leader";
+const CONFIGURATION: &str = "webhook configuration";
+const CA_BUNDLE: &str = "ca bundle";
+const ENDPOINTS: &str = "endpoints";
+const NETWORK_POLICY: &str = "network policy";
+const POLICY_BACKEND: &str = "policy backend";
+const TEMPLATES: &str = "templates";
+const NAMESPACE: &str = "namespace";
+const PODS: &str = "pods";
+const SELECTION: &str = "selection";
+const RECORD: &str = "record";
+
+fn operator(observed: &Observed, names: &Names, calls: &Calls) -> Link {
+    let what = format!("deployment/{} -n {}", names.fullname, names.namespace);
+    if let Some(why) = observed.deployment.unread(&what) {
+        return link(OPERATOR, State::Unknown, why);
+    }
+    let Some(deployment) = observed.deployment.found() else {
+        return match calls {
+            Calls::Url(url) => link(
+                OPERATOR,
+                State::Skipped,
+                format!(
+                    "{what} not found: the webhook configuration calls {url}, an operator out of the cluster"
+                ),
+            ),
+            // Maybe out of the cluster: only the configuration would tell.
+            Calls::Unread => link(
+                OPERATOR,
+                State::Unknown,
+                format!(
+                    "{what} not found, and the webhook configuration cannot be read to tell whether the operator runs out of the cluster"
+                ),
+            ),
+            Calls::Service | Calls::Unknown => link(
+                OPERATOR,
+                State::Broken,
+                format!(
+                    "{what} not found: no operator runs; install the chart (or pass the release's --release/--fullname and --operator-namespace)"
+                ),
+            ),
+        };
+    };
+    let wanted = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .unwrap_or(1);
+    let status = deployment.status.as_ref();
+    let ready = status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let updated = status.and_then(|s| s.updated_replicas).unwrap_or(0);
+    if ready == 0 {
+        return link(
+            OPERATOR,
+            State::Broken,
+            format!(
+                "{what}: 0/{wanted} replicas ready: the API server has no webhook to call (required templates' Pods are refused); `kubectl -n {} describe pods -l app.kubernetes.io/name={CHART_NAME}` and the replicas' /readyz say why",
+                names.namespace
+            ),
+        );
+    }
+    let message = format!("{what}: {ready}/{wanted} replicas ready, {updated} up to date");
+    if ready < wanted {
+        link(OPERATOR, State::Warning, message)
+    } else {
+        link(OPERATOR, State::Ok, message)
+    }
+}
+
+fn leader(lease: &Read<Lease>, names: &Names, now: Timestamp) -> Link {
+    let what = format!("lease/{} -n {}", names.lease(), names.namespace);
+    if let Some(why) = lease.unread(&what) {
+        return link(LEADER, State::Unknown, why);
+    }
+    let no_leader = "no leader: the webhook still answers, but nobody keeps the webhook configuration, the certificates and the templates' status; the operator's log says why it cannot take the Lease (RBAC on it?)";
+    let Some(spec) = lease.found().and_then(|l| l.spec.as_ref()) else {
+        return link(
+            LEADER,
+            State::Broken,
+            format!("{what} not found: {no_leader}"),
+        );
+    };
+    let holder = spec.holder_identity.as_deref().unwrap_or_default();
+    if holder.is_empty() {
+        return link(
+            LEADER,
+            State::Broken,
+            format!("{what} is held by nobody: {no_leader}"),
+        );
+    }
+    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    let Some(renewed) = spec.renew_time.as_ref().map(|t| t.0) else {
+        return link(
+            LEADER,
+            State::Warning,
+            format!("{what} held by {holder}, never renewed"),
+        );
+    };
+    let ago = now.as_second().saturating_sub(renewed.as_second());
+    if ago > duration {
+        return link(
+            LEADER,
+            State::Broken,
+            format!(
+                "{what} held by {holder}, last renewed {ago}s ago, past its {duration}s (by this machine's clock): the leader is gone, and no replica took over; are the operator's Pods running?"
+            ),
+        );
+    }
+    link(
+        LEADER,
+        State::Ok,
+        format!("{what} held by {holder}, renewed {}s ago", ago.max(0)),
+    )
+}
+
+fn configuration(observed: &Observed, names: &Names, templates: &Templates<'_>) -> Link {
+    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    if let Some(why) = observed.configuration.unread(&what) {
+        return link(CONFIGURATION, State::Unknown, why);
+    }
+    let Some(configuration) = observed.configuration.found() else {
+        return link(
+            CONFIGURATION,
+            State::Broken,
+            format!(
+                "{what} not found: the API server calls no webhook; the leader writes it again within seconds, else see the leader link"
+            ),
+        );
+    };
+    let entries = configuration.webhooks.as_deref().unwrap_or_default();
+    let mut problems = Vec::new();
+    for entry in entries {
+        let client = &entry.client_config;
+        if let Some(service) = &client.service {
+            if service.namespace != names.namespace || service.name != names.fullname {
+                problems.push(format!(
+                    "entry {} calls service {}/{}, not {}/{}",
+                    entry.name, service.namespace, service.name, names.namespace, names.fullname
+                ));
+                continue;
+            }
+            let port = service.port.unwrap_or(443);
+            let ports: Vec<i32> = observed
+                .service
+                .found()
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| s.ports.as_ref())
+                .map(|ports| ports.iter().map(|p| p.port).collect())
+                .unwrap_or_default();
+            if observed.service.found().is_some() && !ports.contains(&port) {
+                problems.push(format!(
+                    "entry {} calls port {port} of service {}/{}, which has ports {ports:?}",
+                    entry.name, names.namespace, names.fullname
+                ));
+            }
+        } else if client.url.is_none() {
+            problems.push(format!(
+                "entry {} names neither a service nor a URL",
+                entry.name
+            ));
+        }
+    }
+    // Every group of templates served through the webhook has its entry; with the policy
+    // backend alone (its guard in force) there is none.
+    let policy_only = observed.guard.found().is_some();
+    let present: BTreeSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    let absent: Vec<String> = if policy_only {
+        Vec::new()
+    } else {
+        templates
+            .in_force
+            .groups()
+            .iter()
+            .filter(|group| group.templates.iter().any(|t| templates.ready(&t.name)))
+            .filter(|group| !present.contains(entry_name(&group.id).as_str()))
+            .map(|group| {
+                let names: Vec<&str> = group.templates.iter().map(|t| t.name.as_str()).collect();
+                format!("{} (templates {})", entry_name(&group.id), names.join(", "))
+            })
+            .collect()
+    };
+    if !absent.is_empty() {
+        problems.push(format!(
+            "no entry {}: the API server does not call the webhook for their Pods; the leader adds it within seconds, else see the leader link",
+            absent.join("; ")
+        ));
+    }
+    if !problems.is_empty() {
+        return link(
+            CONFIGURATION,
+            State::Broken,
+            format!("{what}: {}", problems.join("; ")),
+        );
+    }
+    let target = match entries.first().map(|e| &e.client_config) {
+        Some(client) => match (&client.service, &client.url) {
+            (Some(s), _) => format!(
+                ", each calling service {}/{}:{}",
+                s.namespace,
+                s.name,
+                s.port.unwrap_or(443)
+            ),
+            (None, Some(url)) => format!(", each calling {}", base_url(url)),
+            (None, None) => String::new(),
+        },
+        None if policy_only => ": the policy backend alone injects (no webhook)".to_owned(),
+        None => String::new(),
+    };
+    link(
+        CONFIGURATION,
+        State::Ok,
+        format!(
+            "{what}: {}{target}",
+            counted(entries.len(), "entry", "entries")
+        ),
+    )
+}
+
+fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
+    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    if let Some(why) = observed.configuration.unread(&what) {
+        return link(CA_BUNDLE, State::Unknown, why);
+    }
+    let Some(configuration) = observed.configuration.found() else {
+        return link(
+            CA_BUNDLE,
+            State::Skipped,
+            "no webhook configuration to read it from",
+        );
+    };
+    let entries = configuration.webhooks.as_deref().unwrap_or_default();
+    let Some(first) = entries.first() else {
+        return link(CA_BUNDLE, State::Skipped, "the configuration has no entry");
+    };
+    let bundle = first
+        .client_config
+        .ca_bundle
+        .as_ref()
+        .map(|b| b.0.as_slice())
+        .unwrap_or_default();
+    if entries.iter().any(|e| {
+        e.client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.as_slice())
+            .unwrap_or_default()
+            != bundle
+    }) {
+        return link(
+            CA_BUNDLE,
+            State::Broken,
+            "the entries carry different caBundles: some calls fail their TLS handshake; the leader writes one caBundle to every entry within a minute",
+        );
+    }
+    let roots = match certificate::pem_certificates(bundle) {
+        Ok(roots) if !roots.is_empty() => roots,
+        Ok(_) => {
+            return link(
+                CA_BUNDLE,
+                State::Broken,
+                "the entries carry no caBundle: the API server trusts only its own roots, which never signed the operator's certificate; the leader writes it within seconds",
+            );
+        }
+        Err(why) => {
+            return link(
+                CA_BUNDLE,
+                State::Broken,
+                format!("the caBundle is not PEM certificates: {why}"),
+            );
+        }
+    };
+    let fix = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
+    if let Some(handshake) = &observed.handshake {
+        return match &handshake.served {
+            Ok(chain) => verified(handshake, "", chain, &roots, now, fix),
+            Err(_) => link(
+                CA_BUNDLE,
+                State::Unknown,
+                format!(
+                    "not verified: no certificate was served at {} (see endpoints)",
+                    handshake.url
+                ),
+            ),
+        };
+    }
+    // Through the Service: what a replica serves, when its address can be reached from here.
+    if let Some(handshake) = &observed.endpoint_handshake
+        && let Ok(chain) = &handshake.served
+    {
+        return verified(handshake, ", a replica's address", chain, &roots, now, fix);
+    }
+    let unreachable = match &observed.endpoint_handshake {
+        Some(Handshake {
+            url,
+            served: Err(why),
+            ..
+        }) => format!(" (a replica's address, {url}, cannot be reached from here: {why})"),
+        _ => String::new(),
+    };
+    // Otherwise the Secret's certificate: the one every replica serves and reloads.
+    let what = format!("secret/{} -n {}", names.secret(), names.namespace);
+    if let Some(why) = observed.secret.unread(&what) {
+        return link(
+            CA_BUNDLE,
+            State::Unknown,
+            format!(
+                "{why}: the caBundle's {} certificates are not checked against it",
+                roots.len()
+            ),
+        );
+    }
+    let Some(data) = observed.secret.found().and_then(|s| s.data.as_ref()) else {
+        return link(
+            CA_BUNDLE,
+            State::Broken,
+            format!(
+                "{what} not found or empty: the replicas serve no certificate; the leader writes it within seconds, else see the leader link"
+            ),
+        );
+    };
+    // A key missing or not PEM reads as no certificate: the checks below say what that costs.
+    let certificates = |key: &str| {
+        let pem = data.get(key).map(|b| b.0.as_slice()).unwrap_or_default();
+        certificate::pem_certificates(pem).unwrap_or_default()
+    };
+    let ca = certificates(CA_CERT_KEY);
+    if ca.is_empty() || !ca.iter().all(|c| roots.contains(c)) {
+        return link(
+            CA_BUNDLE,
+            State::Broken,
+            format!(
+                "does not hold the CA of {what} ({CA_CERT_KEY}): the API server's calls fail their TLS handshake; {fix}"
+            ),
+        );
+    }
+    let serving = certificates(TLS_CERT_KEY);
+    let host = names.service_host();
+    match verify_chain(&serving, &roots, &host, now) {
+        Ok(()) => link(
+            CA_BUNDLE,
+            State::Ok,
+            format!(
+                "holds the CA of {what} and verifies its serving certificate for {host}, which every replica serves{unreachable}"
+            ),
+        ),
+        Err(why) => link(
+            CA_BUNDLE,
+            State::Broken,
+            format!("does not verify the serving certificate of {what} for {host}: {why}; {fix}"),
+        ),
+    }
+}
+
+/// Whether `roots` verify `chain`, served at `handshake`'s URL (`whose`: what that URL is).
+fn verified(
+    handshake: &Handshake,
+    whose: &str,
+    chain: &[Vec<u8>],
+    roots: &[Vec<u8>],
+    now: Timestamp,
+    fix: &str,
+) -> Link {
+    let Handshake { url, host, .. } = handshake;
+    match verify_chain(chain, roots, host, now) {
+        Ok(()) => link(
+            CA_BUNDLE,
+            State::Ok,
+            format!(
+                "verifies the certificate served at {url}{whose} (a TLS handshake, for {host})"
+            ),
+        ),
+        Err(why) => link(
+            CA_BUNDLE,
+            State::Broken,
+            format!(
+                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
+            ),
+        ),
+    }
+}
+
+fn endpoints(observed: &Observed, names: &Names, calls: &Calls) -> Link {
+    if let (Calls::Url(url), Some(handshake)) = (calls, &observed.handshake) {
+        return match &handshake.served {
+            Ok(_) => link(
+                ENDPOINTS,
+                State::Ok,
+                format!("{url} answers (TLS handshake)"),
+            ),
+            Err(why) => link(
+                ENDPOINTS,
+                State::Broken,
+                format!("{url} cannot be reached: {why}; is the operator running?"),
+            ),
+        };
+    }
+    let what = format!("service/{} -n {}", names.fullname, names.namespace);
+    if let Some(why) = observed.service.unread(&what) {
+        return link(ENDPOINTS, State::Unknown, why);
+    }
+    if observed.service.is_missing() && *calls == Calls::Unread {
+        return link(
+            ENDPOINTS,
+            State::Unknown,
+            format!(
+                "{what} not found, and the webhook configuration cannot be read to tell whether the webhook is called through it"
+            ),
+        );
+    }
+    if observed.service.is_missing() {
+        return link(
+            ENDPOINTS,
+            State::Broken,
+            format!(
+                "{what} not found: the API server cannot call the webhook; the chart installs it"
+            ),
+        );
+    }
+    let slices = format!("the endpointslices of {what}");
+    if let Some(why) = observed.slices.unread(&slices) {
+        return link(ENDPOINTS, State::Unknown, why);
+    }
+    let all: Vec<_> = observed
+        .slices
+        .found()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| &s.endpoints)
+        .collect();
+    // An endpoint whose `ready` is unset counts as ready (the API's convention).
+    let ready = all
+        .iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+        .count();
+    if ready == 0 {
+        return link(
+            ENDPOINTS,
+            State::Broken,
+            format!(
+                "{what} has no ready endpoint ({} not ready): the API server cannot call the webhook; a replica's /readyz says why it is not ready",
+                all.len()
+            ),
+        );
+    }
+    link(
+        ENDPOINTS,
+        State::Ok,
+        format!(
+            "{what}: {}",
+            counted(ready, "ready endpoint", "ready endpoints")
+        ),
+    )
+}
+
+fn network_policy(observed: &Observed, names: &Names, calls: &Calls) -> Link {
+    if let Calls::Url(url) = calls {
+        return link(
+            NETWORK_POLICY,
+            State::Skipped,
+            format!("the webhook is called at {url}, not through the cluster's network"),
+        );
+    }
+    let what = format!("networkpolicies -n {}", names.namespace);
+    if let Some(why) = observed.network_policies.unread(&what) {
+        return link(NETWORK_POLICY, State::Unknown, why);
+    }
+    // The operator's Pods' labels and the webhook's port: from the Deployment's Pod template,
+    // else from the Service (its selector, its target port).
+    let template = observed
+        .deployment
+        .found()
+        .and_then(|d| d.spec.as_ref())
+        .map(|s| &s.template);
+    let labels: BTreeMap<String, String> = template
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .or_else(|| {
+            observed
+                .service
+                .found()
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| s.selector.clone())
+        })
+        .unwrap_or_default();
+    let container_port = template
+        .and_then(|t| t.spec.as_ref())
+        .into_iter()
+        .flat_map(|s| &s.containers)
+        .flat_map(|c| c.ports.as_deref().unwrap_or_default())
+        .find(|p| p.name.as_deref() == Some("webhook"))
+        .map(|p| p.container_port);
+    let port = WebhookPort {
+        number: container_port,
+        name: "webhook",
+    };
+    let policies: Vec<&NetworkPolicy> = observed
+        .network_policies
+        .found()
+        .into_iter()
+        .flatten()
+        .filter(|np| selects_ingress(np, &labels))
+        .collect();
+    if policies.is_empty() {
+        return link(
+            NETWORK_POLICY,
+            State::Ok,
+            "none selects the operator's Pods: nothing limits who reaches the webhook",
+        );
+    }
+    let mut from_peers = Vec::new();
+    for np in &policies {
+        let name = np.metadata.name.as_deref().unwrap_or_default();
+        for rule in np
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            if !port.allowed_by(rule.ports.as_deref()) {
+                continue;
+            }
+            match rule.from.as_deref() {
+                None | Some([]) => {
+                    return link(
+                        NETWORK_POLICY,
+                        State::Ok,
+                        format!("networkpolicy/{name} lets any source reach {port}"),
+                    );
+                }
+                Some(peers) => {
+                    from_peers.push(format!("networkpolicy/{name} ({} peers)", peers.len()))
+                }
+            }
+        }
+    }
+    if from_peers.is_empty() {
+        let names: Vec<&str> = policies
+            .iter()
+            .filter_map(|np| np.metadata.name.as_deref())
+            .collect();
+        return link(
+            NETWORK_POLICY,
+            State::Broken,
+            format!(
+                "{} select the operator's Pods and no rule lets anything reach {port}: the API server cannot call the webhook; allow it (the chart's networkPolicy.webhook.from)",
+                names.join(", ")
+            ),
+        );
+    }
+    link(
+        NETWORK_POLICY,
+        State::Warning,
+        format!(
+            "only some sources may reach {port}: {}; the API server's address must be among them, which cannot be proven from here (it depends on the cluster; a managed one's firewall too)",
+            from_peers.join(", ")
+        ),
+    )
+}
+
+/// The webhook's port, as NetworkPolicy rules may name it.
+struct WebhookPort {
+    number: Option<i32>,
+    name: &'static str,
+}
+
+impl WebhookPort {
+    /// Whether a rule with `ports` lets traffic to this port in (no ports: every port).
+    fn allowed_by(
+        &self,
+        ports: Option<&[k8s_openapi::api::networking::v1::NetworkPolicyPort]>,
+    ) -> bool {
+        let ports = ports.unwrap_or_default();
+        ports.is_empty()
+            || ports.iter().any(|p| {
+                p.protocol.as_deref().unwrap_or("TCP") == "TCP"
+                    && match &p.port {
+                        None => true,
+                        Some(IntOrString::String(name)) => name == self.name,
+                        Some(IntOrString::Int(first)) => self.number.is_some_and(|n| {
+                            n == *first || p.end_port.is_some_and(|end| (*first..=end).contains(&n))
+                        }),
+                    }
+            })
+    }
+}
+
+impl fmt::Display for WebhookPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.number {
+            Some(n) => write!(f, "the webhook's port {n}"),
+            None => write!(f, "the webhook's port ({:?})", self.name),
+        }
+    }
+}
+
+/// Whether `np` limits ingress to Pods with `labels`.
+fn selects_ingress(np: &NetworkPolicy, labels: &BTreeMap<String, String>) -> bool {
+    let Some(spec) = np.spec.as_ref() else {
+        return false;
+    };
+    // Without policyTypes, a policy limits ingress (and egress only when it has egress rules).
+    let ingress = spec
+        .policy_types
+        .as_ref()
+        .is_none_or(|types| types.iter().any(|t| t == "Ingress"));
+    ingress
+        && Selector::compile(spec.pod_selector.as_ref(), "podSelector")
+            .is_ok_and(|selector| selector.matches(labels))
+}
+
+fn policy_backend(observed: &Observed, names: &Names, templates: &Templates<'_>) -> Link {
+    let conditions: Vec<(&str, &Condition)> = templates
+        .listed
+        .iter()
+        .filter_map(|t| {
+            let name = t.metadata.name.as_deref()?;
+            Some((name, templates.condition(name, POLICY_SERVED)?))
+        })
+        .collect();
+    let served: Vec<&str> = conditions
+        .iter()
+        .filter(|(_, c)| c.status == "True")
+        .map(|(name, _)| *name)
+        .collect();
+    let what = format!("mutatingadmissionpolicy/{}", names.fullname);
+    let guarded = observed.guard.found().is_some();
+    if served.is_empty() && observed.policy.is_missing() && !guarded {
+        let message = if conditions.iter().any(|(_, c)| c.reason == "NotAvailable") {
+            "not available: the API server serves no MutatingAdmissionPolicies (before Kubernetes 1.36); the webhook serves every template"
+        } else {
+            "not in use: the webhook serves every template"
+        };
+        return link(POLICY_BACKEND, State::Skipped, message);
+    }
+    for (read, name) in [
+        (&observed.policy, what.clone()),
+        (
+            &observed.policy_binding,
+            format!("mutatingadmissionpolicybinding/{}", names.fullname),
+        ),
+    ] {
+        if let Some(why) = read.unread(&name) {
+            return link(POLICY_BACKEND, State::Unknown, why);
+        }
+        if read.is_missing() && !served.is_empty() {
+            return link(
+                POLICY_BACKEND,
+                State::Broken,
+                format!(
+                    "{name} not found, while {} say PolicyServed=True: the API server does not inject them; the leader applies it again within a minute, else see the leader link",
+                    served.join(", ")
+                ),
+            );
+        }
+    }
+    let failed: Vec<String> = conditions
+        .iter()
+        .filter(|(_, c)| c.status != "True" && c.reason == "ProofFailed")
+        .map(|(name, c)| format!("{name} ({})", c.message))
+        .collect();
+    let guard = if guarded {
+        format!(
+            "; its guard {} refuses the Pods a required template selects and it did not inject (no webhook)",
+            names.guard()
+        )
+    } else {
+        String::new()
+    };
+    let others: Vec<String> = conditions
+        .iter()
+        .filter(|(_, c)| c.status != "True" && c.reason != "ProofFailed")
+        .map(|(name, c)| format!("{name} ({})", c.reason))
+        .collect();
+    let mut message = format!(
+        "{what} and its binding serve {}{guard}",
+        if served.is_empty() {
+            "no template".to_owned()
+        } else {
+            served.join(", ")
+        }
+    );
+    if !others.is_empty() {
+        message.push_str(&format!("; not served by it: {}", others.join(", ")));
+    }
+    if failed.is_empty() {
+        link(POLICY_BACKEND, State::Ok, message)
+    } else {
+        let by = if guarded {
+            "nobody injects them"
+        } else {
+            "the webhook serves them"
+        };
+        link(
+            POLICY_BACKEND,
+            State::Warning,
+            format!("{message}; proof failed for {}: {by}", failed.join(", ")),
+        )
+    }
+}
+
+fn templates_ready(read: &Read<Vec<SidecarTemplate>>, templates: &Templates<'_>) -> Link {
+    if let Some(why) = read.unread("sidecartemplates") {
+        return link(TEMPLATES, State::Unknown, why);
+    }
+    let not_ready: Vec<String> = templates
+        .listed
+        .iter()
+        .filter_map(|t| t.metadata.name.as_deref())
+        .filter(|name| !templates.ready(name))
+        .map(|name| {
+            let reason = templates
+                .condition(name, READY)
+                .map_or("no status yet", |c| c.reason.as_str());
+            format!("{name} ({reason})")
+        })
+        .collect();
+    let count = templates.listed.len();
+    if count == 0 {
+        return link(
+            TEMPLATES,
+            State::Ok,
+            "no SidecarTemplate: nothing is injected",
+        );
+    }
+    if not_ready.is_empty() {
+        return link(
+            TEMPLATES,
+            State::Ok,
+            format!(
+                "{}, every one Ready",
+                counted(count, "template", "templates")
+            ),
+        );
+    }
+    link(
+        TEMPLATES,
+        State::Broken,
+        format!(
+            "{} of {count} not Ready: {}; `kubectl describe sct NAME` says why (no status yet: is there a leader?)",
+            not_ready.len(),
+            not_ready.join(", ")
+        ),
+    )
+}
+
+/// The namespace's labels for selection, `None` in the operator's own namespace (which no
+/// template selects), or why they are not known.
+fn selectable<'l>(
+    name: &str,
+    labels: &'l Read<BTreeMap<String, String>>,
+    names: &Names,
+) -> Result<Option<&'l BTreeMap<String, String>>, String> {
+    if name == names.namespace {
+        return Ok(None);
+    }
+    if let Some(why) = labels.unread(&format!("namespace/{name}")) {
+        return Err(why);
+    }
+    labels
+        .found()
+        .map(Some)
+        .ok_or_else(|| format!("namespace/{name} not found"))
+}
+
+fn describe(template: &CompiledTemplate) -> String {
+    let required = match template.failure_policy {
+        injector_api::FailurePolicy::Fail => "required",
+        injector_api::FailurePolicy::Ignore => "best effort",
+    };
+    let on_request = match template.injection {
+        injector_api::Injection::OnRequest => ", on request",
+        injector_api::Injection::Automatic => "",
+    };
+    format!("{} ({required}{on_request})", template.name)
+}
+
+fn namespace(
+    name: &str,
+    labels: &Read<BTreeMap<String, String>>,
+    names: &Names,
+    templates: &Templates<'_>,
+) -> Link {
+    if let Some(why) = &templates.unread {
+        return link(NAMESPACE, State::Unknown, why.clone());
+    }
+    let labels = match selectable(name, labels, names) {
+        Err(why) => return link(NAMESPACE, State::Unknown, why),
+        Ok(None) => {
+            return link(
+                NAMESPACE,
+                State::Ok,
+                format!("{name} is the operator's own: the webhook is never called for its Pods"),
+            );
+        }
+        Ok(Some(labels)) => labels,
+    };
+    let info = NamespaceInfo {
+        name,
+        labels: Some(labels),
+    };
+    if let Some(skip) = pod_wide_skip(name, &info) {
+        return link(
+            NAMESPACE,
+            State::Ok,
+            format!("{name}: no template applies: {skip}"),
+        );
+    }
+    let selecting: Vec<String> = templates
+        .in_force
+        .templates()
+        .iter()
+        .filter(|t| t.namespace_selector.matches(labels))
+        .map(|t| describe(t))
+        .collect();
+    if selecting.is_empty() {
+        return link(
+            NAMESPACE,
+            State::Ok,
+            format!("{name}: no template in force selects it by its labels"),
+        );
+    }
+    link(
+        NAMESPACE,
+        State::Ok,
+        format!(
+            "{name}: selected by {} (each then by its pod selector)",
+            selecting.join(", ")
+        ),
+    )
+}
+
+/// Where a Pod stands with one template, as the operator judges it, and whether it was
+/// created after the template: a template missing from a Pod created since was skipped at
+/// admission, or never asked.
+struct Standing<'t> {
+    template: &'t CompiledTemplate,
+    state: PodState,
+    created_after: bool,
+}
+
+fn standings<'t>(
+    pod: &ObjectMeta,
+    labels: Option<&BTreeMap<String, String>>,
+    templates: &'t Templates<'_>,
+) -> Vec<Standing<'t>> {
+    let meta = PodMeta::of(pod);
+    let created = pod.creation_timestamp.as_ref().map(|t| t.0);
+    templates
+        .in_force
+        .templates()
+        .iter()
+        .filter_map(|template| {
+            let state = standing(template, &meta, labels)?;
+            let created_after = match (created, templates.created(&template.name)) {
+                (Some(pod), Some(template)) => pod > template,
+                _ => false,
+            };
+            Some(Standing {
+                template,
+                state,
+                created_after,
+            })
+        })
+        .collect()
+}
+
+/// What to do about a Pod missing a template: created before it, or after.
+fn missing_note(pod: &str, namespace: &str, standing: &Standing<'_>) -> String {
+    if standing.created_after {
+        format!(
+            "missing {}, although created after it: admitted without it (skipped at admission, or the webhook was not called); `kubectl sidecar explain pod/{pod} -n {namespace}` says why",
+            standing.template.name
+        )
+    } else {
+        format!(
+            "missing {} (created before it: created again, it gets it)",
+            standing.template.name
+        )
+    }
+}
+
+fn pod_links(
+    ns: &str,
+    name: &str,
+    labels: &Read<BTreeMap<String, String>>,
+    pod: &Read<Box<ObjectMeta>>,
+    names: &Names,
+    templates: &Templates<'_>,
+) -> Vec<Link> {
+    let what = format!("pod/{name} -n {ns}");
+    if let Some(why) = pod.unread(&what).or_else(|| templates.unread.clone()) {
+        return vec![link(SELECTION, State::Unknown, why)];
+    }
+    let Some(pod) = pod.found() else {
+        return vec![link(SELECTION, State::Broken, format!("{what} not found"))];
+    };
+    let labels = match selectable(ns, labels, names) {
+        Ok(labels) => labels,
+        Err(why) => return vec![link(SELECTION, State::Unknown, why)],
+    };
+    let meta = PodMeta::of(pod);
+    let info = NamespaceInfo { name: ns, labels };
+    let opted_out = opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str));
+    let selecting: Vec<String> = match labels {
+        None => Vec::new(),
+        Some(_) => templates
+            .in_force
+            .templates()
+            .iter()
+            .filter(|t| selects(t, &meta, &info))
+            .map(|t| describe(t))
+            .collect(),
+    };
+    let mut selection = if selecting.is_empty() {
+        format!("{what}: no template in force selects it")
+    } else {
+        format!("{what}: selected by {}", selecting.join(", "))
+    };
+    if opted_out {
+        selection.push_str(&format!(
+            "; it opts out ({INJECT_ANNOTATION}: \"false\") of best-effort templates"
+        ));
+    }
+    let mut links = vec![link(SELECTION, State::Ok, selection)];
+
+    let standings = standings(pod, labels, templates);
+    let mut current = Vec::new();
+    let mut problems = Vec::new();
+    let mut state = State::Ok;
+    for s in &standings {
+        match s.state {
+            PodState::Current => current.push(s.template.name.as_str()),
+            PodState::Stale { .. } => {
+                state = state.max(State::Warning);
+                problems.push(format!(
+                    "stale {} (carries an earlier version: created again, it gets generation {})",
+                    s.template.name, s.template.generation
+                ));
+            }
+            PodState::Missing => {
+                state = state.max(if s.created_after {
+                    State::Broken
+                } else {
+                    State::Warning
+                });
+                problems.push(missing_note(name, ns, s));
+            }
+        }
+    }
+    for entry in recorded(meta.annotations) {
+        if !templates
+            .in_force
+            .templates()
+            .iter()
+            .any(|t| t.name == entry.name)
+        {
+            state = state.max(State::Warning);
+            problems.push(format!(
+                "carries {}, which is no longer in force",
+                entry.name
+            ));
+        }
+    }
+    let record = meta
+        .annotations
+        .get(INJECTED_ANNOTATION)
+        .map_or("nothing", String::as_str);
+    let mut message = format!("{INJECTED_ANNOTATION}: {record}");
+    if !current.is_empty() {
+        message.push_str(&format!("; current with {}", current.join(", ")));
+    }
+    if !problems.is_empty() {
+        message.push_str(&format!("; {}", problems.join("; ")));
+    }
+    links.push(link(RECORD, state, message));
+    links
+}
+
+fn namespace_pods(
+    ns: &str,
+    labels: &Read<BTreeMap<String, String>>,
+    pods: &Read<Vec<ObjectMeta>>,
+    names: &Names,
+    templates: &Templates<'_>,
+) -> Link {
+    if let Some(why) = pods
+        .unread(&format!("pods -n {ns}"))
+        .or_else(|| templates.unread.clone())
+    {
+        return link(PODS, State::Unknown, why);
+    }
+    let labels = match selectable(ns, labels, names) {
+        Ok(labels) => labels,
+        Err(why) => return link(PODS, State::Unknown, why),
+    };
+    let pods: Vec<&ObjectMeta> = pods
+        .found()
+        .into_iter()
+        .flatten()
+        .filter(|p| injector_core::lifecycle::counts(p))
+        .collect();
+    let (mut current, mut stale, mut missing_before) = (0, 0, 0);
+    let mut admitted_without = Vec::new();
+    for pod in &pods {
+        let name = pod.name.as_deref().unwrap_or_default();
+        for s in standings(pod, labels, templates) {
+            match s.state {
+                PodState::Current => current += 1,
+                PodState::Stale { .. } => stale += 1,
+                PodState::Missing if s.created_after => {
+                    admitted_without.push(format!("{name} ({})", s.template.name));
+                }
+                PodState::Missing => missing_before += 1,
+            }
+        }
+    }
+    let message = format!(
+        "{} Pods: {current} current, {stale} stale, {} missing a template ({missing_before} created before it)",
+        pods.len(),
+        missing_before + admitted_without.len()
+    );
+    if !admitted_without.is_empty() {
+        return link(
+            PODS,
+            State::Broken,
+            format!(
+                "{message}; admitted without a template created before them: {}; `kubectl sidecar check POD -n {ns}` or `explain` says why",
+                admitted_without.join(", ")
+            ),
+        );
+    }
+    if stale + missing_before > 0 {
+        return link(
+            PODS,
+            State::Warning,
+            format!(
+                "{message}; created again, they get what the templates inject now (`kubectl sidecar status` lists their workloads)"
+            ),
+        );
+    }
+    link(PODS, State::Ok, message)
+}
+
+/// `n` and the noun, singular or plural.
+fn counted(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The report as a table: one line per link.
+pub fn to_table(report: &Report) -> String {
+    let mut table = Table::new(["LINK", "STATE", "MESSAGE"]);
+    for l in &report.links {
+        table.row([l.link.to_owned(), l.state.to_string(), l.message.clone()]);
+    }
+    table.render()
+}
+
+/// The report as JSON: `{"links": [{"link", "state", "message"}], "broken"}`.
+pub fn to_json(report: &Report) -> Result<String, serde_json::Error> {
+    let mut json = serde_json::to_string_pretty(report)?;
+    json.push('\n');
+    Ok(json)
+}
+
+#[cfg(test)]
+#[path = "check/tests.rs"]
+mod tests;

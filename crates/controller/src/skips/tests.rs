@@ -1,0 +1,279 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeMap;
+
+use injector_api::names::INJECTED_ANNOTATION;
+use injector_core::NamespaceInfo;
+use injector_core::in_force::from_listing;
+use k8s_openapi::api::core::v1::Namespace;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::census;
+
+fn template(name: &str, failure_policy: &str) -> SidecarTemplate {
+    serde_json::from_value(json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": name, "generation": 3},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "failurePolicy": failure_policy,
+            "containers": [{"name": name, "image": "agent:1"}],
+        },
+    }))
+    .unwrap()
+}
+
+fn snapshot() -> Arc<Snapshot> {
+    from_listing([template("agent", "Ignore"), template("guard", "Fail")]).0
+}
+
+fn pod(name: &str, owner: Option<&str>, record: Option<String>) -> Arc<PartialObjectMeta<Pod>> {
+    let mut meta: Value = json!({
+        "name": name,
+        "namespace": "shop",
+        "labels": {"app": "web"},
+    });
+    if let Some(owner) = owner {
+        meta["ownerReferences"] = json!([{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+            "uid": format!("uid-{owner}"), "controller": true,
+        }]);
+    }
+    if let Some(record) = record {
+        meta["annotations"] = json!({INJECTED_ANNOTATION: record});
+    }
+    Arc::new(PartialObjectMeta {
+        types: None,
+        metadata: serde_json::from_value(meta).unwrap(),
+        _phantom: std::marker::PhantomData,
+    })
+}
+
+fn shop() -> Vec<Arc<PartialObjectMeta<Namespace>>> {
+    vec![Arc::new(PartialObjectMeta {
+        types: None,
+        metadata: serde_json::from_value(
+            json!({"name": "shop", "labels": {"kubernetes.io/metadata.name": "shop"}}),
+        )
+        .unwrap(),
+        _phantom: std::marker::PhantomData,
+    })]
+}
+
+fn record(snapshot: &Snapshot, name: &str) -> String {
+    let t = snapshot.get(name).unwrap();
+    format!("{name}@{}#{}", t.generation, t.fingerprint)
+}
+
+fn key(owner: &str, template: &str) -> SkipKey {
+    SkipKey {
+        owner: WorkloadRef {
+            kind: "ReplicaSet".to_owned(),
+            namespace: "shop".to_owned(),
+            name: owner.to_owned(),
+        },
+        template: template.to_owned(),
+        generation: 3,
+    }
+}
+
+fn missing_of(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<SkipKey, Missing> {
+    let snapshot = snapshot();
+    let census = census::count(&snapshot, pods, &shop(), "sidecar-injector");
+    missing(&snapshot, &census, pods)
+}
+
+#[test]
+fn the_pods_missing_a_best_effort_template_are_counted_by_owner() {
+    let snapshot = snapshot();
+    let both = format!(
+        "{},{}",
+        record(&snapshot, "agent"),
+        record(&snapshot, "guard")
+    );
+    let guard = record(&snapshot, "guard");
+    let pods = vec![
+        pod("web-abc-1", Some("web-abc"), Some(guard.clone())),
+        pod("web-abc-2", Some("web-abc"), Some(guard)),
+        pod("web-abc-3", Some("web-abc"), Some(both.clone())),
+        pod("api-def-1", Some("api-def"), Some(both)),
+        // Bare: whoever created it read the warnings.
+        pod("bare", None, None),
+    ];
+    let found = missing_of(&pods);
+    // The required template is never skipped: a Pod missing it was created before it.
+    assert_eq!(
+        found,
+        BTreeMap::from([(
+            key("web-abc", "agent"),
+            Missing {
+                pods: 2,
+                sample: "web-abc-1".to_owned()
+            }
+        )])
+    );
+}
+
+#[test]
+fn a_scale_up_is_planned_again_once_and_told_once_with_its_count() {
+    let mut log = SkipLog::default();
+    let pods: Vec<_> = (0..1000)
+        .map(|i| pod(&format!("web-abc-{i}"), Some("web-abc"), None))
+        .collect();
+    let missing = missing_of(&pods);
+    let web = key("web-abc", "agent");
+    assert_eq!(missing[&web].pods, 1000);
+    assert_eq!(
+        log.to_plan(&missing, LOOKUPS_PER_ROUND),
+        std::slice::from_ref(&web)
+    );
+    log.learn(
+        web.clone(),
+        Some("conflict: container \"agent\" exists".to_owned()),
+        Some("uid-web-abc".to_owned()),
+    );
+    // Learned: never planned again.
+    assert!(log.to_plan(&missing, LOOKUPS_PER_ROUND).is_empty());
+    let at = Duration::from_secs(100);
+    let told = log.due(&missing, at);
+    assert_eq!(told.len(), 1);
+    assert_eq!(told[0].pods, 1000);
+    assert!(log.due(&missing, at + Duration::from_secs(1)).is_empty());
+    // Nothing new after a while: nothing told.
+    assert!(log.due(&missing, at + RETELL_AFTER * 2).is_empty());
+
+    let event = event(
+        &told[0],
+        "sidecar-injector",
+        "replica-1",
+        Timestamp::UNIX_EPOCH,
+    );
+    assert_eq!(event.series.as_ref().unwrap().count, 1000);
+    assert_eq!(event.reason.as_deref(), Some(REASON_SKIPPED));
+    let regarding = event.regarding.unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("ReplicaSet"));
+    assert_eq!(regarding.api_version.as_deref(), Some("apps/v1"));
+    assert_eq!(regarding.uid.as_deref(), Some("uid-web-abc"));
+    assert_eq!(event.related.unwrap().name.as_deref(), Some("agent"));
+    let note = event.note.unwrap();
+    assert!(
+        note.contains("SidecarTemplate agent (generation 3)"),
+        "{note}"
+    );
+    assert!(
+        note.contains("conflict: container \"agent\" exists"),
+        "{note}"
+    );
+    assert!(note.contains("explain pod/web-abc-0 -n shop"), "{note}");
+    assert_eq!(event.metadata.namespace.as_deref(), Some("shop"));
+}
+
+#[test]
+fn more_missing_pods_are_told_again_after_a_while_only() {
+    let mut log = SkipLog::default();
+    let web = key("web-abc", "agent");
+    let with = |pods: u32| {
+        BTreeMap::from([(
+            web.clone(),
+            Missing {
+                pods,
+                sample: "web-abc-1".to_owned(),
+            },
+        )])
+    };
+    log.learn(web.clone(), Some("conflict: x".to_owned()), None);
+    let start = Duration::from_secs(10);
+    assert_eq!(log.due(&with(1), start).len(), 1);
+    assert!(
+        log.due(&with(5), start + Duration::from_secs(30))
+            .is_empty()
+    );
+    let again = log.due(&with(5), start + RETELL_AFTER);
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].pods, 5);
+    assert_eq!(
+        series_patch(&again[0], Timestamp::UNIX_EPOCH)["series"]["count"],
+        5
+    );
+
+    // Its Event could not be written: told again next round.
+    log.untold(&web);
+    assert_eq!(log.due(&with(5), start + RETELL_AFTER).len(), 1);
+
+    // Gone (the owner scaled to zero, or its Pods got the template): forgotten, then planned
+    // again should they miss it again.
+    assert!(
+        log.due(&BTreeMap::new(), start + RETELL_AFTER * 2)
+            .is_empty()
+    );
+    assert_eq!(log.to_plan(&with(1), LOOKUPS_PER_ROUND), [web]);
+}
+
+#[test]
+fn an_owner_whose_pods_would_get_the_template_now_is_told_nothing() {
+    let mut log = SkipLog::default();
+    let web = key("web-abc", "agent");
+    let missing = BTreeMap::from([(
+        web.clone(),
+        Missing {
+            pods: 3,
+            sample: "web-abc-1".to_owned(),
+        },
+    )]);
+    log.learn(web, None, None);
+    assert!(log.due(&missing, Duration::from_secs(5)).is_empty());
+    assert!(log.to_plan(&missing, LOOKUPS_PER_ROUND).is_empty());
+}
+
+#[test]
+fn planning_the_stored_pod_again_gives_the_conflict() {
+    let snapshot = snapshot();
+    let info = NamespaceInfo {
+        name: "shop",
+        labels: None,
+    };
+    let clashing = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-abc-1", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "web", "image": "web:1"}, {"name": "agent", "image": "mine:2"}]},
+    });
+    let plan = injector_core::plan(&clashing, &info, snapshot.templates()).unwrap();
+    let reason = skip_reason(&plan, "agent").unwrap();
+    assert!(reason.starts_with("conflict: "), "{reason}");
+    assert!(reason.contains("agent"), "{reason}");
+    // A Pod the template would apply to now (created before it): no reason.
+    let plain = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-abc-2", "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "web", "image": "web:1"}]},
+    });
+    let plan = injector_core::plan(&plain, &info, snapshot.templates()).unwrap();
+    assert_eq!(skip_reason(&plan, "agent"), None);
+}
+
+#[test]
+fn the_event_name_is_stable_per_owner_template_and_generation() {
+    let one = event_name(&key("web-abc", "agent"));
+    assert_eq!(one, event_name(&key("web-abc", "agent")));
+    assert!(one.starts_with("web-abc."), "{one}");
+    assert_eq!(one.len(), "web-abc.".len() + 16);
+    let mut other = key("web-abc", "agent");
+    other.generation = 4;
+    assert_ne!(one, event_name(&other));
+    assert_ne!(one, event_name(&key("web-abc", "other")));
+    // A single Pod: no series (the API server wants a count of 2 at least).
+    let tell = Tell {
+        key: key("web-abc", "agent"),
+        reason: "conflict: x".to_owned(),
+        pods: 1,
+        sample: "web-abc-1".to_owned(),
+        owner_uid: None,
+    };
+    assert!(
+        event(&tell, "c", "i", Timestamp::UNIX_EPOCH)
+            .series
+            .is_none()
+    );
+}
