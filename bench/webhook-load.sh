@@ -15,7 +15,11 @@
 # Environment: DURATION (per run, default 10s), ROUNDS (default 3), LOG (the webhook's log
 # filter, default info: one line per admission, as in production; written to a file), BIN
 # (another build of sidecar-injector to measure, say the previous commit's, made by
-# build/release.sh too, as the transport-only server always is; default the one just built).
+# build/release.sh too, as the transport-only server always is; default the one just built),
+# BASELINE (other builds of sidecar-injector, space-separated, each NAME=PATH or PATH (named
+# baseline): served beside the first with the same templates and loaded in turn with it and the
+# transport-only server, run by run: what a change moves, side by side in one run), SIDECAR_INJECTOR_PGO (0: build/release.sh builds without a
+# profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/local.sh
@@ -27,10 +31,12 @@ log_filter=${LOG:-info}
 work=$(mktemp -d)
 server_pid=""
 transport_pid=""
+declare -A baseline_pids=() baseline_ports=() baseline_paths=()
 stop_pid() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 cleanup() {
     if [ -n "$server_pid" ]; then stop_pid "$server_pid"; fi
     if [ -n "$transport_pid" ]; then stop_pid "$transport_pid"; fi
+    for pid in "${baseline_pids[@]}"; do stop_pid "$pid"; done
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -41,8 +47,17 @@ if ! command -v oha >/dev/null 2>&1; then
 fi
 echo "--- building the release binary and the transport-only server (build/release.sh: static, profile-guided)"
 bash build/release.sh
-binary=${BIN:-./target/x86_64-unknown-linux-gnu/release/sidecar-injector}
-transport=./target/x86_64-unknown-linux-gnu/release/examples/transport_only
+release=${CARGO_TARGET_DIR:-./target}/$(uname -m)-unknown-linux-gnu/release
+binary=${BIN:-$release/sidecar-injector}
+transport=$release/examples/transport_only
+baselines=()
+for entry in ${BASELINE:-}; do
+    name=baseline path=$entry
+    if [[ $entry == *=* ]]; then name=${entry%%=*} path=${entry#*=}; fi
+    baselines+=("$name")
+    baseline_paths[$name]=$path
+done
+servers=(webhook "${baselines[@]}" transport)
 
 self_signed "$work"
 
@@ -60,11 +75,11 @@ post() { # PORT OUTPUT: posts the typical review once
         --data-binary @bench/fixtures/typical-pod-review.json -o "$2" "https://127.0.0.1:$1/mutate"
 }
 
-start_server() {
+start_server() { # TEMPLATES [BINARY]
     port=$(free_port)
     admin=$(free_port)
     # MIMALLOC_PURGE_DELAY as the chart sets it.
-    MIMALLOC_PURGE_DELAY=0 "$binary" serve --templates "$1" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
+    MIMALLOC_PURGE_DELAY=0 "${2:-$binary}" serve --templates "$1" --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" \
         --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" --log "$log_filter" --drain-period 0s \
         2>"$work/server.log" &
     server_pid=$!
@@ -98,18 +113,27 @@ start_transport() {
     exit 1
 }
 
-# load SERVER NAME CONNECTIONS [RATE]: SERVER is webhook or transport; one row, also kept in
+# start_baseline NAME TEMPLATES: a BASELINE build, served like the webhook beside it.
+start_baseline() {
+    local saved_port=$port saved_pid=$server_pid
+    start_server "$2" "${baseline_paths[$1]}"
+    baseline_ports[$1]=$port baseline_pids[$1]=$server_pid
+    port=$saved_port server_pid=$saved_pid
+}
+
+# load SERVER NAME CONNECTIONS [RATE]: SERVER is webhook, a baseline's name or transport; one row, also kept in
 # results.jsonl for the medians.
 load() {
     local server=$1 name=$2 connections=$3 rate=${4:-}
-    local target_port=$port
-    if [ "$server" = transport ]; then target_port=$transport_port; fi
+    local target_port=$port pid=$server_pid
+    if [ "$server" = transport ]; then target_port=$transport_port pid=$transport_pid; fi
+    if [ -n "${baseline_pids[$server]:-}" ]; then
+        target_port=${baseline_ports[$server]} pid=${baseline_pids[$server]}
+    fi
     local args=(-z "$duration" -c "$connections" --no-tui --output-format json --insecure
         -m POST -H "Content-Type: application/json" -D bench/fixtures/typical-pod-review.json)
     if [ -n "$rate" ]; then args+=(-q "$rate"); fi
     local out="$work/run-$RANDOM.json"
-    local pid=$server_pid
-    if [ "$server" = transport ]; then pid=$transport_pid; fi
     local before after
     before=$(cpu_account "$pid")
     oha "${args[@]}" "https://127.0.0.1:$target_port/mutate" >"$out"
@@ -147,21 +171,26 @@ start_server bench/fixtures/templates
 sleep 1
 idle=$(rss_mib "$server_pid")
 start_transport
+for name in "${baselines[@]}"; do start_baseline "$name" bench/fixtures/templates; done
 echo
 echo "| server | run | connections | target rate | requests/s | p50 | p99 | p99.9 | server CPU / request | preempted / request | success | status codes |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-load webhook warmup 8 >/dev/null
-load transport warmup 8 >/dev/null
+for server in "${servers[@]}"; do load "$server" warmup 8 >/dev/null; done
 rm -f "$work/results.jsonl"
 for _ in $(seq 1 "$rounds"); do
-    for server in webhook transport; do load "$server" "fixed 1,000/s" 16 1000; done
-    for server in webhook transport; do load "$server" "fixed 5,000/s" 32 5000; done
-    for server in webhook transport; do load "$server" saturation 64; done
+    for server in "${servers[@]}"; do load "$server" "fixed 1,000/s" 16 1000; done
+    for server in "${servers[@]}"; do load "$server" "fixed 5,000/s" 32 5000; done
+    for server in "${servers[@]}"; do load "$server" saturation 64; done
 done
 loaded=$(rss_mib "$server_pid")
 transport_rss=$(rss_mib "$transport_pid")
 stop_pid "$transport_pid"
 transport_pid=""
+for name in "${baselines[@]}"; do
+    echo "($name after its runs: $(rss_mib "${baseline_pids[$name]}") MiB)"
+    stop_pid "${baseline_pids[$name]}"
+    unset "baseline_pids[$name]"
+done
 stop_server
 echo
 echo "Medians of $rounds rounds (load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)):"
@@ -175,8 +204,9 @@ def median(server, run, key):
                              if r["server"] == server and r["run"] == run and r[key] is not None)
 print("| server | run | requests/s | p50 | p99 | p99.9 | server CPU / request | preempted / request |")
 print("|---|---|---:|---:|---:|---:|---:|---:|")
+servers = list(dict.fromkeys(r["server"] for r in rows))
 for run in runs:
-    for server in ("webhook", "transport"):
+    for server in servers:
         ms = lambda key: f"{median(server, run, key) * 1000:.2f} ms"
         print(f"| {server} | {run} | {median(server, run, 'rps'):,.0f} | {ms('p50')} | {ms('p99')} | {ms('p99.9')} | "
               f"{median(server, run, 'cpu_us'):.1f} µs | {median(server, run, 'preempted'):.2f} |")
@@ -186,9 +216,14 @@ ratio = statistics.median(ours) / statistics.median(theirs)
 each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
 print(f"\nSaturation, webhook / transport-only: **{ratio:.2f}** (of the medians; round by round: {each})")
 cost = lambda server: [r["cpu_us"] for r in rows if r["server"] == server and r["run"] == "saturation"]
-print(f"Server CPU per request at saturation: webhook {statistics.median(cost('webhook')):.1f} µs, "
-      f"transport-only {statistics.median(cost('transport')):.1f} µs (medians; the load generator "
-      f"shares the machine's CPUs, and takes them from a server it wakes)")
+print("Server CPU per request at saturation: "
+      + ", ".join(f"{server} {statistics.median(cost(server)):.1f} µs" for server in servers)
+      + " (medians; the load generator shares the machine's CPUs, and takes them from a server it wakes)")
+for server in servers:
+    if server in ("webhook", "transport"):
+        continue
+    base = [r["rps"] for r in rows if r["server"] == server and r["run"] == "saturation"]
+    print(f"Saturation, webhook / {server}: **{statistics.median(ours) / statistics.median(base):.2f}**")
 EOF
 echo
 echo "RSS idle (3 templates): ${idle} MiB; after the runs: ${loaded} MiB (the transport-only server after its runs: ${transport_rss} MiB)"

@@ -5,8 +5,6 @@ pub mod args;
 pub mod completion;
 pub mod documents;
 pub mod kubectl;
-pub mod log_format;
-pub mod log_output;
 pub mod policy;
 pub mod process;
 pub mod render;

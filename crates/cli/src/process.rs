@@ -7,8 +7,6 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 
 use crate::args::{Cli, Command, LogFormat, LogOptions};
-use crate::log_format::{JsonLines, TextLines};
-use crate::log_output::{self, BatchedStderr};
 use crate::render::render;
 use crate::serve::serve;
 
@@ -30,13 +28,13 @@ impl Cli {
                 Ok(ExitCode::SUCCESS)
             }
             Command::Serve(args) => {
-                let _logs = init_logging(&args.log)?;
+                init_logging(&args.log)?;
                 let options = args.into_options();
                 until_signalled(|stop| async move { Ok(serve(options, stop, |_| {}).await?) })?;
                 Ok(ExitCode::SUCCESS)
             }
             Command::Run(args) => {
-                let _logs = init_logging(&args.log)?;
+                init_logging(&args.log)?;
                 let options = args.into_options();
                 until_signalled(|stop| async move { Ok(crate::run::run(options, stop).await?) })?;
                 Ok(ExitCode::SUCCESS)
@@ -94,35 +92,19 @@ fn print_out(text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Logs to stderr, in batches (see [`log_output`]); what is logged is written by the time the
-/// guard is dropped.
-fn init_logging(options: &LogOptions) -> anyhow::Result<FlushLogs> {
+/// Logs to stderr, a line per event, in `tracing_subscriber`'s text or JSON format.
+fn init_logging(options: &LogOptions) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&options.log)
         .with_context(|| format!("invalid --log filter {:?}", options.log))?;
-    let output = BatchedStderr::installed().context("cannot start the log writer")?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(output);
+        .with_writer(std::io::stderr);
     let result = match options.log_format {
-        LogFormat::Text => builder.event_format(TextLines::new()).try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .event_format(JsonLines::new())
-            .try_init(),
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
-    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))?;
-    Ok(FlushLogs)
-}
-
-/// Writes the logged lines still buffered when dropped.
-struct FlushLogs;
-
-impl Drop for FlushLogs {
-    fn drop(&mut self) {
-        log_output::flush();
-    }
+    result.map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
 }
 
 /// Runs `work` on a multi-threaded runtime; SIGTERM or SIGINT cancels the token it gets.
@@ -165,7 +147,6 @@ fn cancel_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
             _ = interrupt.recv() => "SIGINT",
         };
         tracing::warn!("second signal ({name}): exiting now");
-        log_output::flush();
         std::process::exit(EXIT_SIGNALLED_TWICE);
     });
     Ok(())

@@ -7,7 +7,7 @@ mod common;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use common::{Served, certificate, examples, http_get, scratch};
+use common::{Killed, Served, binary, certificate, examples, http_get, https_post, scratch};
 
 #[test]
 fn serve_answers_from_template_files_and_drains_on_sigterm() {
@@ -151,4 +151,97 @@ fn run_without_a_cluster_fails_with_a_clear_error() {
         "{stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// What a request carries into the log line of its admission (uid, namespace, Pod name) cannot
+/// start a line of its own, in either format: it is quoted and escaped.
+#[test]
+fn a_request_cannot_forge_a_log_line() {
+    const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO forged";
+    for format in ["text", "json"] {
+        let dir = scratch();
+        let root = certificate(&dir);
+        let log = dir.join("serve.log");
+        let _child = Killed(
+            Command::new(binary())
+                .args(["serve", "--templates"])
+                .arg(examples())
+                .arg("--tls-cert")
+                .arg(dir.join("tls.crt"))
+                .arg("--tls-key")
+                .arg(dir.join("tls.key"))
+                .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+                .args(["--log-format", format])
+                .stderr(std::fs::File::create(&log).unwrap())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let admission = logged_address(&log);
+        let review = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": format!("u\n{FORGED} uid"),
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "namespace": format!("ns\r\n{FORGED} namespace"),
+                "operation": "CREATE",
+                "object": {
+                    "metadata": {"name": format!("p\n{FORGED} name"), "labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "nginx"}]}
+                }
+            }
+        });
+        let response = https_post(
+            &admission,
+            &root,
+            "/mutate",
+            &serde_json::to_vec(&review).unwrap(),
+        );
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        // The admission's line is written before the answer is sent.
+        let text = std::fs::read_to_string(&log).unwrap();
+        let line = text
+            .lines()
+            .find(|line| line.contains("forged uid"))
+            .unwrap_or_else(|| panic!("{format}: no admission line in\n{text}"));
+        for part in ["uid", "namespace", "name"] {
+            assert!(
+                line.contains(&format!("{FORGED} {part}")),
+                "{format}: {line}"
+            );
+        }
+        for line in text.lines() {
+            assert!(
+                !line.starts_with(FORGED),
+                "{format}: a forged line:\n{text}"
+            );
+            if format == "json" {
+                serde_json::from_str::<serde_json::Value>(line)
+                    .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+            }
+        }
+    }
+}
+
+/// The admission address from the "serving" line of the log at `path` (text or JSON).
+fn logged_address(path: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(line) = text.lines().find(|line| line.contains("serving")) {
+            let at = line.find("admission").unwrap() + "admission".len();
+            let address: String = line[at..]
+                .trim_start_matches(['"', ':', '='])
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect();
+            return address;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!(
+        "serve did not start: {}",
+        std::fs::read_to_string(path).unwrap_or_default()
+    );
 }

@@ -1,6 +1,6 @@
 //! The pure injection engine: compile and validate `SidecarTemplate`s, keep them in a
 //! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them;
-//! read a Pod from the request's JSON with bounded memory ([`pod_json`], [`json_pull`]); compile
+//! read a Pod from the request's JSON with bounded memory ([`pod_json`]); compile
 //! templates into admission policies ([`policy`]); and decide, from a running Pod's metadata,
 //! where it stands with each template ([`lifecycle`]), which workload is behind it and whether a
 //! rollout would restart that ([`workload`]), and which workloads a rollout restarts next
@@ -16,8 +16,6 @@ pub mod fingerprint;
 pub mod freshness;
 pub mod group;
 pub mod in_force;
-pub mod json_pull;
-pub mod json_scan;
 pub mod lifecycle;
 pub mod patch;
 pub mod placeholder;

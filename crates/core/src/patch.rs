@@ -420,13 +420,19 @@ fn write_owned<O: JsonOut + ?Sized>(value: &Value, out: &mut O) -> Result<(), se
 
 /// Writes a JSON string as `serde_json` does.
 fn write_str<O: JsonOut + ?Sized>(text: &str, out: &mut O) {
-    if crate::json_scan::is_plain(text.as_bytes()) {
+    if is_plain(text.as_bytes()) {
         out.text(b"\"");
         out.text(text.as_bytes());
         out.text(b"\"");
     } else {
         out.text(&escaped(text));
     }
+}
+
+/// Whether `bytes` go into a JSON string as they are: no quote, backslash or control
+/// character.
+fn is_plain(bytes: &[u8]) -> bool {
+    !bytes.iter().any(|&b| b == b'"' || b == b'\\' || b < 0x20)
 }
 
 /// `text` as a JSON string, with escapes, as `serde_json` writes it.

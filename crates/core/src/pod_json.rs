@@ -21,10 +21,7 @@
 //! So a Pod costs at most a fixed multiple of its size whatever its shape, which is what lets
 //! the webhook reserve memory for a request before reading it.
 //!
-//! This decoder goes through `serde` and reads any JSON. Where the review's kind and operation
-//! come before its Pod, as the API server writes them, the webhook decodes the Pod with
-//! [`pull_pod_among`], over the pull reader and without `serde`'s visitors (`pulled.rs`): the
-//! same Pod, charged the same, or refused, and then decoded here.
+//! This decoder goes through `serde` and reads any JSON.
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -38,10 +35,6 @@ use crate::plan::{KnownTemplates, MalformedPod};
 use crate::pod::{
     Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
 };
-
-mod pulled;
-
-pub use pulled::pull_pod_among;
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A real Pod takes a
 /// small fraction of it; a `Value` kept whole costs 10–30 times its JSON and is charged about

@@ -8,13 +8,9 @@ use std::sync::Arc;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
 use injector_core::pod_json::{PodJsonError, decode_pod_among};
-use injector_core::{
-    Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
-};
+use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-
-mod one_pass;
 
 /// The annotation key (prefixed by the API server with the webhook's name) under which the
 /// audit log records the templates applied.
@@ -130,8 +126,8 @@ pub struct Decision<'s> {
 pub struct BadReview(pub String);
 
 // The review is read into these, borrowing from the body: the fields the answer needs, the
-// Pod (decoded by `pod_json` within the request's allowance, as it is met, or else kept as a
-// slice of the body), and nothing else (userInfo, oldObject, options, … are skipped unbuilt).
+// object kept as a slice of the body (its Pod is then decoded by `pod_json` within the
+// request's allowance), and nothing else (userInfo, oldObject, options, … are skipped unbuilt).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ReviewIn<'a> {
@@ -168,10 +164,6 @@ struct RequestIn<'a> {
     operation: Cow<'a, str>,
     #[serde(default, borrow)]
     object: Option<&'a RawValue>,
-    /// The object, when it was decoded as it was read (see [`one_pass`]); then `object` is
-    /// `None`.
-    #[serde(skip)]
-    pod: Option<Pod<'a>>,
 }
 
 /// What opens the AdmissionReview answered: its API version and the request's uid.
@@ -277,13 +269,7 @@ pub fn decide<'s>(
     allowance: usize,
 ) -> Result<Decision<'s>, BadReview> {
     let route = Route::resolve(target, snapshot);
-    let decodes_pods = matches!(route, Route::All | Route::Group(_));
-    let context = one_pass::PodContext {
-        allowance,
-        known: snapshot,
-    };
-    let review = one_pass::read(body, decodes_pods.then_some(context))
-        .or_else(|_refused| serde_json::from_slice::<ReviewIn>(body))
+    let review = serde_json::from_slice::<ReviewIn>(body)
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
     let api_version = API_VERSIONS
         .into_iter()
@@ -317,11 +303,7 @@ pub fn decide<'s>(
         && request.operation == "CREATE"
         && request.sub_resource.as_deref().is_none_or(str::is_empty);
     let answer = if is_pod_create {
-        let pod = match request.pod {
-            Some(pod) => Object::Decoded(pod),
-            None => Object::Raw(request.object),
-        };
-        answer_pod(pod, route, snapshot, &namespace, allowance, head)
+        answer_pod(request.object, route, snapshot, &namespace, allowance, head)
     } else {
         Answer::allowed(Outcome::Ignored)
     };
@@ -410,16 +392,6 @@ fn unknown_required_group(id: &str) -> String {
     )
 }
 
-/// A request's object.
-// One lives on the stack for one call: boxing the decoded Pod would cost an allocation.
-#[allow(clippy::large_enum_variant)]
-enum Object<'a> {
-    /// Decoded as the review was read.
-    Decoded(Pod<'a>),
-    /// As it was sent, if it was.
-    Raw(Option<&'a RawValue>),
-}
-
 /// The applied templates' entries (`name@generation#fingerprint`), comma-separated, as the
 /// audit annotation and the log line record them.
 fn record_of(applied: &[Applied]) -> String {
@@ -435,7 +407,7 @@ fn record_of(applied: &[Applied]) -> String {
 }
 
 fn answer_pod(
-    object: Object<'_>,
+    object: Option<&RawValue>,
     route: Route<'_>,
     snapshot: &Snapshot,
     namespace: &str,
@@ -462,10 +434,9 @@ fn answer_pod(
         )
     };
     let decoded = match object {
-        Object::Decoded(pod) => Ok(pod),
-        Object::Raw(None) => return missing(),
-        Object::Raw(Some(raw)) if raw.get() == "null" => return missing(),
-        Object::Raw(Some(raw)) => decode_pod_among(raw.get(), allowance, snapshot),
+        None => return missing(),
+        Some(raw) if raw.get() == "null" => return missing(),
+        Some(raw) => decode_pod_among(raw.get(), allowance, snapshot),
     };
     let pod = match decoded {
         Ok(pod) => pod,
