@@ -8,24 +8,17 @@
 #
 # Other platforms: the builder stage runs on the target platform (no --platform=$BUILDPLATFORM),
 # so it needs no cross toolchain, only a builder of that platform (a native node, or QEMU's
-# binfmt emulation, where the profile's training load is slow: SIDECAR_INJECTOR_PGO=0 skips it):
+# binfmt emulation):
 #   docker buildx build --platform linux/amd64,linux/arm64 \
-#       --build-arg SIDECAR_INJECTOR_PGO=0 -t <your-registry>/sidecar-injector:0.1.0 --push .
+#       -t <your-registry>/sidecar-injector:0.1.0 --push .
 
 FROM rust:1.95-bookworm AS builder
-# build/release.sh's profile-guided build: llvm-profdata of rustc's LLVM (rustup's
-# llvm-tools), and python3, openssl and curl for its training load.
-RUN rustup component add llvm-tools \
- && apt-get update && apt-get install -y --no-install-recommends python3 openssl curl \
- && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
 # Read by build/release.sh (build/revision.sh) for the final build.
 ARG SIDECAR_INJECTOR_REVISION
-# 0: no profile-guided optimisation (for emulated builders).
-ARG SIDECAR_INJECTOR_PGO=1
 # Static (crt-static with an explicit --target: the binary needs no libc in the image, while
-# build scripts and proc macros stay dynamic) and profile-guided, as `just release` builds it.
+# build scripts and proc macros stay dynamic), as `just release` builds it.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     bash build/release.sh \

@@ -153,7 +153,7 @@ demo: node-packages
     cargo run --quiet -p injector-e2e --bin demo
 
 # Load benchmark of the webhook (the release binary of `just release`): serve + oha over TLS, fixed rates and saturation, alternating with a transport-only server built the same way (the ratio is the target; figures go in BENCHMARKS.md)
-bench-webhook: build-packages
+bench-webhook:
     bench/webhook-load.sh
 
 # The size of every admission object the operator writes for N templates in G groups (default 200 64 and 500 64; figures go in BENCHMARKS.md)
@@ -178,7 +178,7 @@ bench-scale:
     fi
     SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-scale
 
-# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~15 minutes, of the profile-guided image ~12); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
+# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~15 minutes, of the release image a few more); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages dist
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
     {{just_executable()}} e2e-next
@@ -260,13 +260,9 @@ chart-lint:
 chart-alerts:
     bash e2e/monitoring/check-rules.sh
 
-# The release binary that ships, into target/x86_64-unknown-linux-gnu/release/: static and profile-guided (build/release.sh: an instrumented build serves a training load first; needs the llvm-profdata of rustc's LLVM, see build-packages; SIDECAR_INJECTOR_PGO=0 builds without a profile)
-release: build-packages
+# The release binary that ships, into target/<arch>-unknown-linux-gnu/release/ (in cargo's target directory): static (build/release.sh)
+release:
     bash build/release.sh
-
-# Install the llvm-profdata `just release` needs (Debian's llvm-<major> of rustc's LLVM) when missing (needs root; `rustup component add llvm-tools` serves too)
-build-packages:
-    bash build/packages.sh
 
 # Build the operator's OCI image without a container engine, into OUT (default: sidecar-injector-image.tar in cargo's target directory; `ctr images import` it): the release binary of `just release`, alone and non-root, labelled with its version, revision, source and licence (the Dockerfile describes the same image)
 image tag="sidecar-injector.invalid/sidecar-injector:dev" out="": release

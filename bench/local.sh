@@ -1,5 +1,5 @@
 # Sourced by the scripts that run servers on 127.0.0.1 (bench/webhook-load.sh,
-# bench/webhook-callgrind.sh, build/release.sh): a port and a certificate for them.
+# bench/webhook-callgrind.sh): a port and a certificate for them.
 
 # A free TCP port on 127.0.0.1.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Load benchmark of the webhook (`just bench-webhook`).
 #
-# Starts `sidecar-injector serve` (the release binary that ships: static and profile-guided, by
+# Starts `sidecar-injector serve` (the release binary that ships: static, by
 # build/release.sh) on 127.0.0.1 with the realistic templates of bench/fixtures/templates, and
 # next to it the transport-only server (crates/cli/examples/transport_only.rs, built the same
-# way and trained on its own load: the same TLS, HTTP/1.1 and body reading, answering the
+# way: the same TLS, HTTP/1.1 and body reading, answering the
 # webhook's own answer, nothing else) with the same certificate. Drives POST /mutate over
 # TLS keep-alive with oha (installed from crates.io when missing) using a typical 8 KB Pod, at
 # fixed rates and at saturation, alternating between the two servers run by run for ROUNDS
@@ -18,8 +18,7 @@
 # build/release.sh too, as the transport-only server always is; default the one just built),
 # BASELINE (other builds of sidecar-injector, space-separated, each NAME=PATH or PATH (named
 # baseline): served beside the first with the same templates and loaded in turn with it and the
-# transport-only server, run by run: what a change moves, side by side in one run), SIDECAR_INJECTOR_PGO (0: build/release.sh builds without a
-# profile).
+# transport-only server, run by run: what a change moves, side by side in one run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/local.sh
@@ -45,7 +44,7 @@ if ! command -v oha >/dev/null 2>&1; then
     echo "--- installing oha (load generator) from crates.io"
     cargo install oha --locked --version 1.16.0
 fi
-echo "--- building the release binary and the transport-only server (build/release.sh: static, profile-guided)"
+echo "--- building the release binary and the transport-only server (build/release.sh: static)"
 bash build/release.sh
 release=${CARGO_TARGET_DIR:-./target}/$(uname -m)-unknown-linux-gnu/release
 binary=${BIN:-$release/sidecar-injector}

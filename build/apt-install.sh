@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian packages for the scripts that need some on the host (e2e/node/host-packages.sh,
-# build/packages.sh): as root, retrying once after `apt-get update`, as a fresh machine often has
+# Installs Debian packages for the scripts that need some on the host (e2e/node/host-packages.sh): as root, retrying once after `apt-get update`, as a fresh machine often has
 # no package lists yet. The caller decides what is missing; its environment reaches apt-get.
 #
 # Usage: apt-install.sh TAG PACKAGE...   (TAG names the caller in the log: [TAG] ...)

@@ -18,7 +18,7 @@
 #   SHA256SUMS                                the sha256 of every file above
 #
 # BASE_URL is where the archives will be downloaded from; `{version}` in it is replaced by the
-# version. The binary is the release build's (build/release.sh: static, profile-guided), with
+# version. The binary is the release build's (build/release.sh: static), with
 # the revision (build/revision.sh) in its build_info metric and in the image's labels.
 # Publishing them: docs/operations.md, "Publishing a release".
 set -euo pipefail
