@@ -20,6 +20,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
@@ -258,22 +259,53 @@ fn stored_view(pod: &Value, namespace: &str) -> Value {
     injector_e2e::pod::stored_view(pod, namespace).unwrap()
 }
 
-#[test]
-fn the_policy_backend_stores_what_the_webhook_stores() {
+/// One control plane at a time: the tests of this file run one after the other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// The policy and binding `sidecar-injector policy` compiles the templates in `file` to, as
+/// YAML; every template must compile.
+fn compile(binary: &std::path::Path, name: &str, file: &std::path::Path) -> String {
+    let compiled = Command::new(binary)
+        .args(["policy", "--name", name, "-t"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&compiled.stderr);
+    assert!(compiled.status.success(), "{report}");
+    eprintln!("[policy] {}", report.trim().replace('\n', "; "));
+    assert!(
+        !report.contains("webhook only"),
+        "every template compiles: {report}"
+    );
+    String::from_utf8_lossy(&compiled.stdout).into_owned()
+}
+
+/// A control plane serving MutatingAdmissionPolicies, this test's alone; `None` (said why)
+/// when the tests are off or the API server serves none (before 1.36).
+fn control_plane() -> Option<(MutexGuard<'static, ()>, ControlPlane)> {
     if !injector_e2e::enabled() {
         eprintln!(
             "[policy] skipped: set {}=1 (or run `just e2e`)",
             injector_e2e::ENABLE_VAR
         );
-        return;
+        return None;
     }
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cp = ControlPlane::start().expect("the control plane starts");
     if !cp.serves_mutating_admission_policies().unwrap() {
         eprintln!(
-            "[policy] this API server serves no MutatingAdmissionPolicy (1.36+): nothing to compare"
+            "[policy] this API server serves no MutatingAdmissionPolicy (1.36+): nothing to test"
         );
-        return;
+        return None;
     }
+    Some((one, cp))
+}
+
+#[test]
+fn the_policy_backend_stores_what_the_webhook_stores() {
+    let Some((_one, cp)) = control_plane() else {
+        return;
+    };
     install_crd(&cp).unwrap();
     // The operator serves the webhook alone, so that the namespaces without the test's policy
     // show the webhook backend.
@@ -299,24 +331,8 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
 
     // The policy backend: the same file compiled by `sidecar-injector policy`, applied to the
     // namespaces labelled `backend=policy` only, so that the others show the webhook alone.
-    let compiled = Command::new(&binary)
-        .args(["policy", "--name", "differential", "-t"])
-        .arg(&templates)
-        .output()
-        .unwrap();
-    assert!(
-        compiled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
-    let report = String::from_utf8_lossy(&compiled.stderr);
-    eprintln!("[policy] {}", report.trim().replace('\n', "; "));
-    assert!(
-        !report.contains("webhook only"),
-        "every template compiles: {report}"
-    );
     let policy_file = dir.join("policy.yaml");
-    std::fs::write(&policy_file, &compiled.stdout).unwrap();
+    std::fs::write(&policy_file, compile(&binary, "differential", &templates)).unwrap();
     let documents = cp
         .kubectl_ok(&[
             "create",
@@ -533,4 +549,197 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         denied < cases / 4,
         "too few Pods compared: {denied} of {cases} denied"
     );
+}
+
+/// Two required templates at generation 1, then `logs` at generation 2 with another image:
+/// `mesh` has what the API server fills in (a native sidecar's probe, ports, env from a field,
+/// mounts, resources), so that its stored containers test the policy's comparison with them.
+fn versioned_templates(logs_generation: i64, logs_image: &str) -> String {
+    format!(
+        r#"
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {{name: mesh, generation: 1}}
+spec:
+  priority: 10
+  failurePolicy: Fail
+  namespaceSelector: {{matchLabels: {{versions: "on"}}}}
+  initContainers:
+  - name: mesh-proxy
+    image: "mesh.invalid/proxy:1"
+    restartPolicy: Always
+    args: ["--pod", "{{{{ pod.name }}}}"]
+    ports: [{{containerPort: 15001, name: proxy}}]
+    env: [{{name: NODE, valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}}}]
+    readinessProbe: {{httpGet: {{port: 15021}}}}
+    resources: {{limits: {{memory: 0.5Gi}}}}
+    volumeMounts: [{{name: mesh-config, mountPath: /etc/mesh, readOnly: false}}]
+  volumes:
+  - {{name: mesh-config, emptyDir: {{}}}}
+  appContainers:
+    env: [{{name: MESH, value: "on"}}]
+---
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {{name: logs, generation: {logs_generation}}}
+spec:
+  priority: 20
+  failurePolicy: Fail
+  namespaceSelector: {{matchLabels: {{versions: "on"}}}}
+  containers:
+  - name: log-agent
+    image: "{logs_image}"
+    args: ["--pod", "{{{{ pod.name }}}}"]
+    ports: [{{containerPort: 9100, name: metrics}}]
+"#
+    )
+}
+
+/// Where two stored Pods differ, one path per line. Volumes by name: the ServiceAccount plugin
+/// appends the token's to a Pod made again with the template's volumes, where the policy added
+/// them after it.
+fn differing(a: &Value, b: &Value, namespace: &str) -> String {
+    let view = |pod: &Value| {
+        let mut view = stored_view(pod, namespace);
+        if let Some(volumes) = view["spec"]["volumes"].as_array_mut() {
+            volumes.sort_by(|x, y| x["name"].as_str().cmp(&y["name"].as_str()));
+        }
+        view
+    };
+    let mut out = Vec::new();
+    differences(&view(a), &view(b), String::new(), &mut out);
+    out.join("\n")
+}
+
+/// `logs@…` in the stored Pod's record.
+fn logs_entry(stored: &Value) -> Option<String> {
+    stored["metadata"]["annotations"]["sidecar.dev/injected"]
+        .as_str()?
+        .split(',')
+        .find(|e| e.starts_with("logs@"))
+        .map(str::to_owned)
+}
+
+/// A Pod as the policy stored it, made again: its containers as stored (the token's mount left
+/// out, as the ServiceAccount plugin adds its own) and its record, if `record`.
+fn made_again(stored: &Value, record: bool) -> Value {
+    let without_token = |items: &Value| -> Value {
+        let mut items = items.clone();
+        for item in items.as_array_mut().into_iter().flatten() {
+            if let Some(mounts) = item["volumeMounts"].as_array_mut() {
+                mounts.retain(|m| {
+                    !m["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("kube-api-access-"))
+                });
+            }
+        }
+        items
+    };
+    let volumes: Vec<Value> = stored["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| {
+            !v["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("kube-api-access-"))
+        })
+        .cloned()
+        .collect();
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": stored["metadata"]["name"]},
+        "spec": {
+            "containers": without_token(&stored["spec"]["containers"]),
+            "initContainers": without_token(&stored["spec"]["initContainers"]),
+            "volumes": volumes,
+        },
+    });
+    if record {
+        pod["metadata"]["annotations"] = json!({
+            "sidecar.dev/injected": stored["metadata"]["annotations"]["sidecar.dev/injected"],
+        });
+    }
+    pod
+}
+
+/// The API server calls a policy again by name in the same request (its reinvocation), and may
+/// load a newer version between the two calls: the newer one then meets a Pod the older one
+/// injected. It must leave it to the older version whole, never write its own record entry
+/// over the older version's container. And a Pod carrying the newer version's containers as
+/// the API server stored them gets its rest and record, which tests the policy's comparison of
+/// stored containers with the template's (`defaulted::holds_cel`) against the API server's own
+/// defaults.
+#[test]
+fn a_newer_policy_leaves_what_an_older_version_injected_to_it() {
+    let Some((_one, cp)) = control_plane() else {
+        return;
+    };
+    let binary = operator_binary().expect("the binary builds");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("policy-versions");
+    std::fs::create_dir_all(&dir).unwrap();
+    let apply_version = |generation: i64, image: &str| {
+        let templates = dir.join(format!("templates-{generation}.yaml"));
+        std::fs::write(&templates, versioned_templates(generation, image)).unwrap();
+        cp.apply_yaml(&compile(&binary, "versions", &templates))
+            .unwrap();
+    };
+    let namespace = "versions";
+    cp.kubectl_ok(&["create", "namespace", namespace]).unwrap();
+    cp.kubectl_ok(&["label", "namespace", namespace, "versions=on"])
+        .unwrap();
+    cp.wait_for_service_account(namespace).unwrap();
+    let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "app", "image": "app.invalid/app:1"}]}});
+    let injected_with = |image: &'static str| {
+        poll(
+            Duration::from_secs(60),
+            &format!("the policy injecting {image}"),
+            || {
+                let stored = dry_run_create(&cp, namespace, &plain)?;
+                Ok(stored["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["image"] == image)
+                    .then_some(stored))
+            },
+        )
+        .unwrap()
+    };
+
+    apply_version(1, "logs.invalid/agent:1");
+    let first = injected_with("logs.invalid/agent:1");
+    let first_entry = logs_entry(&first).expect("version 1 records logs");
+    assert!(first_entry.starts_with("logs@1#"), "{first_entry}");
+    // Made again under version 1, the Pod is stored as it was: the comparison holds.
+    let again = dry_run_create(&cp, namespace, &made_again(&first, false)).unwrap();
+    assert_eq!(
+        differing(&again, &first, namespace),
+        "",
+        "made again under version 1"
+    );
+
+    apply_version(2, "logs.invalid/agent:2");
+    let second = injected_with("logs.invalid/agent:2");
+    let second_entry = logs_entry(&second).expect("version 2 records logs");
+    assert!(second_entry.starts_with("logs@2#"), "{second_entry}");
+
+    // What version 1 made, met by version 2: left as version 1 made it.
+    let older = dry_run_create(&cp, namespace, &made_again(&first, true)).unwrap();
+    assert_eq!(
+        differing(&older, &first, namespace),
+        "",
+        "version 2 changed a Pod version 1 injected"
+    );
+    // What version 2 made, without its record: given it back, and nothing else.
+    for record in [false, true] {
+        let newer = dry_run_create(&cp, namespace, &made_again(&second, record)).unwrap();
+        assert_eq!(
+            differing(&newer, &second, namespace),
+            "",
+            "version 2's own containers (record kept: {record})"
+        );
+    }
 }

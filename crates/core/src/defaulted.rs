@@ -484,7 +484,9 @@ fn milli_units(quantity: &str) -> Option<i128> {
     Some(if negative { -value } else { value })
 }
 
+mod holds;
 mod stored;
+pub(crate) use holds::holds_cel;
 pub(crate) use stored::stored_volume;
 
 #[cfg(test)]

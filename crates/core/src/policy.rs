@@ -32,7 +32,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::defaulted::{
-    SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, service_account_mount_cel, stored_volume,
+    ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, holds_cel,
+    service_account_mount_cel, stored_volume,
 };
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
@@ -1330,11 +1331,12 @@ const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 /// the Pod (`selection`; the proof policy leaves it out) and none of its containers and
 /// volumes is there yet, else `[]`.
 ///
-/// A Pod that has every container and init container of a required template by name gets the
+/// A Pod that has containers and init containers of a required template by name gets the
 /// rest of it (env, mounts, pull secrets, labels, annotations, the record), as `plan` gives it
-/// to a copy of an injected Pod; if one of them is a look-alike, the guard (or, with `auto`,
-/// the webhook) refuses the Pod anyway, as `plan` refuses it. A best-effort template's
-/// look-alike must get nothing, so such a Pod is left to the webhook.
+/// to a copy of an injected Pod, when each of them holds what this version sets
+/// ([`carries_this_version`]); otherwise it gets nothing, and the guard (or, with `auto`, the
+/// webhook) refuses it as `plan` refuses a look-alike, unless it is an earlier version's whole.
+/// A best-effort template's look-alike must get nothing, so such a Pod is left to the webhook.
 fn mutation(
     template: &CompiledTemplate,
     template_containers: &str,
@@ -1364,6 +1366,9 @@ fn mutation(
         conditions.push(format!(
             "!object.spec.containers.exists(c, c.name in {names}) && !object.spec.?initContainers.orValue([]).exists(c, c.name in {names})"
         ));
+    }
+    if each_missing {
+        conditions.push(carries_this_version(template));
     }
     if !template.volumes.is_empty() {
         // A volume of the Pod's own by one of the template's names must be the template's, as
@@ -1584,6 +1589,35 @@ fn added_item(list: &str, at: &str, index: &str, item: &Item, missing: Option<&S
     match missing {
         Some(missing) => format!("({missing} ? {ops} : [])"),
         None => ops,
+    }
+}
+
+/// The CEL condition that each container and init container of `template` the Pod has by name
+/// holds what this version sets (`defaulted::holds_cel`). The API server re-invokes a policy
+/// by name in the same request, and may load a new version between the two calls: the new
+/// version then finds the containers the earlier one added, and writing its record entry and
+/// its rest over them made a Pod that claimed the new version while it carried the old one.
+fn carries_this_version(template: &CompiledTemplate) -> String {
+    let placed = [
+        ("containers", &template.containers),
+        ("initContainers", &template.init_containers),
+    ];
+    let terms: Vec<String> = placed
+        .into_iter()
+        .flat_map(|(list, items)| {
+            items.iter().map(move |item| {
+                format!(
+                    "object.spec.?{list}.orValue([]).all(c, c.name != {} || {})",
+                    cel_string(&item.key),
+                    holds_cel(&item.body, "c", ItemKind::Container, &cel_text)
+                )
+            })
+        })
+        .collect();
+    if terms.is_empty() {
+        "true".to_owned()
+    } else {
+        terms.join(" && ")
     }
 }
 
