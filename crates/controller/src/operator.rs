@@ -998,7 +998,7 @@ impl Operator {
                 continue;
             };
             match self.plan_again(&counted.snapshot, &key, &sample).await {
-                Ok(Some((reason, uid))) => log.learn(key, reason, uid),
+                Ok(Some(reason)) => log.learn(key, reason),
                 // Gone meanwhile: another of its Pods next round.
                 Ok(None) => {}
                 Err(error) => {
@@ -1007,7 +1007,7 @@ impl Operator {
             }
         }
         for tell in log.due(missing, now) {
-            if let Err(error) = crate::status::tell_skip(&self.client, &tell, instance).await {
+            if let Err(error) = skips::tell_skip(&self.client, &tell, instance).await {
                 tracing::warn!(template = %tell.key.template, owner = %tell.key.owner, %error, "recording why a template was skipped failed; retrying");
                 log.untold(&tell.key);
             }
@@ -1015,28 +1015,21 @@ impl Operator {
     }
 
     /// Plans the Pod `name` of `key`'s owner again, as it is stored, with every template in
-    /// force: why `key`'s template is skipped there (`None`: it is not), and the owner's uid
-    /// as the Pod names it; `None` when the Pod is gone. Read with a list by name, which the
+    /// force: why `key`'s template is skipped there (`None`: it is not); `None` when the Pod
+    /// is gone. Read with a list by name, which the
     /// census's RBAC (list Pods) allows, where a get would need more.
     async fn plan_again(
         &self,
         snapshot: &injector_core::Snapshot,
         key: &SkipKey,
         name: &str,
-    ) -> Result<Option<(Option<String>, Option<String>)>, kube::Error> {
+    ) -> Result<Option<Option<String>>, kube::Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.owner.namespace);
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
         let listed = api.list(&params).await?;
         let Some(pod) = listed.items.into_iter().next() else {
             return Ok(None);
         };
-        let uid = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true) && o.name == key.owner.name)
-            .map(|o| o.uid.clone());
         let Ok(value) = serde_json::to_value(&pod) else {
             return Ok(None);
         };
@@ -1048,7 +1041,7 @@ impl Operator {
         let reason = injector_core::plan(&value, &namespace, snapshot.templates())
             .ok()
             .and_then(|plan| skips::skip_reason(&plan, &key.template));
-        Ok(Some((reason, uid)))
+        Ok(Some(reason))
     }
 
     /// The recorder of the events the operator publishes on templates.
