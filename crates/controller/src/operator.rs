@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
-use injector_core::NamespaceInfo;
 use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -23,6 +22,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use tokio::sync::{Notify, watch};
@@ -997,7 +997,7 @@ impl Operator {
             let Some(sample) = missing.get(&key).map(|m| m.sample.clone()) else {
                 continue;
             };
-            match self.plan_again(&counted.snapshot, &key, &sample).await {
+            match self.plan_again(counted, &key, &sample).await {
                 Ok(Some(reason)) => log.learn(key, reason),
                 // Gone meanwhile: another of its Pods next round.
                 Ok(None) => {}
@@ -1015,33 +1015,32 @@ impl Operator {
     }
 
     /// Plans the Pod `name` of `key`'s owner again, as it is stored, with every template in
-    /// force: why `key`'s template is skipped there (`None`: it is not); `None` when the Pod
-    /// is gone. Read with a list by name, which the
-    /// census's RBAC (list Pods) allows, where a get would need more.
+    /// force and its namespace's labels from the census's view: why `key`'s template is
+    /// skipped there (`None`: it is not); `None` when the Pod or its namespace is gone. Read
+    /// with a list by name, which the census's RBAC (list Pods) allows, where a get would need
+    /// more.
     async fn plan_again(
         &self,
-        snapshot: &injector_core::Snapshot,
+        counted: &Counted,
         key: &SkipKey,
         name: &str,
     ) -> Result<Option<Option<String>>, kube::Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.owner.namespace);
+        let namespace = &key.owner.namespace;
+        let Some(labels) = counted
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .map(|ns| ns.metadata.labels.clone().unwrap_or_default())
+        else {
+            return Ok(None);
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let params = ListParams::default().fields(&format!("metadata.name={name}"));
         let listed = api.list(&params).await?;
         let Some(pod) = listed.items.into_iter().next() else {
             return Ok(None);
         };
-        let Ok(value) = serde_json::to_value(&pod) else {
-            return Ok(None);
-        };
-        // The census found the Pod selected: its namespace is not judged again.
-        let namespace = NamespaceInfo {
-            name: &key.owner.namespace,
-            labels: None,
-        };
-        let reason = injector_core::plan(&value, &namespace, snapshot.templates())
-            .ok()
-            .and_then(|plan| skips::skip_reason(&plan, &key.template));
-        Ok(Some(reason))
+        let mut conflicts = skips::conflicts(&pod, &labels, &counted.snapshot);
+        Ok(Some(conflicts.remove(&key.template)))
     }
 
     /// The recorder of the events the operator publishes on templates.

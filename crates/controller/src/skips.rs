@@ -6,8 +6,8 @@
 //! again from what it sees, whichever engine admitted the Pod (the webhook, or the
 //! MutatingAdmissionPolicy, which calls no webhook): the census says which Pods a best-effort
 //! template selects but that do not carry it ([`missing`], by owner); one of them is planned
-//! again as it is stored, and the template's skip reason there ([`skip_reason`], a conflict)
-//! is the reason. An owner whose Pods would get the template now (created before it, or
+//! again as it is stored, in its namespace with that namespace's labels, and the template's
+//! conflict there ([`conflicts`]) is the reason. An owner whose Pods would get the template now (created before it, or
 //! admitted while the webhook was unreachable) is told nothing.
 //!
 //! [`SkipLog`] keeps what was learned per owner (by uid), template and generation, so that
@@ -23,7 +23,7 @@ use std::time::Duration;
 use injector_api::{FailurePolicy, SidecarTemplate, WorkloadRef};
 use injector_core::lifecycle::{PodMeta, carried, counts};
 use injector_core::workload::owner_of;
-use injector_core::{Plan, SkipReason, Snapshot};
+use injector_core::{NamespaceInfo, SkipReason, Snapshot};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::{Event, EventSeries};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
@@ -159,15 +159,29 @@ fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
         .find(|owner| owner.controller == Some(true))
 }
 
-/// Why `plan` skipped `template`, when it was for a reason worth telling: a conflict with what
-/// the Pod has. Any other outcome (applied, not selected, already present) says the template
-/// was not skipped at this Pod's admission for a reason of the Pod's.
-pub fn skip_reason(plan: &Plan<'_>, template: &str) -> Option<String> {
-    plan.skipped
-        .iter()
-        .find(|s| s.name == template)
+/// The conflicts `pod`, as it is stored, has with the templates of `snapshot` in its
+/// namespace, labelled `namespace_labels`: why each template skipped there for a reason worth
+/// telling was, by template name. A template whose namespace selector leaves the namespace
+/// out takes no part, so it is never skipped nor makes another one skip. Any other outcome
+/// (applied, not selected, already present) says a template was not skipped at this Pod's
+/// admission for a reason of the Pod's.
+pub fn conflicts(
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+    snapshot: &Snapshot,
+) -> BTreeMap<String, String> {
+    let namespace = NamespaceInfo {
+        name: pod.metadata.namespace.as_deref().unwrap_or_default(),
+        labels: Some(namespace_labels),
+    };
+    let plan = serde_json::to_value(pod)
+        .ok()
+        .and_then(|value| injector_core::plan(&value, &namespace, snapshot.templates()).ok());
+    plan.iter()
+        .flat_map(|plan| &plan.skipped)
         .filter(|s| matches!(s.reason, SkipReason::Conflict(_)))
-        .map(|s| s.reason.to_string())
+        .map(|s| (s.name.clone(), s.reason.to_string()))
+        .collect()
 }
 
 /// What to tell of one key.
@@ -217,7 +231,7 @@ impl SkipLog {
     }
 
     /// Records what planning one of `key`'s Pods again said: `reason` when the template was
-    /// skipped ([`skip_reason`]).
+    /// skipped ([`conflicts`]).
     pub fn learn(&mut self, key: SkipKey, reason: Option<String>) {
         let known = match reason {
             Some(reason) => Known::Skipped {

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use injector_api::names::INJECTED_ANNOTATION;
-use injector_core::NamespaceInfo;
 use injector_core::in_force::from_listing;
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Value, json};
@@ -247,30 +246,79 @@ fn an_owner_whose_pods_would_get_the_template_now_is_told_nothing() {
     assert!(log.to_plan(&missing, LOOKUPS_PER_ROUND).is_empty());
 }
 
+/// A Pod of `shop` labelled `app: web`, as stored, with the containers `containers` names.
+fn stored(name: &str, containers: &[&str]) -> Pod {
+    let containers: Vec<Value> = containers
+        .iter()
+        .map(|c| json!({"name": c, "image": format!("{c}:mine")}))
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "labels": {"app": "web"}},
+        "spec": {"containers": containers},
+    }))
+    .unwrap()
+}
+
+/// The best-effort template `name`, adding a container `container`, at `priority`, in the
+/// namespaces labelled `env: <env>` (every one for `None`).
+fn selective(name: &str, container: &str, priority: i32, env: Option<&str>) -> SidecarTemplate {
+    let mut spec = json!({
+        "podSelector": {"matchLabels": {"app": "web"}},
+        "failurePolicy": "Ignore",
+        "priority": priority,
+        "containers": [{"name": container, "image": format!("{name}:1")}],
+    });
+    if let Some(env) = env {
+        spec["namespaceSelector"] = json!({"matchLabels": {"env": env}});
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "sidecar.dev/v1alpha1",
+        "kind": "SidecarTemplate",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn labels(env: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([("env".to_owned(), env.to_owned())])
+}
+
 #[test]
 fn planning_the_stored_pod_again_gives_the_conflict() {
     let snapshot = snapshot();
-    let info = NamespaceInfo {
-        name: "shop",
-        labels: None,
-    };
-    let clashing = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-abc-1", "namespace": "shop", "labels": {"app": "web"}},
-        "spec": {"containers": [{"name": "web", "image": "web:1"}, {"name": "agent", "image": "mine:2"}]},
-    });
-    let plan = injector_core::plan(&clashing, &info, snapshot.templates()).unwrap();
-    let reason = skip_reason(&plan, "agent").unwrap();
+    let clashing = stored("web-abc-1", &["web", "agent"]);
+    let found = conflicts(&clashing, &labels("prod"), &snapshot);
+    let reason = &found["agent"];
     assert!(reason.starts_with("conflict: "), "{reason}");
     assert!(reason.contains("agent"), "{reason}");
     // A Pod the template would apply to now (created before it): no reason.
-    let plain = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-abc-2", "namespace": "shop", "labels": {"app": "web"}},
-        "spec": {"containers": [{"name": "web", "image": "web:1"}]},
-    });
-    let plan = injector_core::plan(&plain, &info, snapshot.templates()).unwrap();
-    assert_eq!(skip_reason(&plan, "agent"), None);
+    let plain = stored("web-abc-2", &["web"]);
+    assert!(conflicts(&plain, &labels("prod"), &snapshot).is_empty());
+}
+
+#[test]
+fn a_template_that_does_not_select_the_namespace_never_yields_a_skip() {
+    let (snapshot, _) = from_listing([selective("agent", "agent", 100, Some("prod"))]);
+    let clashing = stored("web-abc-1", &["web", "agent"]);
+    assert!(conflicts(&clashing, &labels("dev"), &snapshot).is_empty());
+    // Where it selects the namespace, the same Pod conflicts with it.
+    let found = conflicts(&clashing, &labels("prod"), &snapshot);
+    assert!(found["agent"].starts_with("conflict: "), "{found:?}");
+}
+
+#[test]
+fn a_template_that_does_not_select_the_namespace_makes_no_other_skip() {
+    // `first` applies before `agent` and adds the same container: where both apply, `agent`
+    // conflicts; where `first` does not select the namespace, nothing does.
+    let (snapshot, _) = from_listing([
+        selective("first", "agent", 10, Some("prod")),
+        selective("agent", "agent", 100, None),
+    ]);
+    let plain = stored("web-abc-1", &["web"]);
+    assert!(conflicts(&plain, &labels("dev"), &snapshot).is_empty());
+    assert!(conflicts(&plain, &labels("prod"), &snapshot).contains_key("agent"));
 }
 
 #[test]
