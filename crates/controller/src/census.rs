@@ -38,7 +38,12 @@ const READ_ANNOTATIONS: [&str; 3] = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEM
 /// update in place.
 pub type PodView = Store<PartialObjectMeta<Pod>>;
 
-/// A census, the templates it counted against and the view of Pods it was counted from.
+/// The leader's view of Namespaces (their names and labels), for the namespace selectors of
+/// a Pod planned again.
+pub type NamespaceView = Store<PartialObjectMeta<Namespace>>;
+
+/// A census, the templates it counted against and the views of Pods and Namespaces it was
+/// counted from.
 #[derive(Clone)]
 pub struct Counted {
     /// Where the Pods stand with each template.
@@ -48,6 +53,8 @@ pub struct Counted {
     pub snapshot: Arc<injector_core::Snapshot>,
     /// The Pods.
     pub pods: PodView,
+    /// Their Namespaces.
+    pub namespaces: NamespaceView,
 }
 
 impl Counted {
@@ -190,6 +197,7 @@ pub async fn run(
                         census: Arc::new(census),
                         snapshot,
                         pods: pods.clone(),
+                        namespaces: namespaces.clone(),
                     }),
                     Err(error) => tracing::error!(%error, "counting Pods failed"),
                 }

@@ -7,8 +7,9 @@
 //! ([`skips`]), and compiles, proves and applies the admission policies ([`policy_backend`]).
 //!
 //! Pure decisions live in their own modules ([`certs`], [`webhook_config`], [`entry_order`],
-//! [`sync`], [`status`], [`skips`]) and are tested without a cluster; the modules that talk to the API
-//! server are thin around them, wired together in [`operator`].
+//! [`sync`]), or beside the few functions that publish them ([`status`]: `write_status` and
+//! the events on templates; [`skips`]: `tell_skip`), and are tested without a cluster; the
+//! modules that talk to the API server are thin around them, wired together in [`operator`].
 
 /// The field manager of every write the operator makes (server-side apply and updates).
 pub const FIELD_MANAGER: &str = "sidecar-injector";

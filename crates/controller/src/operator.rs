@@ -13,7 +13,6 @@ use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::SidecarTemplate;
-use injector_core::NamespaceInfo;
 use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -23,6 +22,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, DefaultBackoff, Event};
 use tokio::sync::{Notify, watch};
@@ -939,42 +939,70 @@ impl Operator {
         // The Pods missing best-effort templates, found again only from a new census.
         let mut found: Option<(Arc<census::Census>, Arc<skips::MissingPods>)> = None;
         loop {
-            if self.is_leader() {
-                let counted = self.census.borrow().clone();
-                if let Some(counted) = counted {
-                    let missing = match &found {
-                        Some((census, missing)) if Arc::ptr_eq(census, &counted.census) => {
-                            Some(Arc::clone(missing))
+            let counted = self.census.borrow().clone();
+            let interrupted = match counted.filter(|_| self.is_leader()) {
+                // A round stops where it is when leadership changes: a deposed leader writes
+                // no more Events.
+                Some(counted) => tokio::select! {
+                    () = self.skip_round(&counted, &mut found, &mut log, &started, &instance) => false,
+                    _ = stop.cancelled() => return,
+                    changed = Self::leadership_changed(&mut leading, "skip events") => {
+                        if !changed {
+                            return;
                         }
-                        _ => Self::missing_off_runtime(&counted).await,
-                    };
-                    if let Some(missing) = missing {
-                        found = Some((Arc::clone(&counted.census), Arc::clone(&missing)));
-                        tokio::select! {
-                            () = self.tell_skips(&counted, &missing, &mut log, started.elapsed(), &instance) => {}
-                            _ = stop.cancelled() => return,
-                        }
+                        true
                     }
+                },
+                None => false,
+            };
+            if !interrupted {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(STATUS_PERIOD) => continue,
+                    changed = Self::leadership_changed(&mut leading, "skip events") => if !changed { return },
                 }
-            } else {
-                log = SkipLog::default();
-                found = None;
             }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(STATUS_PERIOD) => {}
-                changed = Self::leadership_changed(&mut leading, "skip events") => if !changed { return },
-            }
+            // Leadership changed: what a round marked as told may not have been written, and a
+            // term starts with nothing learned.
+            log = SkipLog::default();
+            found = None;
         }
     }
 
-    /// [`skips::missing`] of `counted` on a blocking thread (every Pod against each best-effort
-    /// template behind); `None` when that thread failed.
+    /// One round of [`Self::skip_loop`] from `counted`: the Pods missing best-effort templates
+    /// (kept in `found` until the census changes), then [`Self::tell_skips`].
+    async fn skip_round(
+        &self,
+        counted: &Counted,
+        found: &mut Option<(Arc<census::Census>, Arc<skips::MissingPods>)>,
+        log: &mut SkipLog,
+        started: &Instant,
+        instance: &str,
+    ) {
+        let missing = match found {
+            Some((census, missing)) if Arc::ptr_eq(census, &counted.census) => Arc::clone(missing),
+            _ => match Self::missing_off_runtime(counted).await {
+                Some(missing) => missing,
+                None => return,
+            },
+        };
+        *found = Some((Arc::clone(&counted.census), Arc::clone(&missing)));
+        self.tell_skips(counted, &missing, log, started.elapsed(), instance)
+            .await;
+    }
+
+    /// [`skips::missing`] of `counted` on a blocking thread (every Pod cloned out of the view,
+    /// then against each best-effort template behind); `None` when that thread failed.
     async fn missing_off_runtime(counted: &Counted) -> Option<Arc<skips::MissingPods>> {
+        // Most clusters' rounds: nothing best-effort, so nothing skipped worth telling.
+        if !skips::has_best_effort(&counted.snapshot) {
+            return Some(Arc::default());
+        }
         let snapshot = Arc::clone(&counted.snapshot);
         let census = Arc::clone(&counted.census);
-        let pods = counted.pods.state();
-        match tokio::task::spawn_blocking(move || skips::missing(&snapshot, &census, &pods)).await {
+        let pods = counted.pods.clone();
+        let finding = move || skips::missing(&snapshot, &census, &pods.state());
+        match tokio::task::spawn_blocking(finding).await {
             Ok(missing) => Some(Arc::new(missing)),
             Err(error) => {
                 tracing::error!(%error, "finding the Pods missing best-effort templates failed");
@@ -997,8 +1025,8 @@ impl Operator {
             let Some(sample) = missing.get(&key).map(|m| m.sample.clone()) else {
                 continue;
             };
-            match self.plan_again(&counted.snapshot, &key, &sample).await {
-                Ok(Some((reason, uid))) => log.learn(key, reason, uid),
+            match self.plan_again(counted, &key, &sample).await {
+                Ok(Some(reason)) => log.learn(key, reason),
                 // Gone meanwhile: another of its Pods next round.
                 Ok(None) => {}
                 Err(error) => {
@@ -1007,7 +1035,7 @@ impl Operator {
             }
         }
         for tell in log.due(missing, now) {
-            if let Err(error) = crate::status::tell_skip(&self.client, &tell, instance).await {
+            if let Err(error) = skips::tell_skip(&self.client, &tell, instance).await {
                 tracing::warn!(template = %tell.key.template, owner = %tell.key.owner, %error, "recording why a template was skipped failed; retrying");
                 log.untold(&tell.key);
             }
@@ -1015,40 +1043,36 @@ impl Operator {
     }
 
     /// Plans the Pod `name` of `key`'s owner again, as it is stored, with every template in
-    /// force: why `key`'s template is skipped there (`None`: it is not), and the owner's uid
-    /// as the Pod names it; `None` when the Pod is gone. Read with a list by name, which the
-    /// census's RBAC (list Pods) allows, where a get would need more.
+    /// force and its namespace's labels from the census's view: why `key`'s template is
+    /// skipped there (`None`: it is not); `None` when the Pod or its namespace is gone. Read
+    /// with a list by name, which the census's RBAC (list Pods) allows, where a get would need
+    /// more; at any resourceVersion ("0"), so the API server answers from its watch cache
+    /// rather than with a quorum read of etcd for each Pod (the census that chose it is no
+    /// newer).
     async fn plan_again(
         &self,
-        snapshot: &injector_core::Snapshot,
+        counted: &Counted,
         key: &SkipKey,
         name: &str,
-    ) -> Result<Option<(Option<String>, Option<String>)>, kube::Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.owner.namespace);
-        let params = ListParams::default().fields(&format!("metadata.name={name}"));
+    ) -> Result<Option<Option<String>>, kube::Error> {
+        let namespace = &key.owner.namespace;
+        let Some(labels) = counted
+            .namespaces
+            .get(&ObjectRef::new(namespace))
+            .map(|ns| ns.metadata.labels.clone().unwrap_or_default())
+        else {
+            return Ok(None);
+        };
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default()
+            .match_any()
+            .fields(&format!("metadata.name={name}"));
         let listed = api.list(&params).await?;
         let Some(pod) = listed.items.into_iter().next() else {
             return Ok(None);
         };
-        let uid = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true) && o.name == key.owner.name)
-            .map(|o| o.uid.clone());
-        let Ok(value) = serde_json::to_value(&pod) else {
-            return Ok(None);
-        };
-        // The census found the Pod selected: its namespace is not judged again.
-        let namespace = NamespaceInfo {
-            name: &key.owner.namespace,
-            labels: None,
-        };
-        let reason = injector_core::plan(&value, &namespace, snapshot.templates())
-            .ok()
-            .and_then(|plan| skips::skip_reason(&plan, &key.template));
-        Ok(Some((reason, uid)))
+        let mut conflicts = skips::conflicts(&pod, &labels, &counted.snapshot);
+        Ok(Some(conflicts.remove(&key.template)))
     }
 
     /// The recorder of the events the operator publishes on templates.

@@ -720,31 +720,6 @@ pub async fn record_restart(
     recorder.publish(&event, &template.object_ref(&())).await
 }
 
-/// Publishes the Event telling `tell` on the Pods' owner ([`crate::skips::event`]), as
-/// `instance`; when it exists already (told before, by this leader or another), brings its
-/// series to the number of Pods missing the template now.
-pub async fn tell_skip(
-    client: &kube::Client,
-    tell: &crate::skips::Tell,
-    instance: &str,
-) -> Result<(), kube::Error> {
-    let now = k8s_openapi::jiff::Timestamp::now();
-    let event = crate::skips::event(tell, crate::FIELD_MANAGER, instance, now);
-    let api: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &tell.key.owner.namespace);
-    match api.create(&kube::api::PostParams::default(), &event).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(response)) if response.code == 409 => {
-            let name = crate::skips::event_name(&tell.key);
-            let patch = crate::skips::series_patch(tell, now);
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map(|_| ())
-        }
-        Err(error) => Err(error),
-    }
-}
-
 /// The note of the `PodsStale` event.
 pub fn stale_message(template: &SidecarTemplate, tally: Tally) -> String {
     let generation = template.metadata.generation.unwrap_or_default();

@@ -543,3 +543,144 @@ async fn a_configuration_too_large_for_etcd_is_never_applied_and_what_is_left_ou
     assert_eq!(events, not_served);
     stop.cancel();
 }
+
+const SHOP_PODS: &str = "/api/v1/namespaces/shop/pods";
+const SHOP_EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/shop/events";
+
+/// The ReplicaSet `web-abc`'s Pod `web-abc-1` of `shop`: its metadata as the census keeps it.
+fn web_pod_meta() -> Value {
+    json!({
+        "name": "web-abc-1", "namespace": "shop", "labels": {"app": "web"},
+        "ownerReferences": [{
+            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc",
+            "uid": "uid-web-abc", "controller": true,
+        }],
+    })
+}
+
+/// The leader's census of that Pod, which misses the best-effort template `agent`, with the
+/// namespace `shop` in its view.
+fn census_missing_agent() -> Counted {
+    let template: SidecarTemplate = serde_json::from_value(json!({
+        "apiVersion": "sidecar.dev/v1alpha1", "kind": "SidecarTemplate",
+        "metadata": {"name": "agent", "generation": 1},
+        "spec": {
+            "podSelector": {"matchLabels": {"app": "web"}},
+            "failurePolicy": "Ignore",
+            "containers": [{"name": "agent", "image": "agent:1"}],
+        },
+    }))
+    .unwrap();
+    let (snapshot, _) = injector_core::in_force::from_listing([template]);
+    let (pods, mut pods_writer) = kube::runtime::reflector::store();
+    pods_writer.apply_watcher_event(&Event::Apply(kube::core::PartialObjectMeta::<Pod> {
+        types: None,
+        metadata: serde_json::from_value(web_pod_meta()).unwrap(),
+        _phantom: std::marker::PhantomData,
+    }));
+    let (namespaces, mut namespaces_writer) = kube::runtime::reflector::store();
+    namespaces_writer.apply_watcher_event(&Event::Apply(kube::core::PartialObjectMeta::<
+        k8s_openapi::api::core::v1::Namespace,
+    > {
+        types: None,
+        metadata: serde_json::from_value(json!({"name": "shop"})).unwrap(),
+        _phantom: std::marker::PhantomData,
+    }));
+    let census = census::count(
+        &snapshot,
+        &pods.state(),
+        &namespaces.state(),
+        "sidecar-injector",
+    );
+    Counted {
+        census: Arc::new(census),
+        snapshot,
+        pods,
+        namespaces,
+    }
+}
+
+// On the real clock: the loop's blocking thread does not advance a paused one.
+#[tokio::test]
+async fn a_skip_round_is_left_when_leadership_changes_and_the_pod_is_read_from_the_cache() {
+    // The Pod's read is never answered: the round waits on it until it is left.
+    let (client, calls) = fake_api(|call, _| {
+        if call.is(Method::GET, SHOP_PODS) {
+            None
+        } else {
+            ok(&json!({}))
+        }
+    });
+    let (leader, leading) = watch::channel(true);
+    let operator = operator(client, options(Lifetimes::default()), leading);
+    operator.census.send_replace(Some(census_missing_agent()));
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(Arc::clone(&operator).skip_loop(stop.clone()));
+    let read = |c: &Call| c.is(Method::GET, SHOP_PODS);
+    let first = wait_for_calls(&calls, 1, read).await;
+    assert!(first[0].query.contains("resourceVersion=0"), "{first:?}");
+    assert!(
+        first[0].query.contains("resourceVersionMatch=NotOlderThan"),
+        "{first:?}"
+    );
+    leader.send_replace(false);
+    // A deposed leader's round is gone: leading again, the next term reads the Pod anew
+    // (a round still waiting on the first read would never ask again).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    leader.send_replace(true);
+    wait_for_calls(&calls, 2, read).await;
+    assert!(calls_where(&calls, |c| c.method == Method::POST).is_empty());
+    stop.cancel();
+    task.await.unwrap();
+}
+
+/// What the leader tells of `web-abc` missing `agent` for 3 Pods.
+fn tell_web() -> skips::Tell {
+    skips::Tell {
+        key: SkipKey {
+            owner: injector_api::WorkloadRef {
+                kind: "ReplicaSet".to_owned(),
+                namespace: "shop".to_owned(),
+                name: "web-abc".to_owned(),
+            },
+            owner_uid: "uid-web-abc".to_owned(),
+            template: "agent".to_owned(),
+            generation: 1,
+        },
+        reason: "conflict: container \"agent\" exists".to_owned(),
+        pods: 3,
+        sample: "web-abc-1".to_owned(),
+        api_version: "apps/v1".to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn a_skip_event_found_under_its_name_is_added_to_only_when_it_is_about_the_same_owner() {
+    for (found_uid, added_to) in [("uid-web-abc", true), ("uid-of-another-life", false)] {
+        let mut found = serde_json::to_value(skips::event(
+            &tell_web(),
+            FIELD_MANAGER,
+            "replica-0",
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ))
+        .unwrap();
+        found["metadata"]["resourceVersion"] = json!("7");
+        found["regarding"]["uid"] = json!(found_uid);
+        let (client, calls) = fake_api(move |call, _| {
+            if call.is(Method::POST, SHOP_EVENTS) {
+                failure(StatusCode::CONFLICT, "AlreadyExists")
+            } else {
+                ok(&found)
+            }
+        });
+        skips::tell_skip(&client, &tell_web(), "replica-1")
+            .await
+            .unwrap();
+        let patches = calls_where(&calls, |c| c.method == Method::PATCH);
+        assert_eq!(patches.len(), usize::from(added_to), "{found_uid}");
+        if let Some(patch) = patches.first() {
+            assert_eq!(patch.body["series"]["count"], 3);
+            assert_eq!(patch.body["metadata"]["resourceVersion"], "7");
+        }
+    }
+}

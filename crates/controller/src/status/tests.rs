@@ -930,6 +930,7 @@ fn census_of(in_force: &SidecarTemplate, carried: &SidecarTemplate) -> crate::ce
         census: Arc::new(census),
         snapshot,
         pods: kube::runtime::reflector::store().0,
+        namespaces: kube::runtime::reflector::store().0,
     }
 }
 
