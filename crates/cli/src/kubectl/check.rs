@@ -271,7 +271,7 @@ fn link(link: &'static str, state: State, message: impl Into<String>) -> Link {
 pub struct Report {
     /// The links.
     pub links: Vec<Link>,
-    /// Whether a link is broken (the command then exits with 1).
+    /// Whether a link is broken (the command then exits with 4).
     pub broken: bool,
 }
 
@@ -349,6 +349,29 @@ pub fn judge(observed: &Observed, names: &Names, now: Timestamp) -> Report {
     }
     let broken = links.iter().any(|l| l.state == State::Broken);
     Report { links, broken }
+}
+
+/// The namespace or Pod asked about, when it does not exist (`namespace/NAME`, `pod/NAME -n
+/// NAMESPACE`): a mistyped name is an error of the command, not a link of the plumbing.
+pub fn absent_target(observed: &Observed) -> Option<String> {
+    match observed.target.as_ref()? {
+        Target::Namespace { name, labels, .. } => {
+            labels.is_missing().then(|| format!("namespace/{name}"))
+        }
+        Target::Pod {
+            namespace,
+            name,
+            labels,
+            pod,
+        } => {
+            if labels.is_missing() {
+                Some(format!("namespace/{namespace}"))
+            } else {
+                pod.is_missing()
+                    .then(|| format!("pod/{name} -n {namespace}"))
+            }
+        }
+    }
 }
 
 fn calls(configuration: &Read<MutatingWebhookConfiguration>) -> Calls {

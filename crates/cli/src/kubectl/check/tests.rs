@@ -1083,6 +1083,42 @@ fn a_namespace_lists_a_few_pods_and_counts_the_rest() {
 }
 
 #[test]
+fn a_mistyped_pod_or_namespace_is_an_error_not_a_link() {
+    let mut observed = healthy();
+    assert_eq!(absent_target(&observed), None);
+    observed.target = Some(Target::Pod {
+        namespace: "shop".to_owned(),
+        name: "web-l".to_owned(),
+        labels: shop(json!({"team": "shop"})),
+        pod: Read::Missing,
+    });
+    assert_eq!(
+        absent_target(&observed).as_deref(),
+        Some("pod/web-l -n shop")
+    );
+    observed.target = Some(Target::Pod {
+        namespace: "shpo".to_owned(),
+        name: "web-1".to_owned(),
+        labels: Read::Missing,
+        pod: Read::Missing,
+    });
+    assert_eq!(absent_target(&observed).as_deref(), Some("namespace/shpo"));
+    observed.target = Some(Target::Namespace {
+        name: "shpo".to_owned(),
+        labels: Read::Missing,
+        pods: Read::Found(Vec::new()),
+    });
+    assert_eq!(absent_target(&observed).as_deref(), Some("namespace/shpo"));
+    // Not readable is no error: its links say so.
+    observed.target = Some(Target::Namespace {
+        name: "shop".to_owned(),
+        labels: Read::Forbidden("forbidden by RBAC".to_owned()),
+        pods: Read::Found(Vec::new()),
+    });
+    assert_eq!(absent_target(&observed), None);
+}
+
+#[test]
 fn names_follow_the_charts_fullname() {
     let default = names();
     assert_eq!(default.fullname, "sidecar-injector");
