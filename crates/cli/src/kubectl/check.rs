@@ -687,62 +687,13 @@ fn calling(entries: &[MutatingWebhook], policy_only: bool) -> String {
 }
 
 fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
-    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
-    if let Some(why) = observed.configuration.unread(&what) {
-        return link(CA_BUNDLE, State::Unknown, why);
-    }
-    let Some(configuration) = observed.configuration.found() else {
-        return link(
-            CA_BUNDLE,
-            State::Skipped,
-            "no webhook configuration to read it from",
-        );
+    let roots = match bundle_roots(observed, names) {
+        Ok(roots) => roots,
+        Err(judged) => return judged,
     };
-    let entries = configuration.webhooks.as_deref().unwrap_or_default();
-    let Some(first) = entries.first() else {
-        return link(CA_BUNDLE, State::Skipped, "the configuration has no entry");
-    };
-    let bundle = first
-        .client_config
-        .ca_bundle
-        .as_ref()
-        .map(|b| b.0.as_slice())
-        .unwrap_or_default();
-    if entries.iter().any(|e| {
-        e.client_config
-            .ca_bundle
-            .as_ref()
-            .map(|b| b.0.as_slice())
-            .unwrap_or_default()
-            != bundle
-    }) {
-        return link(
-            CA_BUNDLE,
-            State::Broken,
-            "the entries carry different caBundles: some calls fail their TLS handshake; the leader writes one caBundle to every entry within a minute",
-        );
-    }
-    let roots = match certificate::pem_certificates(bundle) {
-        Ok(roots) if !roots.is_empty() => roots,
-        Ok(_) => {
-            return link(
-                CA_BUNDLE,
-                State::Broken,
-                "the entries carry no caBundle: the API server trusts only its own roots, which never signed the operator's certificate; the leader writes it within seconds",
-            );
-        }
-        Err(why) => {
-            return link(
-                CA_BUNDLE,
-                State::Broken,
-                format!("the caBundle is not PEM certificates: {why}"),
-            );
-        }
-    };
-    let fix = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
     if let Some(handshake) = &observed.handshake {
         return match &handshake.served {
-            Ok(chain) => verified(handshake, "", chain, &roots, now, fix),
+            Ok(chain) => verified(handshake, "", chain, &roots, now),
             Err(_) => link(
                 CA_BUNDLE,
                 State::Unknown,
@@ -757,7 +708,7 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
     if let Some(handshake) = &observed.endpoint_handshake
         && let Ok(chain) = &handshake.served
     {
-        return verified(handshake, ", a replica's address", chain, &roots, now, fix);
+        return verified(handshake, ", a replica's address", chain, &roots, now);
     }
     let unreachable = match &observed.endpoint_handshake {
         Some(Handshake {
@@ -767,8 +718,75 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
         }) => format!(" (a replica's address, {url}, cannot be reached from here: {why})"),
         _ => String::new(),
     };
-    // Otherwise the Secret's certificate: the one the replicas load (and reload when it
-    // changes); that each serves it now is what a handshake would prove, not reachable here.
+    secret_verified(observed, names, &roots, now, &unreachable)
+}
+
+/// What to do about a caBundle that does not verify the webhook's certificate.
+const CA_FIX: &str = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
+
+/// The certificates of the caBundle every entry carries, or the link's line when there is
+/// none to verify with: not read, no configuration or entry, entries that differ, or no PEM.
+fn bundle_roots(observed: &Observed, names: &Names) -> Result<Vec<Vec<u8>>, Link> {
+    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    if let Some(why) = observed.configuration.unread(&what) {
+        return Err(link(CA_BUNDLE, State::Unknown, why));
+    }
+    let Some(configuration) = observed.configuration.found() else {
+        return Err(link(
+            CA_BUNDLE,
+            State::Skipped,
+            "no webhook configuration to read it from",
+        ));
+    };
+    let entries = configuration.webhooks.as_deref().unwrap_or_default();
+    let bundle_of = |entry: &MutatingWebhook| -> Vec<u8> {
+        entry
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.clone())
+            .unwrap_or_default()
+    };
+    let Some(bundle) = entries.first().map(bundle_of) else {
+        return Err(link(
+            CA_BUNDLE,
+            State::Skipped,
+            "the configuration has no entry",
+        ));
+    };
+    if entries.iter().any(|e| bundle_of(e) != bundle) {
+        return Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            "the entries carry different caBundles: some calls fail their TLS handshake; the leader writes one caBundle to every entry within a minute",
+        ));
+    }
+    match certificate::pem_certificates(&bundle) {
+        Ok(roots) if !roots.is_empty() => Ok(roots),
+        Ok(_) => Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            "the entries carry no caBundle: the API server trusts only its own roots, which never signed the operator's certificate; the leader writes it within seconds",
+        )),
+        Err(why) => Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            format!("the caBundle is not PEM certificates: {why}"),
+        )),
+    }
+}
+
+/// Whether `roots` hold the CA of the operator's Secret and verify its serving certificate,
+/// when no handshake fetched the one served (`unreachable`: why not, if one was tried).
+fn secret_verified(
+    observed: &Observed,
+    names: &Names,
+    roots: &[Vec<u8>],
+    now: Timestamp,
+    unreachable: &str,
+) -> Link {
+    // The replicas load this certificate (and reload it when it changes); that each serves
+    // it now only a handshake with each would prove.
     let what = format!("secret/{} -n {}", names.secret(), names.namespace);
     if let Some(why) = observed.secret.unread(&what) {
         return link(
@@ -800,13 +818,13 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
             CA_BUNDLE,
             State::Broken,
             format!(
-                "does not hold the CA of {what} ({CA_CERT_KEY}): the API server's calls fail their TLS handshake; {fix}"
+                "does not hold the CA of {what} ({CA_CERT_KEY}): the API server's calls fail their TLS handshake; {CA_FIX}"
             ),
         );
     }
     let serving = certificates(TLS_CERT_KEY);
     let host = names.service_host();
-    match verify_chain(&serving, &roots, &host, now) {
+    match verify_chain(&serving, roots, &host, now) {
         Ok(()) => link(
             CA_BUNDLE,
             State::Ok,
@@ -817,7 +835,9 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
         Err(why) => link(
             CA_BUNDLE,
             State::Broken,
-            format!("does not verify the serving certificate of {what} for {host}: {why}; {fix}"),
+            format!(
+                "does not verify the serving certificate of {what} for {host}: {why}; {CA_FIX}"
+            ),
         ),
     }
 }
@@ -829,7 +849,6 @@ fn verified(
     chain: &[Vec<u8>],
     roots: &[Vec<u8>],
     now: Timestamp,
-    fix: &str,
 ) -> Link {
     let Handshake { url, host, .. } = handshake;
     match verify_chain(chain, roots, host, now) {
@@ -844,7 +863,7 @@ fn verified(
             CA_BUNDLE,
             State::Broken,
             format!(
-                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
+                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {CA_FIX}"
             ),
         ),
     }
@@ -1481,15 +1500,29 @@ fn pod_links(
         Err(why) => return vec![link(SELECTION, State::Unknown, why)],
     };
     let meta = PodMeta::of(pod);
+    vec![
+        selection(&what, ns, &meta, labels, templates),
+        record(name, ns, pod, &meta, labels, templates),
+    ]
+}
+
+/// The templates in force that select the Pod, by the operator's rules, and whether it opts
+/// out of best-effort ones.
+fn selection(
+    what: &str,
+    ns: &str,
+    meta: &PodMeta<'_>,
+    labels: Option<&BTreeMap<String, String>>,
+    templates: &Templates<'_>,
+) -> Link {
     let info = NamespaceInfo { name: ns, labels };
-    let opted_out = opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str));
     let selecting: Vec<String> = match labels {
         None => Vec::new(),
         Some(_) => templates
             .in_force
             .templates()
             .iter()
-            .filter(|t| selects(t, &meta, &info))
+            .filter(|t| selects(t, meta, &info))
             .map(|t| describe(t))
             .collect(),
     };
@@ -1498,18 +1531,28 @@ fn pod_links(
     } else {
         format!("{what}: selected by {}", selecting.join(", "))
     };
-    if opted_out {
+    if opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str)) {
         selection.push_str(&format!(
             "; it opts out ({INJECT_ANNOTATION}: \"false\") of best-effort templates"
         ));
     }
-    let mut links = vec![link(SELECTION, State::Ok, selection)];
+    link(SELECTION, State::Ok, selection)
+}
 
-    let standings = standings(pod, labels, templates);
+/// The Pod's record against what the templates in force inject: current, stale, missing
+/// ([`missing_note`]), or carrying a template no longer in force.
+fn record(
+    name: &str,
+    ns: &str,
+    pod: &ObjectMeta,
+    meta: &PodMeta<'_>,
+    labels: Option<&BTreeMap<String, String>>,
+    templates: &Templates<'_>,
+) -> Link {
     let mut current = Vec::new();
     let mut problems = Vec::new();
     let mut state = State::Ok;
-    for s in &standings {
+    for s in &standings(pod, labels, templates) {
         match s.state {
             PodState::Current => current.push(s.template.name.as_str()),
             PodState::Stale { .. } => {
@@ -1526,13 +1569,9 @@ fn pod_links(
             }
         }
     }
+    let in_force = templates.in_force.templates();
     for entry in recorded(meta.annotations) {
-        if !templates
-            .in_force
-            .templates()
-            .iter()
-            .any(|t| t.name == entry.name)
-        {
+        if !in_force.iter().any(|t| t.name == entry.name) {
             state = state.max(State::Warning);
             problems.push(format!(
                 "carries {}, which is no longer in force",
@@ -1540,19 +1579,18 @@ fn pod_links(
             ));
         }
     }
-    let record = meta
+    let carried = meta
         .annotations
         .get(INJECTED_ANNOTATION)
         .map_or("nothing", String::as_str);
-    let mut message = format!("{INJECTED_ANNOTATION}: {record}");
+    let mut message = format!("{INJECTED_ANNOTATION}: {carried}");
     if !current.is_empty() {
         message.push_str(&format!("; current with {}", current.join(", ")));
     }
     if !problems.is_empty() {
         message.push_str(&format!("; {}", problems.join("; ")));
     }
-    links.push(link(RECORD, state, message));
-    links
+    link(RECORD, state, message)
 }
 
 fn namespace_pods(
