@@ -3,16 +3,19 @@
 //! one line each: ok, or broken with why and what to do.
 //!
 //! The links: the operator's Deployment, its leader (the Lease), the MutatingWebhookConfiguration
-//! (found, its entries calling the operator's Service, one for every group of served templates),
+//! (found, its entries calling the operator's Service, one for every group of templates in
+//! force but those the operator left out for room),
 //! its caBundle (verifying the certificate the webhook serves, or the Secret's), the Service's
 //! ready endpoints, the NetworkPolicy in front of the webhook, the policy backend, the templates'
 //! `Ready`; and for a namespace or a Pod, which templates select it, whether it opts out, and
 //! whether Pods carry what the templates in force inject. Every rule of selection and of where
-//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), never
+//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), and
+//! so is which groups have no entry (`injector_controller::webhook_config::left_out`): never
 //! restated here.
 //!
 //! A read that failed (forbidden, say) costs its links only: they say what could not be read,
-//! and the others are still judged.
+//! and the others are still judged. A link whose verdict depends on what could not be read is
+//! `unknown`, never `ok`.
 
 use std::collections::BTreeMap;
 use std::fmt;
