@@ -70,8 +70,11 @@ enum PluginCommand {
     Explain(ExplainArgs),
     /// Check the live plumbing, link by link (operator, leader, webhook configuration,
     /// caBundle, endpoints, NetworkPolicy, policy backend, templates), and for a Pod or a
-    /// namespace which templates select it and whether its Pods carry them; exits with 1 when
-    /// a link is broken.
+    /// namespace which templates select it and whether its Pods carry them.
+    ///
+    /// Exit status: 0 when no link is broken (warnings and unknown links included), 4 when a
+    /// link is broken, 1 on an error (the Pod or namespace not found, the cluster not
+    /// reachable), 2 on bad arguments.
     Check(CheckArgs),
     /// Print the shell completion script of kubectl-sidecar, run directly.
     ///
@@ -126,7 +129,7 @@ struct CheckArgs {
     output: StatusOutput,
 }
 
-/// What a plugin command prints, and whether it found something broken (exit status 1).
+/// What a plugin command prints, and whether it found something broken (exit status 4).
 #[derive(Debug)]
 pub struct PluginOutput {
     /// Standard output.
@@ -227,6 +230,9 @@ impl KubectlArgs {
                     (None, None) => plumbing::Scope::Cluster,
                 };
                 let observed = plumbing::observe(&client, &names, &scope).await;
+                if let Some(what) = check::absent_target(&observed) {
+                    return Err(ClusterError::NotFound(what).into());
+                }
                 let report = check::judge(&observed, &names, k8s_openapi::jiff::Timestamp::now());
                 let text = match args.output {
                     StatusOutput::Table => check::to_table(&report),

@@ -13,6 +13,11 @@ use crate::serve::serve;
 /// Exit status when a required template cannot be applied (the Pod would be denied).
 const EXIT_DENIED: u8 = 3;
 
+/// Exit status when `kubectl sidecar check` finds a broken link: a verdict of its own, apart
+/// from 1 (an error: it could not check), 2 (clap's, bad arguments) and `render`'s 3, so that
+/// a script tells a broken installation from a failed command.
+const EXIT_BROKEN: u8 = 4;
+
 impl Cli {
     /// Runs the command; an error is for `main` to print.
     pub fn execute(self) -> anyhow::Result<ExitCode> {
@@ -46,9 +51,8 @@ impl Cli {
                     .context("cannot start the async runtime")?;
                 let output = runtime.block_on(args.execute())?;
                 print_out(&output.text)?;
-                // `kubectl sidecar check` found a broken link.
                 Ok(if output.broken {
-                    ExitCode::FAILURE
+                    ExitCode::from(EXIT_BROKEN)
                 } else {
                     ExitCode::SUCCESS
                 })

@@ -3,30 +3,33 @@
 //! one line each: ok, or broken with why and what to do.
 //!
 //! The links: the operator's Deployment, its leader (the Lease), the MutatingWebhookConfiguration
-//! (found, its entries calling the operator's Service, one for every group of served templates),
+//! (found, its entries calling the operator's Service, one for every group of templates in
+//! force but those the operator left out for room),
 //! its caBundle (verifying the certificate the webhook serves, or the Secret's), the Service's
 //! ready endpoints, the NetworkPolicy in front of the webhook, the policy backend, the templates'
 //! `Ready`; and for a namespace or a Pod, which templates select it, whether it opts out, and
 //! whether Pods carry what the templates in force inject. Every rule of selection and of where
-//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), never
+//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), and
+//! so is which groups have no entry (`injector_controller::webhook_config::left_out`): never
 //! restated here.
 //!
 //! A read that failed (forbidden, say) costs its links only: they say what could not be read,
-//! and the others are still judged.
+//! and the others are still judged. A link whose verdict depends on what could not be read is
+//! `unknown`, never `ok`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use injector_api::SidecarTemplate;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
-use injector_controller::certs::{CA_CERT_KEY, TLS_CERT_KEY};
-use injector_controller::status::{POLICY_SERVED, READY};
-use injector_controller::webhook_config::entry_name;
+use injector_controller::certs::{CA_CERT_KEY, CLOCK_SKEW_ALLOWANCE, TLS_CERT_KEY};
+use injector_controller::status::{POLICY_SERVED, READY, REASON_NOT_SERVED};
+use injector_controller::webhook_config::{entry_name, left_out};
 use injector_core::lifecycle::{PodMeta, PodState, recorded, selects, standing};
 use injector_core::plan::{opts_out, pod_wide_skip};
 use injector_core::{CompiledTemplate, NamespaceInfo, Selector, Snapshot};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -271,7 +274,7 @@ fn link(link: &'static str, state: State, message: impl Into<String>) -> Link {
 pub struct Report {
     /// The links.
     pub links: Vec<Link>,
-    /// Whether a link is broken (the command then exits with 1).
+    /// Whether a link is broken (the command then exits with 4).
     pub broken: bool,
 }
 
@@ -308,14 +311,6 @@ impl Templates<'_> {
     fn ready(&self, name: &str) -> bool {
         self.condition(name, READY)
             .is_some_and(|c| c.status == "True")
-    }
-
-    fn created(&self, name: &str) -> Option<Timestamp> {
-        self.listed
-            .iter()
-            .find(|t| t.metadata.name.as_deref() == Some(name))
-            .and_then(|t| t.metadata.creation_timestamp.as_ref())
-            .map(|t| t.0)
     }
 }
 
@@ -357,6 +352,29 @@ pub fn judge(observed: &Observed, names: &Names, now: Timestamp) -> Report {
     }
     let broken = links.iter().any(|l| l.state == State::Broken);
     Report { links, broken }
+}
+
+/// The namespace or Pod asked about, when it does not exist (`namespace/NAME`, `pod/NAME -n
+/// NAMESPACE`): a mistyped name is an error of the command, not a link of the plumbing.
+pub fn absent_target(observed: &Observed) -> Option<String> {
+    match observed.target.as_ref()? {
+        Target::Namespace { name, labels, .. } => {
+            labels.is_missing().then(|| format!("namespace/{name}"))
+        }
+        Target::Pod {
+            namespace,
+            name,
+            labels,
+            pod,
+        } => {
+            if labels.is_missing() {
+                Some(format!("namespace/{namespace}"))
+            } else {
+                pod.is_missing()
+                    .then(|| format!("pod/{name} -n {namespace}"))
+            }
+        }
+    }
 }
 
 fn calls(configuration: &Read<MutatingWebhookConfiguration>) -> Calls {
@@ -489,18 +507,38 @@ fn leader(lease: &Read<Lease>, names: &Names, now: Timestamp) -> Link {
     };
     let ago = now.as_second().saturating_sub(renewed.as_second());
     if ago > duration {
-        return link(
-            LEADER,
-            State::Broken,
-            format!(
-                "{what} held by {holder}, last renewed {ago}s ago, past its {duration}s (by this machine's clock): the leader is gone, and no replica took over; are the operator's Pods running?"
-            ),
-        );
+        return expired(&what, holder, ago, duration);
     }
     link(
         LEADER,
         State::Ok,
         format!("{what} held by {holder}, renewed {}s ago", ago.max(0)),
+    )
+}
+
+/// A Lease last renewed `ago` seconds ago by this machine's clock, past its `duration`: the
+/// leader is gone, unless this machine's clock is ahead of the cluster's, which the
+/// certificates' allowance for skew ([`CLOCK_SKEW_ALLOWANCE`]) bounds: within it, a warning.
+fn expired(what: &str, holder: &str, ago: i64, duration: i64) -> Link {
+    let skew = i64::try_from(CLOCK_SKEW_ALLOWANCE.as_secs()).unwrap_or(i64::MAX);
+    let late = format!(
+        "{what} held by {holder}, last renewed {ago}s ago, past its {duration}s (by this machine's clock)"
+    );
+    if ago <= duration.saturating_add(skew) {
+        return link(
+            LEADER,
+            State::Warning,
+            format!(
+                "{late}, but within the {skew}s this machine's clock may run ahead of the cluster's: the leader may be gone, or the clock is off; check again, and compare `date -u` with the Lease's renewTime"
+            ),
+        );
+    }
+    link(
+        LEADER,
+        State::Broken,
+        format!(
+            "{late}: the leader is gone, and no replica took over; are the operator's Pods running?"
+        ),
     )
 }
 
@@ -519,62 +557,10 @@ fn configuration(observed: &Observed, names: &Names, templates: &Templates<'_>) 
         );
     };
     let entries = configuration.webhooks.as_deref().unwrap_or_default();
-    let mut problems = Vec::new();
-    for entry in entries {
-        let client = &entry.client_config;
-        if let Some(service) = &client.service {
-            if service.namespace != names.namespace || service.name != names.fullname {
-                problems.push(format!(
-                    "entry {} calls service {}/{}, not {}/{}",
-                    entry.name, service.namespace, service.name, names.namespace, names.fullname
-                ));
-                continue;
-            }
-            let port = service.port.unwrap_or(443);
-            let ports: Vec<i32> = observed
-                .service
-                .found()
-                .and_then(|s| s.spec.as_ref())
-                .and_then(|s| s.ports.as_ref())
-                .map(|ports| ports.iter().map(|p| p.port).collect())
-                .unwrap_or_default();
-            if observed.service.found().is_some() && !ports.contains(&port) {
-                problems.push(format!(
-                    "entry {} calls port {port} of service {}/{}, which has ports {ports:?}",
-                    entry.name, names.namespace, names.fullname
-                ));
-            }
-        } else if client.url.is_none() {
-            problems.push(format!(
-                "entry {} names neither a service nor a URL",
-                entry.name
-            ));
-        }
-    }
-    // Every group of templates served through the webhook has its entry; with the policy
-    // backend alone (its guard in force) there is none.
-    let policy_only = observed.guard.found().is_some();
-    let present: BTreeSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
-    let absent: Vec<String> = if policy_only {
-        Vec::new()
-    } else {
-        templates
-            .in_force
-            .groups()
-            .iter()
-            .filter(|group| group.templates.iter().any(|t| templates.ready(&t.name)))
-            .filter(|group| !present.contains(entry_name(&group.id).as_str()))
-            .map(|group| {
-                let names: Vec<&str> = group.templates.iter().map(|t| t.name.as_str()).collect();
-                format!("{} (templates {})", entry_name(&group.id), names.join(", "))
-            })
-            .collect()
-    };
-    if !absent.is_empty() {
-        problems.push(format!(
-            "no entry {}: the API server does not call the webhook for their Pods; the leader adds it within seconds, else see the leader link",
-            absent.join("; ")
-        ));
+    let mut problems = misdirected_entries(entries, observed, names);
+    let absent = absent_entries(configuration, observed, names, templates);
+    if let Ok(Some(absent)) = &absent {
+        problems.push(absent.clone());
     }
     if !problems.is_empty() {
         return link(
@@ -583,7 +569,111 @@ fn configuration(observed: &Observed, names: &Names, templates: &Templates<'_>) 
             format!("{what}: {}", problems.join("; ")),
         );
     }
-    let target = match entries.first().map(|e| &e.client_config) {
+    let summary = format!(
+        "{what}: {}{}",
+        counted(entries.len(), "entry", "entries"),
+        calling(entries, observed.guard.found().is_some())
+    );
+    match absent {
+        Err(why) => link(
+            CONFIGURATION,
+            State::Unknown,
+            format!("{summary}; whether every template in force has its entry is not known: {why}"),
+        ),
+        Ok(_) => link(CONFIGURATION, State::Ok, summary),
+    }
+}
+
+/// The entries that do not call the operator's Service (its namespace, name and one of its
+/// ports), or call nothing.
+fn misdirected_entries(
+    entries: &[MutatingWebhook],
+    observed: &Observed,
+    names: &Names,
+) -> Vec<String> {
+    let ports: Option<Vec<i32>> = observed.service.found().map(|s| {
+        s.spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .map(|p| p.port)
+            .collect()
+    });
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let client = &entry.client_config;
+            let Some(service) = &client.service else {
+                return client
+                    .url
+                    .is_none()
+                    .then(|| format!("entry {} names neither a service nor a URL", entry.name));
+            };
+            if service.namespace != names.namespace || service.name != names.fullname {
+                return Some(format!(
+                    "entry {} calls service {}/{}, not {}/{}",
+                    entry.name, service.namespace, service.name, names.namespace, names.fullname
+                ));
+            }
+            let port = service.port.unwrap_or(443);
+            let ports = ports.as_ref()?;
+            (!ports.contains(&port)).then(|| {
+                format!(
+                    "entry {} calls port {port} of service {}/{}, which has ports {ports:?}",
+                    entry.name, names.namespace, names.fullname
+                )
+            })
+        })
+        .collect()
+}
+
+/// The groups of templates in force that have no entry while the leader would give them
+/// one, by the controller's own rule ([`left_out`]): every group has its entry, but those the
+/// controller left out for room (their templates say `NotServed`), and none with the policy
+/// backend alone (its guard in force). Why it is not known, when the templates or the guard
+/// cannot be read.
+fn absent_entries(
+    configuration: &MutatingWebhookConfiguration,
+    observed: &Observed,
+    names: &Names,
+    templates: &Templates<'_>,
+) -> Result<Option<String>, String> {
+    if let Some(why) = &templates.unread {
+        return Err(why.clone());
+    }
+    let guard = format!("validatingadmissionpolicy/{}", names.guard());
+    if let Some(why) = observed.guard.unread(&guard) {
+        return Err(format!(
+            "{why} (with it, the policy backend alone injects, and no entry is wanted)"
+        ));
+    }
+    if observed.guard.found().is_some() {
+        return Ok(None);
+    }
+    let absent: Vec<String> = left_out(&templates.in_force, configuration)
+        .into_iter()
+        .filter(|group| {
+            !group.templates.iter().all(|t| {
+                templates
+                    .condition(&t.name, READY)
+                    .is_some_and(|c| c.reason == REASON_NOT_SERVED)
+            })
+        })
+        .map(|group| {
+            let names: Vec<&str> = group.templates.iter().map(|t| t.name.as_str()).collect();
+            format!("{} (templates {})", entry_name(&group.id), names.join(", "))
+        })
+        .collect();
+    Ok((!absent.is_empty()).then(|| {
+        format!(
+            "no entry {}: the API server does not call the webhook for their Pods; the leader adds it within seconds, else see the leader link",
+            absent.join("; ")
+        )
+    }))
+}
+
+/// What the entries call, for the configuration's line.
+fn calling(entries: &[MutatingWebhook], policy_only: bool) -> String {
+    match entries.first().map(|e| &e.client_config) {
         Some(client) => match (&client.service, &client.url) {
             (Some(s), _) => format!(
                 ", each calling service {}/{}:{}",
@@ -596,74 +686,17 @@ fn configuration(observed: &Observed, names: &Names, templates: &Templates<'_>) 
         },
         None if policy_only => ": the policy backend alone injects (no webhook)".to_owned(),
         None => String::new(),
-    };
-    link(
-        CONFIGURATION,
-        State::Ok,
-        format!(
-            "{what}: {}{target}",
-            counted(entries.len(), "entry", "entries")
-        ),
-    )
+    }
 }
 
 fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
-    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
-    if let Some(why) = observed.configuration.unread(&what) {
-        return link(CA_BUNDLE, State::Unknown, why);
-    }
-    let Some(configuration) = observed.configuration.found() else {
-        return link(
-            CA_BUNDLE,
-            State::Skipped,
-            "no webhook configuration to read it from",
-        );
+    let roots = match bundle_roots(observed, names) {
+        Ok(roots) => roots,
+        Err(judged) => return judged,
     };
-    let entries = configuration.webhooks.as_deref().unwrap_or_default();
-    let Some(first) = entries.first() else {
-        return link(CA_BUNDLE, State::Skipped, "the configuration has no entry");
-    };
-    let bundle = first
-        .client_config
-        .ca_bundle
-        .as_ref()
-        .map(|b| b.0.as_slice())
-        .unwrap_or_default();
-    if entries.iter().any(|e| {
-        e.client_config
-            .ca_bundle
-            .as_ref()
-            .map(|b| b.0.as_slice())
-            .unwrap_or_default()
-            != bundle
-    }) {
-        return link(
-            CA_BUNDLE,
-            State::Broken,
-            "the entries carry different caBundles: some calls fail their TLS handshake; the leader writes one caBundle to every entry within a minute",
-        );
-    }
-    let roots = match certificate::pem_certificates(bundle) {
-        Ok(roots) if !roots.is_empty() => roots,
-        Ok(_) => {
-            return link(
-                CA_BUNDLE,
-                State::Broken,
-                "the entries carry no caBundle: the API server trusts only its own roots, which never signed the operator's certificate; the leader writes it within seconds",
-            );
-        }
-        Err(why) => {
-            return link(
-                CA_BUNDLE,
-                State::Broken,
-                format!("the caBundle is not PEM certificates: {why}"),
-            );
-        }
-    };
-    let fix = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
     if let Some(handshake) = &observed.handshake {
         return match &handshake.served {
-            Ok(chain) => verified(handshake, "", chain, &roots, now, fix),
+            Ok(chain) => verified(handshake, "", chain, &roots, now),
             Err(_) => link(
                 CA_BUNDLE,
                 State::Unknown,
@@ -678,7 +711,7 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
     if let Some(handshake) = &observed.endpoint_handshake
         && let Ok(chain) = &handshake.served
     {
-        return verified(handshake, ", a replica's address", chain, &roots, now, fix);
+        return verified(handshake, ", a replica's address", chain, &roots, now);
     }
     let unreachable = match &observed.endpoint_handshake {
         Some(Handshake {
@@ -688,7 +721,75 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
         }) => format!(" (a replica's address, {url}, cannot be reached from here: {why})"),
         _ => String::new(),
     };
-    // Otherwise the Secret's certificate: the one every replica serves and reloads.
+    secret_verified(observed, names, &roots, now, &unreachable)
+}
+
+/// What to do about a caBundle that does not verify the webhook's certificate.
+const CA_FIX: &str = "the leader writes the Secret's CA into the caBundle within a minute; if it does not, see the leader link";
+
+/// The certificates of the caBundle every entry carries, or the link's line when there is
+/// none to verify with: not read, no configuration or entry, entries that differ, or no PEM.
+fn bundle_roots(observed: &Observed, names: &Names) -> Result<Vec<Vec<u8>>, Link> {
+    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    if let Some(why) = observed.configuration.unread(&what) {
+        return Err(link(CA_BUNDLE, State::Unknown, why));
+    }
+    let Some(configuration) = observed.configuration.found() else {
+        return Err(link(
+            CA_BUNDLE,
+            State::Skipped,
+            "no webhook configuration to read it from",
+        ));
+    };
+    let entries = configuration.webhooks.as_deref().unwrap_or_default();
+    let bundle_of = |entry: &MutatingWebhook| -> Vec<u8> {
+        entry
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.clone())
+            .unwrap_or_default()
+    };
+    let Some(bundle) = entries.first().map(bundle_of) else {
+        return Err(link(
+            CA_BUNDLE,
+            State::Skipped,
+            "the configuration has no entry",
+        ));
+    };
+    if entries.iter().any(|e| bundle_of(e) != bundle) {
+        return Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            "the entries carry different caBundles: some calls fail their TLS handshake; the leader writes one caBundle to every entry within a minute",
+        ));
+    }
+    match certificate::pem_certificates(&bundle) {
+        Ok(roots) if !roots.is_empty() => Ok(roots),
+        Ok(_) => Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            "the entries carry no caBundle: the API server trusts only its own roots, which never signed the operator's certificate; the leader writes it within seconds",
+        )),
+        Err(why) => Err(link(
+            CA_BUNDLE,
+            State::Broken,
+            format!("the caBundle is not PEM certificates: {why}"),
+        )),
+    }
+}
+
+/// Whether `roots` hold the CA of the operator's Secret and verify its serving certificate,
+/// when no handshake fetched the one served (`unreachable`: why not, if one was tried).
+fn secret_verified(
+    observed: &Observed,
+    names: &Names,
+    roots: &[Vec<u8>],
+    now: Timestamp,
+    unreachable: &str,
+) -> Link {
+    // The replicas load this certificate (and reload it when it changes); that each serves
+    // it now only a handshake with each would prove.
     let what = format!("secret/{} -n {}", names.secret(), names.namespace);
     if let Some(why) = observed.secret.unread(&what) {
         return link(
@@ -720,24 +821,26 @@ fn ca_bundle(observed: &Observed, names: &Names, now: Timestamp) -> Link {
             CA_BUNDLE,
             State::Broken,
             format!(
-                "does not hold the CA of {what} ({CA_CERT_KEY}): the API server's calls fail their TLS handshake; {fix}"
+                "does not hold the CA of {what} ({CA_CERT_KEY}): the API server's calls fail their TLS handshake; {CA_FIX}"
             ),
         );
     }
     let serving = certificates(TLS_CERT_KEY);
     let host = names.service_host();
-    match verify_chain(&serving, &roots, &host, now) {
+    match verify_chain(&serving, roots, &host, now) {
         Ok(()) => link(
             CA_BUNDLE,
             State::Ok,
             format!(
-                "holds the CA of {what} and verifies its serving certificate for {host}, which every replica serves{unreachable}"
+                "holds the CA of {what} and verifies its serving certificate for {host}, the one the replicas load (not checked: that each serves it now){unreachable}"
             ),
         ),
         Err(why) => link(
             CA_BUNDLE,
             State::Broken,
-            format!("does not verify the serving certificate of {what} for {host}: {why}; {fix}"),
+            format!(
+                "does not verify the serving certificate of {what} for {host}: {why}; {CA_FIX}"
+            ),
         ),
     }
 }
@@ -749,7 +852,6 @@ fn verified(
     chain: &[Vec<u8>],
     roots: &[Vec<u8>],
     now: Timestamp,
-    fix: &str,
 ) -> Link {
     let Handshake { url, host, .. } = handshake;
     match verify_chain(chain, roots, host, now) {
@@ -764,7 +866,7 @@ fn verified(
             CA_BUNDLE,
             State::Broken,
             format!(
-                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {fix}"
+                "does not verify the certificate served at {url}{whose}, for {host}: {why}; the API server's calls fail their TLS handshake; {CA_FIX}"
             ),
         ),
     }
@@ -855,40 +957,29 @@ fn network_policy(observed: &Observed, names: &Names, calls: &Calls) -> Link {
     if let Some(why) = observed.network_policies.unread(&what) {
         return link(NETWORK_POLICY, State::Unknown, why);
     }
-    // The operator's Pods' labels and the webhook's port: from the Deployment's Pod template,
-    // else from the Service (its selector, its target port).
-    let template = observed
-        .deployment
-        .found()
-        .and_then(|d| d.spec.as_ref())
-        .map(|s| &s.template);
-    let labels: BTreeMap<String, String> = template
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.labels.clone())
-        .or_else(|| {
-            observed
-                .service
-                .found()
-                .and_then(|s| s.spec.as_ref())
-                .and_then(|s| s.selector.clone())
-        })
-        .unwrap_or_default();
-    let container_port = template
-        .and_then(|t| t.spec.as_ref())
-        .into_iter()
-        .flat_map(|s| &s.containers)
-        .flat_map(|c| c.ports.as_deref().unwrap_or_default())
-        .find(|p| p.name.as_deref() == Some("webhook"))
-        .map(|p| p.container_port);
-    let port = WebhookPort {
-        number: container_port,
-        name: "webhook",
+    let all: &[NetworkPolicy] = observed.network_policies.found().map_or(&[], Vec::as_slice);
+    if all.is_empty() {
+        return link(
+            NETWORK_POLICY,
+            State::Ok,
+            format!("{what}: none, so nothing limits who reaches the webhook"),
+        );
+    }
+    let (labels, port) = match operator_pods(observed, names) {
+        Ok(found) => found,
+        Err(why) => {
+            return link(
+                NETWORK_POLICY,
+                State::Unknown,
+                format!(
+                    "{why}: which of the {} of {what} select the operator's Pods is not known",
+                    counted(all.len(), "policy", "policies")
+                ),
+            );
+        }
     };
-    let policies: Vec<&NetworkPolicy> = observed
-        .network_policies
-        .found()
-        .into_iter()
-        .flatten()
+    let policies: Vec<&NetworkPolicy> = all
+        .iter()
         .filter(|np| selects_ingress(np, &labels))
         .collect();
     if policies.is_empty() {
@@ -898,16 +989,59 @@ fn network_policy(observed: &Observed, names: &Names, calls: &Calls) -> Link {
             "none selects the operator's Pods: nothing limits who reaches the webhook",
         );
     }
-    let mut from_peers = Vec::new();
-    for np in &policies {
-        let name = np.metadata.name.as_deref().unwrap_or_default();
-        for rule in np
-            .spec
-            .as_ref()
-            .and_then(|s| s.ingress.as_ref())
+    ingress_to(&policies, &port)
+}
+
+/// The operator's Pods' labels and the webhook's port: from the Deployment's Pod template,
+/// else from the Service (its selector; the port's number is then not known, only its name).
+/// Why they are not known, when neither could be read: an empty map would match every
+/// policy whose selector is empty and no other, a guess either way.
+fn operator_pods(
+    observed: &Observed,
+    names: &Names,
+) -> Result<(BTreeMap<String, String>, WebhookPort), String> {
+    let template = observed
+        .deployment
+        .found()
+        .and_then(|d| d.spec.as_ref())
+        .map(|s| &s.template);
+    if let Some(labels) = template.and_then(|t| t.metadata.as_ref()?.labels.clone()) {
+        let number = template
+            .and_then(|t| t.spec.as_ref())
             .into_iter()
-            .flatten()
-        {
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.as_deref().unwrap_or_default())
+            .find(|p| p.name.as_deref() == Some(WEBHOOK_PORT_NAME))
+            .map(|p| p.container_port);
+        return Ok((labels, WebhookPort::named(number)));
+    }
+    let selector = observed
+        .service
+        .found()
+        .and_then(|s| s.spec.as_ref()?.selector.clone());
+    if let Some(labels) = selector {
+        return Ok((labels, WebhookPort::named(None)));
+    }
+    let deployment = format!("deployment/{} -n {}", names.fullname, names.namespace);
+    let service = format!("service/{} -n {}", names.fullname, names.namespace);
+    Err(observed
+        .deployment
+        .unread(&deployment)
+        .or_else(|| observed.service.unread(&service))
+        .unwrap_or_else(|| {
+            format!("neither {deployment} nor {service} says which Pods are the operator's")
+        }))
+}
+
+/// How `policies`, which select the operator's Pods, let traffic reach `port`: any source
+/// (ok), some peers only (a warning: whether the API server is among them cannot be proven
+/// from here), or nothing (broken).
+fn ingress_to(policies: &[&NetworkPolicy], port: &WebhookPort) -> Link {
+    let mut from_peers = Vec::new();
+    for np in policies {
+        let name = np.metadata.name.as_deref().unwrap_or_default();
+        let rules = np.spec.as_ref().and_then(|s| s.ingress.as_ref());
+        for rule in rules.into_iter().flatten() {
             if !port.allowed_by(rule.ports.as_deref()) {
                 continue;
             }
@@ -930,6 +1064,17 @@ fn network_policy(observed: &Observed, names: &Names, calls: &Calls) -> Link {
             .iter()
             .filter_map(|np| np.metadata.name.as_deref())
             .collect();
+        // A rule naming the port by number may be the one that lets it in.
+        if port.number.is_none() {
+            return link(
+                NETWORK_POLICY,
+                State::Unknown,
+                format!(
+                    "{} select the operator's Pods and no rule lets anything reach {port} by its name; its number is not known without the Deployment",
+                    names.join(", ")
+                ),
+            );
+        }
         return link(
             NETWORK_POLICY,
             State::Broken,
@@ -949,6 +1094,9 @@ fn network_policy(observed: &Observed, names: &Names, calls: &Calls) -> Link {
     )
 }
 
+/// The name the chart gives the webhook's container port.
+const WEBHOOK_PORT_NAME: &str = "webhook";
+
 /// The webhook's port, as NetworkPolicy rules may name it.
 struct WebhookPort {
     number: Option<i32>,
@@ -956,6 +1104,13 @@ struct WebhookPort {
 }
 
 impl WebhookPort {
+    fn named(number: Option<i32>) -> Self {
+        WebhookPort {
+            number,
+            name: WEBHOOK_PORT_NAME,
+        }
+    }
+
     /// Whether a rule with `ports` lets traffic to this port in (no ports: every port).
     fn allowed_by(
         &self,
@@ -1001,20 +1156,26 @@ fn selects_ingress(np: &NetworkPolicy, labels: &BTreeMap<String, String>) -> boo
 }
 
 fn policy_backend(observed: &Observed, names: &Names, templates: &Templates<'_>) -> Link {
-    let conditions: Vec<(&str, &Condition)> = templates
-        .listed
-        .iter()
-        .filter_map(|t| {
-            let name = t.metadata.name.as_deref()?;
-            Some((name, templates.condition(name, POLICY_SERVED)?))
-        })
-        .collect();
+    // Which templates the policy serves is told by the templates' conditions only.
+    if let Some(why) = &templates.unread {
+        return link(
+            POLICY_BACKEND,
+            State::Unknown,
+            format!("{why}: which templates the policy backend serves is not known"),
+        );
+    }
+    if let Some(why) = observed
+        .guard
+        .unread(&format!("validatingadmissionpolicy/{}", names.guard()))
+    {
+        return link(POLICY_BACKEND, State::Unknown, why);
+    }
+    let conditions = policy_conditions(templates);
     let served: Vec<&str> = conditions
         .iter()
         .filter(|(_, c)| c.status == "True")
         .map(|(name, _)| *name)
         .collect();
-    let what = format!("mutatingadmissionpolicy/{}", names.fullname);
     let guarded = observed.guard.found().is_some();
     if served.is_empty() && observed.policy.is_missing() && !guarded {
         let message = if conditions.iter().any(|(_, c)| c.reason == "NotAvailable") {
@@ -1024,27 +1185,78 @@ fn policy_backend(observed: &Observed, names: &Names, templates: &Templates<'_>)
         };
         return link(POLICY_BACKEND, State::Skipped, message);
     }
-    for (read, name) in [
-        (&observed.policy, what.clone()),
+    if let Some(absent) = policy_objects_absent(observed, names, &served) {
+        return absent;
+    }
+    policy_serving(names, guarded, &conditions, &served)
+}
+
+/// Each template's `PolicyServed` condition, when it has one.
+fn policy_conditions<'t>(templates: &'t Templates<'_>) -> Vec<(&'t str, &'t Condition)> {
+    templates
+        .listed
+        .iter()
+        .filter_map(|t| {
+            let name = t.metadata.name.as_deref()?;
+            Some((name, templates.condition(name, POLICY_SERVED)?))
+        })
+        .collect()
+}
+
+/// The policy's line when it or its binding cannot be read, or is not there: broken while
+/// templates say the policy serves them (the API server injects them nowhere), a warning
+/// while none does (nothing is lost now, but the backend is half applied).
+fn policy_objects_absent(observed: &Observed, names: &Names, served: &[&str]) -> Option<Link> {
+    let objects = [
+        (
+            &observed.policy,
+            format!("mutatingadmissionpolicy/{}", names.fullname),
+        ),
         (
             &observed.policy_binding,
             format!("mutatingadmissionpolicybinding/{}", names.fullname),
         ),
-    ] {
-        if let Some(why) = read.unread(&name) {
-            return link(POLICY_BACKEND, State::Unknown, why);
-        }
-        if read.is_missing() && !served.is_empty() {
-            return link(
-                POLICY_BACKEND,
-                State::Broken,
-                format!(
-                    "{name} not found, while {} say PolicyServed=True: the API server does not inject them; the leader applies it again within a minute, else see the leader link",
-                    served.join(", ")
-                ),
-            );
-        }
+    ];
+    if let Some(why) = objects.iter().find_map(|(read, name)| read.unread(name)) {
+        return Some(link(POLICY_BACKEND, State::Unknown, why));
     }
+    let absent: Vec<&str> = objects
+        .iter()
+        .filter(|(read, _)| read.is_missing())
+        .map(|(_, name)| name.as_str())
+        .collect();
+    if absent.is_empty() {
+        return None;
+    }
+    let absent = absent.join(" and ");
+    Some(if served.is_empty() {
+        link(
+            POLICY_BACKEND,
+            State::Warning,
+            format!(
+                "{absent} not found, while no template says PolicyServed=True: nothing is lost now (a warning, not broken), but the backend is half applied; the leader applies both within a minute, else see the leader link"
+            ),
+        )
+    } else {
+        link(
+            POLICY_BACKEND,
+            State::Broken,
+            format!(
+                "{absent} not found, while {} say PolicyServed=True: the API server does not inject them; the leader applies it again within a minute, else see the leader link",
+                served.join(", ")
+            ),
+        )
+    })
+}
+
+/// The policy's line when it and its binding are there: what they serve, and the templates
+/// whose proof failed (a warning: the webhook serves them, or nobody with the policy alone).
+fn policy_serving(
+    names: &Names,
+    guarded: bool,
+    conditions: &[(&str, &Condition)],
+    served: &[&str],
+) -> Link {
     let failed: Vec<String> = conditions
         .iter()
         .filter(|(_, c)| c.status != "True" && c.reason == "ProofFailed")
@@ -1064,7 +1276,8 @@ fn policy_backend(observed: &Observed, names: &Names, templates: &Templates<'_>)
         .map(|(name, c)| format!("{name} ({})", c.reason))
         .collect();
     let mut message = format!(
-        "{what} and its binding serve {}{guard}",
+        "mutatingadmissionpolicy/{} and its binding serve {}{guard}",
+        names.fullname,
         if served.is_empty() {
             "no template".to_owned()
         } else {
@@ -1075,19 +1288,18 @@ fn policy_backend(observed: &Observed, names: &Names, templates: &Templates<'_>)
         message.push_str(&format!("; not served by it: {}", others.join(", ")));
     }
     if failed.is_empty() {
-        link(POLICY_BACKEND, State::Ok, message)
-    } else {
-        let by = if guarded {
-            "nobody injects them"
-        } else {
-            "the webhook serves them"
-        };
-        link(
-            POLICY_BACKEND,
-            State::Warning,
-            format!("{message}; proof failed for {}: {by}", failed.join(", ")),
-        )
+        return link(POLICY_BACKEND, State::Ok, message);
     }
+    let by = if guarded {
+        "nobody injects them"
+    } else {
+        "the webhook serves them"
+    };
+    link(
+        POLICY_BACKEND,
+        State::Warning,
+        format!("{message}; proof failed for {}: {by}", failed.join(", ")),
+    )
 }
 
 fn templates_ready(read: &Read<Vec<SidecarTemplate>>, templates: &Templates<'_>) -> Link {
@@ -1221,13 +1433,10 @@ fn namespace(
     )
 }
 
-/// Where a Pod stands with one template, as the operator judges it, and whether it was
-/// created after the template: a template missing from a Pod created since was skipped at
-/// admission, or never asked.
+/// Where a Pod stands with one template, as the operator judges it.
 struct Standing<'t> {
     template: &'t CompiledTemplate,
     state: PodState,
-    created_after: bool,
 }
 
 fn standings<'t>(
@@ -1236,37 +1445,40 @@ fn standings<'t>(
     templates: &'t Templates<'_>,
 ) -> Vec<Standing<'t>> {
     let meta = PodMeta::of(pod);
-    let created = pod.creation_timestamp.as_ref().map(|t| t.0);
     templates
         .in_force
         .templates()
         .iter()
         .filter_map(|template| {
             let state = standing(template, &meta, labels)?;
-            let created_after = match (created, templates.created(&template.name)) {
-                (Some(pod), Some(template)) => pod > template,
-                _ => false,
-            };
-            Some(Standing {
-                template,
-                state,
-                created_after,
-            })
+            Some(Standing { template, state })
         })
         .collect()
 }
 
-/// What to do about a Pod missing a template: created before it, or after.
-fn missing_note(pod: &str, namespace: &str, standing: &Standing<'_>) -> String {
-    if standing.created_after {
-        format!(
-            "missing {}, although created after it: admitted without it (skipped at admission, or the webhook was not called); `kubectl sidecar explain pod/{pod} -n {namespace}` says why",
-            standing.template.name
+fn required(template: &CompiledTemplate) -> bool {
+    template.failure_policy == injector_api::FailurePolicy::Fail
+}
+
+/// How a Pod missing `template` stands, and what to do. Not judged by when the Pod was
+/// created: a selector widened or a namespace relabelled since selects Pods created long
+/// after the template, and a best-effort template is skipped on a conflict by design. A
+/// required one must be on every Pod it selects, however it came to miss it.
+fn missing_note(pod: &str, namespace: &str, template: &CompiledTemplate) -> (State, String) {
+    let name = &template.name;
+    if required(template) {
+        (
+            State::Broken,
+            format!(
+                "missing required {name}, which every Pod it selects must carry: created before the template selected it (a template, a selector or the namespace's labels changed since), or admitted without the webhook; created again, it gets it (`kubectl sidecar explain pod/{pod} -n {namespace}` says what it would get)"
+            ),
         )
     } else {
-        format!(
-            "missing {} (created before it: created again, it gets it)",
-            standing.template.name
+        (
+            State::Warning,
+            format!(
+                "missing best-effort {name}: skipped at admission (a conflict: the TemplateSkipped Event on the Pod's owner names it, `kubectl get events -n {namespace} --field-selector reason=TemplateSkipped`), or created before the template selected it"
+            ),
         )
     }
 }
@@ -1291,15 +1503,29 @@ fn pod_links(
         Err(why) => return vec![link(SELECTION, State::Unknown, why)],
     };
     let meta = PodMeta::of(pod);
+    vec![
+        selection(&what, ns, &meta, labels, templates),
+        record(name, ns, pod, &meta, labels, templates),
+    ]
+}
+
+/// The templates in force that select the Pod, by the operator's rules, and whether it opts
+/// out of best-effort ones.
+fn selection(
+    what: &str,
+    ns: &str,
+    meta: &PodMeta<'_>,
+    labels: Option<&BTreeMap<String, String>>,
+    templates: &Templates<'_>,
+) -> Link {
     let info = NamespaceInfo { name: ns, labels };
-    let opted_out = opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str));
     let selecting: Vec<String> = match labels {
         None => Vec::new(),
         Some(_) => templates
             .in_force
             .templates()
             .iter()
-            .filter(|t| selects(t, &meta, &info))
+            .filter(|t| selects(t, meta, &info))
             .map(|t| describe(t))
             .collect(),
     };
@@ -1308,18 +1534,28 @@ fn pod_links(
     } else {
         format!("{what}: selected by {}", selecting.join(", "))
     };
-    if opted_out {
+    if opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str)) {
         selection.push_str(&format!(
             "; it opts out ({INJECT_ANNOTATION}: \"false\") of best-effort templates"
         ));
     }
-    let mut links = vec![link(SELECTION, State::Ok, selection)];
+    link(SELECTION, State::Ok, selection)
+}
 
-    let standings = standings(pod, labels, templates);
+/// The Pod's record against what the templates in force inject: current, stale, missing
+/// ([`missing_note`]), or carrying a template no longer in force.
+fn record(
+    name: &str,
+    ns: &str,
+    pod: &ObjectMeta,
+    meta: &PodMeta<'_>,
+    labels: Option<&BTreeMap<String, String>>,
+    templates: &Templates<'_>,
+) -> Link {
     let mut current = Vec::new();
     let mut problems = Vec::new();
     let mut state = State::Ok;
-    for s in &standings {
+    for s in &standings(pod, labels, templates) {
         match s.state {
             PodState::Current => current.push(s.template.name.as_str()),
             PodState::Stale { .. } => {
@@ -1330,22 +1566,15 @@ fn pod_links(
                 ));
             }
             PodState::Missing => {
-                state = state.max(if s.created_after {
-                    State::Broken
-                } else {
-                    State::Warning
-                });
-                problems.push(missing_note(name, ns, s));
+                let (judged, note) = missing_note(name, ns, s.template);
+                state = state.max(judged);
+                problems.push(note);
             }
         }
     }
+    let in_force = templates.in_force.templates();
     for entry in recorded(meta.annotations) {
-        if !templates
-            .in_force
-            .templates()
-            .iter()
-            .any(|t| t.name == entry.name)
-        {
+        if !in_force.iter().any(|t| t.name == entry.name) {
             state = state.max(State::Warning);
             problems.push(format!(
                 "carries {}, which is no longer in force",
@@ -1353,19 +1582,18 @@ fn pod_links(
             ));
         }
     }
-    let record = meta
+    let carried = meta
         .annotations
         .get(INJECTED_ANNOTATION)
         .map_or("nothing", String::as_str);
-    let mut message = format!("{INJECTED_ANNOTATION}: {record}");
+    let mut message = format!("{INJECTED_ANNOTATION}: {carried}");
     if !current.is_empty() {
         message.push_str(&format!("; current with {}", current.join(", ")));
     }
     if !problems.is_empty() {
         message.push_str(&format!("; {}", problems.join("; ")));
     }
-    links.push(link(RECORD, state, message));
-    links
+    link(RECORD, state, message)
 }
 
 fn namespace_pods(
@@ -1391,37 +1619,50 @@ fn namespace_pods(
         .flatten()
         .filter(|p| injector_core::lifecycle::counts(p))
         .collect();
-    let (mut current, mut stale, mut missing_before) = (0, 0, 0);
-    let mut admitted_without = Vec::new();
+    let (mut current, mut stale) = (0, 0);
+    let (mut missing_required, mut missing_best_effort) = (Vec::new(), Vec::new());
     for pod in &pods {
         let name = pod.name.as_deref().unwrap_or_default();
         for s in standings(pod, labels, templates) {
             match s.state {
                 PodState::Current => current += 1,
                 PodState::Stale { .. } => stale += 1,
-                PodState::Missing if s.created_after => {
-                    admitted_without.push(format!("{name} ({})", s.template.name));
+                PodState::Missing if required(s.template) => {
+                    missing_required.push(format!("{name} ({})", s.template.name));
                 }
-                PodState::Missing => missing_before += 1,
+                PodState::Missing => {
+                    missing_best_effort.push(format!("{name} ({})", s.template.name));
+                }
             }
         }
     }
     let message = format!(
-        "{} Pods: {current} current, {stale} stale, {} missing a template ({missing_before} created before it)",
-        pods.len(),
-        missing_before + admitted_without.len()
+        "{}: {current} current, {stale} stale, {} missing a template ({} required)",
+        counted(pods.len(), "Pod", "Pods"),
+        missing_required.len() + missing_best_effort.len(),
+        missing_required.len(),
     );
-    if !admitted_without.is_empty() {
+    if !missing_required.is_empty() {
         return link(
             PODS,
             State::Broken,
             format!(
-                "{message}; admitted without a template created before them: {}; `kubectl sidecar check POD -n {ns}` or `explain` says why",
-                admitted_without.join(", ")
+                "{message}; missing a required template, which every Pod it selects must carry: {}; created again, they get it (`kubectl sidecar check POD -n {ns}` says more)",
+                first_few(&missing_required)
             ),
         );
     }
-    if stale + missing_before > 0 {
+    if !missing_best_effort.is_empty() {
+        return link(
+            PODS,
+            State::Warning,
+            format!(
+                "{message}; missing a best-effort template: {}: skipped at admission (a conflict: `kubectl get events -n {ns} --field-selector reason=TemplateSkipped`), or created before the template selected them",
+                first_few(&missing_best_effort)
+            ),
+        );
+    }
+    if stale > 0 {
         return link(
             PODS,
             State::Warning,
@@ -1431,6 +1672,20 @@ fn namespace_pods(
         );
     }
     link(PODS, State::Ok, message)
+}
+
+/// How many names a message lists before it only counts the rest: a namespace may hold
+/// thousands of Pods, and a line is read by a person.
+const LISTED: usize = 5;
+
+/// The first [`LISTED`] of `names`, and how many more there are.
+fn first_few(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(LISTED).map(String::as_str).collect();
+    let shown = shown.join(", ");
+    match names.len().saturating_sub(LISTED) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
+    }
 }
 
 /// `n` and the noun, singular or plural.

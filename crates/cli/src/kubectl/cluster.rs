@@ -122,7 +122,7 @@ pub async fn templates(
 }
 
 /// A namespaced kind the plugin reads.
-trait Namespaced:
+pub(super) trait Namespaced:
     kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
     + Clone
     + serde::de::DeserializeOwned
@@ -151,6 +151,16 @@ async fn list_pages<K>(api: &Api<K>, what: &str) -> Result<Vec<ObjectMeta>, Clus
 where
     K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    metadata_pages(api)
+        .await
+        .map_err(call(format!("list {what} (metadata)")))
+}
+
+/// The metadata of every object of `api`, page by page, without `managedFields` ([`lean`]).
+pub(super) async fn metadata_pages<K>(api: &Api<K>) -> Result<Vec<ObjectMeta>, kube::Error>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let mut found = Vec::new();
     let mut token: Option<String> = None;
     loop {
@@ -158,16 +168,20 @@ where
         if let Some(token) = &token {
             params = params.continue_token(token);
         }
-        let page = api
-            .list_metadata(&params)
-            .await
-            .map_err(call(format!("list {what} (metadata)")))?;
-        found.extend(page.items.into_iter().map(|item| item.metadata));
+        let page = api.list_metadata(&params).await?;
+        found.extend(page.items.into_iter().map(|item| lean(item.metadata)));
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(found);
         }
     }
+}
+
+/// `meta` without its `managedFields`: nothing here reads them, and they are often most of
+/// an object's metadata, held for every Pod of a namespace or a cluster.
+pub(super) fn lean(mut meta: ObjectMeta) -> ObjectMeta {
+    meta.managed_fields = None;
+    meta
 }
 
 /// The metadata of every Pod.
@@ -186,17 +200,21 @@ pub async fn namespace_labels(
     client: &Client,
     name: &str,
 ) -> Result<BTreeMap<String, String>, ClusterError> {
-    let api: Api<Namespace> = Api::all(client.clone());
     let what = format!("namespace/{name}");
-    let namespace = api
-        .get_metadata_opt(name)
+    labels_of(client, name)
         .await
-        .map_err(call(what.clone()))?;
-    Ok(namespace
-        .ok_or(ClusterError::NotFound(what))?
-        .metadata
-        .labels
-        .unwrap_or_default())
+        .map_err(call(what.clone()))?
+        .ok_or(ClusterError::NotFound(what))
+}
+
+/// The labels of the Namespace `name`, `None` when it does not exist.
+pub(super) async fn labels_of(
+    client: &Client,
+    name: &str,
+) -> Result<Option<BTreeMap<String, String>>, kube::Error> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let namespace = api.get_metadata_opt(name).await?;
+    Ok(namespace.map(|ns| ns.metadata.labels.unwrap_or_default()))
 }
 
 /// The controlling owner of each of `keys` (ReplicaSets and Jobs), read one by one; one
@@ -226,10 +244,24 @@ async fn metadata_of<K>(
 where
     K: Namespaced,
 {
-    let api: Api<K> = Api::namespaced(client.clone(), &key.namespace);
-    let found: Option<PartialObjectMeta<K>> =
-        api.get_metadata_opt(&key.name).await.map_err(call(what))?;
-    Ok(found.map(|object| object.metadata))
+    metadata_opt::<K>(client, &key.namespace, &key.name)
+        .await
+        .map_err(call(what))
+}
+
+/// The metadata of the `K` named `name` in `namespace` ([`lean`]), `None` when it does not
+/// exist.
+pub(super) async fn metadata_opt<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<ObjectMeta>, kube::Error>
+where
+    K: Namespaced,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let found: Option<PartialObjectMeta<K>> = api.get_metadata_opt(name).await?;
+    Ok(found.map(|object| lean(object.metadata)))
 }
 
 /// What each of `workloads` (Deployments, StatefulSets and DaemonSets) says of a restart
@@ -312,3 +344,7 @@ where
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     api.get_opt(name).await.map_err(call(what))
 }
+
+#[cfg(test)]
+#[path = "cluster/tests.rs"]
+mod tests;

@@ -8,7 +8,6 @@
 //! seldom from outside, so a short wait). The handshake itself trusts anything, and nothing is
 //! sent over it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,13 +17,13 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use kube::{Client, Resource};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
 use rustls::{DigitallySignedStruct, SignatureScheme};
@@ -32,6 +31,7 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::de::DeserializeOwned;
 
 use super::check::{Handshake, Names, Observed, Read, Target};
+use super::cluster;
 
 /// How long the handshake with the webhook's URL may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -68,12 +68,17 @@ fn kept<T>(result: Result<T, kube::Error>) -> Read<T> {
     }
 }
 
+/// A read of what may not exist: `None` is [`Read::Missing`].
+fn kept_opt<T>(result: Result<Option<T>, kube::Error>) -> Read<T> {
+    kept(result).and_then(|found| found.map_or(Read::Missing, Read::Found))
+}
+
 /// The object `name` of `api`, `Missing` when absent.
 async fn get<K>(api: Api<K>, name: &str) -> Read<K>
 where
     K: Clone + DeserializeOwned + std::fmt::Debug,
 {
-    kept(api.get_opt(name).await).and_then(|found| found.map_or(Read::Missing, Read::Found))
+    kept_opt(api.get_opt(name).await)
 }
 
 /// Whether the object `name` of `api` exists.
@@ -103,139 +108,146 @@ fn admission_api(client: &Client, kind: &str, plural: &str) -> Api<DynamicObject
     )
 }
 
-/// Reads everything `check` judges for `names`, and the namespace or Pod of `scope`.
+/// Reads everything `check` judges for `names`, and the namespace or Pod of `scope`. The
+/// reads do not depend on each other, so they are made at once: only the handshakes wait,
+/// for the configuration (the URL it calls) and the Service's EndpointSlices.
 pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed {
     let ns = names.namespace.as_str();
     let full = names.fullname.as_str();
-    let configuration = get(
-        Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        full,
-    )
-    .await;
+    let (lease_name, secret_name) = (names.lease(), names.secret());
+    let every = ListParams::default();
+    let (
+        (configuration, slices, handshake, endpoint_handshake),
+        deployment,
+        lease,
+        service,
+        secret,
+        network_policies,
+        (policy, policy_binding, guard),
+        templates,
+        target,
+    ) = tokio::join!(
+        webhook(client, names),
+        get(Api::<Deployment>::namespaced(client.clone(), ns), full),
+        get(Api::<Lease>::namespaced(client.clone(), ns), &lease_name),
+        get(Api::<Service>::namespaced(client.clone(), ns), full),
+        get(Api::<Secret>::namespaced(client.clone(), ns), &secret_name),
+        list(Api::<NetworkPolicy>::namespaced(client.clone(), ns), &every),
+        admission(client, names),
+        list(Api::<SidecarTemplate>::all(client.clone()), &every),
+        target(client, scope),
+    );
+    Observed {
+        deployment,
+        lease,
+        configuration,
+        service,
+        slices,
+        secret,
+        handshake,
+        endpoint_handshake,
+        network_policies,
+        policy,
+        policy_binding,
+        guard,
+        templates,
+        target,
+    }
+}
+
+/// The webhook configuration, the Service's EndpointSlices, and the handshake each allows:
+/// with the URL the entries call, else with a ready endpoint (a replica's address).
+async fn webhook(
+    client: &Client,
+    names: &Names,
+) -> (
+    Read<MutatingWebhookConfiguration>,
+    Read<Vec<EndpointSlice>>,
+    Option<Handshake>,
+    Option<Handshake>,
+) {
+    let full = names.fullname.as_str();
+    let of_service = ListParams::default().labels(&format!("kubernetes.io/service-name={full}"));
+    let (configuration, slices) = tokio::join!(
+        get(
+            Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            full,
+        ),
+        list(
+            Api::<EndpointSlice>::namespaced(client.clone(), &names.namespace),
+            &of_service,
+        ),
+    );
     let handshake = match configuration.found().and_then(first_url) {
         Some(url) => Some(handshake(&url).await),
         None => None,
     };
-    let slices = list(
-        Api::<EndpointSlice>::namespaced(client.clone(), ns),
-        &ListParams::default().labels(&format!("kubernetes.io/service-name={full}")),
-    )
-    .await;
     // Through the Service only: with a URL, the handshake above is the replica's.
     let endpoint_handshake = match (&handshake, slices.found()) {
         (None, Some(slices)) => endpoint_handshake(slices, &names.service_host()).await,
         _ => None,
     };
-    let templates = list(
-        Api::<SidecarTemplate>::all(client.clone()),
-        &ListParams::default(),
-    )
-    .await;
-    Observed {
-        deployment: get(Api::<Deployment>::namespaced(client.clone(), ns), full).await,
-        lease: get(Api::<Lease>::namespaced(client.clone(), ns), &names.lease()).await,
-        configuration,
-        service: get(Api::<Service>::namespaced(client.clone(), ns), full).await,
-        slices,
-        secret: get(
-            Api::<Secret>::namespaced(client.clone(), ns),
-            &names.secret(),
-        )
-        .await,
-        handshake,
-        endpoint_handshake,
-        network_policies: list(
-            Api::<NetworkPolicy>::namespaced(client.clone(), ns),
-            &ListParams::default(),
-        )
-        .await,
-        policy: present(
+    (configuration, slices, handshake, endpoint_handshake)
+}
+
+/// Whether the MutatingAdmissionPolicy, its binding and the guard exist.
+async fn admission(client: &Client, names: &Names) -> (Read<()>, Read<()>, Read<()>) {
+    let full = names.fullname.as_str();
+    let guard = names.guard();
+    tokio::join!(
+        present(
             admission_api(
                 client,
                 "MutatingAdmissionPolicy",
                 "mutatingadmissionpolicies",
             ),
             full,
-        )
-        .await,
-        policy_binding: present(
+        ),
+        present(
             admission_api(
                 client,
                 "MutatingAdmissionPolicyBinding",
                 "mutatingadmissionpolicybindings",
             ),
             full,
-        )
-        .await,
-        guard: present(
+        ),
+        present(
             Api::<ValidatingAdmissionPolicy>::all(client.clone()),
-            &names.guard(),
-        )
-        .await,
-        templates,
-        target: target(client, scope).await,
-    }
+            &guard,
+        ),
+    )
 }
 
 async fn target(client: &Client, scope: &Scope) -> Option<Target> {
     match scope {
         Scope::Cluster => None,
-        Scope::Namespace(name) => Some(Target::Namespace {
-            name: name.clone(),
-            labels: labels(client, name).await,
-            pods: pods(client, name).await,
-        }),
-        Scope::Pod { namespace, name } => Some(Target::Pod {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            labels: labels(client, namespace).await,
-            pod: metadata::<Pod>(client, namespace, name).await,
-        }),
+        Scope::Namespace(name) => {
+            let (labels, pods) = tokio::join!(cluster::labels_of(client, name), pods(client, name));
+            Some(Target::Namespace {
+                name: name.clone(),
+                labels: kept_opt(labels),
+                pods,
+            })
+        }
+        Scope::Pod { namespace, name } => {
+            let (labels, pod) = tokio::join!(
+                cluster::labels_of(client, namespace),
+                cluster::metadata_opt::<Pod>(client, namespace, name)
+            );
+            Some(Target::Pod {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                labels: kept_opt(labels),
+                pod: kept_opt(pod).and_then(|meta| Read::Found(Box::new(meta))),
+            })
+        }
     }
 }
 
-async fn labels(client: &Client, name: &str) -> Read<BTreeMap<String, String>> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    kept(api.get_metadata_opt(name).await).and_then(|found| match found {
-        Some(ns) => Read::Found(ns.metadata.labels.unwrap_or_default()),
-        None => Read::Missing,
-    })
-}
-
-async fn metadata<K>(client: &Client, namespace: &str, name: &str) -> Read<Box<ObjectMeta>>
-where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    kept(api.get_metadata_opt(name).await).and_then(|found| match found {
-        Some(object) => Read::Found(Box::new(object.metadata)),
-        None => Read::Missing,
-    })
-}
-
-/// The metadata of the Pods of `namespace`, page by page.
+/// The metadata of the Pods of `namespace`, without their `managedFields`.
 async fn pods(client: &Client, namespace: &str) -> Read<Vec<ObjectMeta>> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let mut found = Vec::new();
-    let mut token: Option<String> = None;
-    loop {
-        let mut params = ListParams::default().limit(500);
-        if let Some(token) = &token {
-            params = params.continue_token(token);
-        }
-        let page = match kept(api.list_metadata(&params).await) {
-            Read::Found(page) => page,
-            unread => return unread.and_then(|_| Read::Missing),
-        };
-        found.extend(page.items.into_iter().map(|item| item.metadata));
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            return Read::Found(found);
-        }
-    }
+    kept(cluster::metadata_pages(&api).await)
 }
 
 /// The base URL of the configuration's first entry, when it calls one.

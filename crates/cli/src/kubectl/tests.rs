@@ -115,3 +115,18 @@ fn check_takes_a_pod_or_a_namespace_and_the_releases_names() {
         _ => panic!("not check"),
     }
 }
+
+#[test]
+fn checks_help_gives_its_exit_statuses() {
+    let plugin = crate::args::plugin_command();
+    let check = plugin
+        .get_subcommands()
+        .find(|c| c.get_name() == "check")
+        .unwrap();
+    let help = check.get_long_about().unwrap().to_string();
+    assert!(help.contains("4 when a link is broken"), "{help}");
+    assert!(
+        help.contains("1 on an error (the Pod or namespace not found"),
+        "{help}"
+    );
+}
