@@ -283,5 +283,4 @@ fn describe(help: Option<&clap::builder::StyledStr>) -> String {
 }
 
 #[cfg(test)]
-#[path = "completion/tests.rs"]
 mod tests;

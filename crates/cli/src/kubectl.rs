@@ -255,5 +255,4 @@ impl KubectlArgs {
 }
 
 #[cfg(test)]
-#[path = "kubectl/tests.rs"]
 mod tests;

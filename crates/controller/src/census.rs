@@ -221,5 +221,4 @@ async fn count_off_runtime(
 }
 
 #[cfg(test)]
-#[path = "census/tests.rs"]
 mod tests;

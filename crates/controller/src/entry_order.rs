@@ -163,5 +163,4 @@ fn reachability(edges: &[Vec<bool>]) -> Vec<Vec<bool>> {
 }
 
 #[cfg(test)]
-#[path = "entry_order_tests.rs"]
 mod tests;

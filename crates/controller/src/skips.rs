@@ -435,5 +435,4 @@ pub async fn tell_skip(
 }
 
 #[cfg(test)]
-#[path = "skips/tests.rs"]
 mod tests;

@@ -137,5 +137,4 @@ fn digest(value: &impl Serialize) -> u32 {
 }
 
 #[cfg(test)]
-#[path = "fingerprint/tests.rs"]
 mod tests;

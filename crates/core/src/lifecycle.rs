@@ -300,5 +300,4 @@ pub fn carried(template: &CompiledTemplate, pod: &PodMeta<'_>) -> Option<PodStat
 }
 
 #[cfg(test)]
-#[path = "lifecycle/tests.rs"]
 mod tests;

@@ -382,5 +382,4 @@ pub(crate) fn name_of(item: &Value) -> &str {
 }
 
 #[cfg(test)]
-#[path = "pod/tests.rs"]
 mod tests;

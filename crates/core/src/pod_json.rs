@@ -1355,5 +1355,4 @@ impl<'de> Visitor<'de> for Key {
 }
 
 #[cfg(test)]
-#[path = "pod_json/tests.rs"]
 mod tests;

@@ -335,5 +335,4 @@ fn same_image(reported: &str, image: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "rollout/tests.rs"]
 mod tests;

@@ -592,5 +592,4 @@ pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 #[cfg(test)]
-#[path = "server/tests.rs"]
 mod tests;

@@ -1710,5 +1710,4 @@ pub fn to_json(report: &Report) -> Result<String, serde_json::Error> {
 }
 
 #[cfg(test)]
-#[path = "check/tests.rs"]
 mod tests;

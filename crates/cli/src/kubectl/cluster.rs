@@ -346,5 +346,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "cluster/tests.rs"]
 mod tests;

@@ -257,5 +257,4 @@ fn carried(pod: &Value, namespace: &Namespace<'_>, in_force: &[Arc<CompiledTempl
 }
 
 #[cfg(test)]
-#[path = "explain/tests.rs"]
 mod tests;

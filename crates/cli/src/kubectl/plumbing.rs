@@ -431,5 +431,4 @@ impl ServerCertVerifier for Recorder {
 }
 
 #[cfg(test)]
-#[path = "plumbing/tests.rs"]
 mod tests;

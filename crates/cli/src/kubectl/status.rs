@@ -419,5 +419,4 @@ pub fn to_json(report: &StatusReport) -> Result<String, serde_json::Error> {
 }
 
 #[cfg(test)]
-#[path = "status/tests.rs"]
 mod tests;

@@ -148,5 +148,4 @@ pub fn restart_patch(view: &WorkloadView, entries: &[String], now: &str) -> serd
 }
 
 #[cfg(test)]
-#[path = "workloads/tests.rs"]
 mod tests;
