@@ -21,6 +21,7 @@
 mod binaries;
 mod certs;
 mod control_plane;
+pub mod harness;
 pub mod host;
 pub mod images;
 pub mod node;

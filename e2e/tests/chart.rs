@@ -18,10 +18,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use injector_e2e::harness;
 use injector_e2e::release::{CRD, Release};
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
 use injector_e2e::steps::{
@@ -42,16 +43,11 @@ const CHART: Release<'static> = Release {
     fullname: RELEASE,
 };
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests("chart", &[("chart", chart)])
+}
+
 fn chart() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[chart] skipped: set {}=1 (or run `just e2e`) to test the chart against a local \
-             control plane",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
     let started = Instant::now();
     let helm = Helm::new().expect("helm is built");
     let chart = workspace_root().join("charts/sidecar-injector");

@@ -24,11 +24,12 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use injector_e2e::harness;
 use injector_e2e::prometheus::{HttpsScrape, Prometheus, ScrapeTarget};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_invalid_event, wait_served};
 use injector_e2e::{
@@ -80,16 +81,11 @@ const BEST_EFFORT: &str = "e2e-mon-best-effort";
 /// second).
 const SEEN_TIMEOUT: Duration = Duration::from_secs(90);
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests("monitoring", &[("monitoring", monitoring)])
+}
+
 fn monitoring() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[monitoring] skipped: set {}=1 (or run `just e2e`) to test the alerts and the \
-             dashboard against a local control plane and a real Prometheus",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
     let cp = ControlPlane::start().expect("the control plane starts");
 
     step("promtool check rules and test rules, on the rules the chart renders");

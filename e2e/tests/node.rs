@@ -18,11 +18,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail, ensure};
+use injector_e2e::harness::{self, Shared};
 use injector_e2e::host::{BRIDGE_ADDRESS, check_fence};
 use injector_e2e::images::with_stand_ins;
 use injector_e2e::pod::{containers, init_containers};
@@ -35,7 +36,6 @@ use injector_e2e::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 
 type Scenario = fn(&Cluster) -> anyhow::Result<()>;
@@ -137,44 +137,45 @@ impl Node {
     }
 }
 
-type Shared = Arc<Mutex<Option<Node>>>;
-
 fn main() -> ExitCode {
-    let mut args = Arguments::from_args();
-    // One node per machine: the scenarios share it and run one at a time, in order.
-    args.test_threads = Some(1);
-    let mut enabled = injector_e2e::enabled();
-    if !enabled {
-        eprintln!(
-            "[e2e] node scenarios ignored: set {}=1 (or run `just e2e`) to start a local node \
-             and run the scenarios that need running Pods",
-            injector_e2e::ENABLE_VAR
-        );
-    }
     // The node (containerd 1.6, cgroup v1 here) runs the default version only.
-    if let Some(version) = injector_e2e::kube_version() {
-        eprintln!(
-            "[e2e] node scenarios ignored: {}={version}; the node runs only the default \
-             Kubernetes version (e2e/control-plane/versions.env)",
+    let ignored_because = injector_e2e::kube_version().map(|version| {
+        format!(
+            "{}={version}; the node runs only the default Kubernetes version \
+             (e2e/control-plane/versions.env)",
             injector_e2e::KUBE_VERSION_VAR
-        );
-        enabled = false;
+        )
+    });
+    harness::run_shared(Shared {
+        binary: "node",
+        ignored_because,
+        scenarios: SCENARIOS
+            .iter()
+            .map(|&(name, scenario)| (name, scenario, false))
+            .collect(),
+        start: Node::start,
+        run,
+        finish,
+    })
+}
+
+/// Runs one scenario on the shared node.
+fn run(node: &mut Node, name: &'static str, scenario: Scenario) -> Result<(), String> {
+    if ON_THE_CHART.contains(&name) && !node.on_the_chart {
+        node.on_the_chart = true;
+        // The chart's operator replaces the one out of cluster (and its configuration, which
+        // would point the API server at a stopped process).
+        let _ = node.operator.stop();
+        node.cluster
+            .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
+            .map_err(|e| format!("deleting the out-of-cluster configuration: {e:#}"))?;
     }
-    let shared: Shared = Arc::default();
-    let trials = SCENARIOS
-        .iter()
-        .map(|&(name, scenario)| {
-            let shared = Arc::clone(&shared);
-            Trial::test(name, move || run(&shared, name, scenario)).with_ignored_flag(!enabled)
-        })
-        .collect();
-    let started = Instant::now();
-    let conclusion = libtest_mimic::run(&args, trials);
-    let Some(node) = shared.lock().unwrap_or_else(PoisonError::into_inner).take() else {
-        return conclusion.exit_code();
-    };
-    let mut failed = conclusion.has_failed();
-    // Uninstalled by l, unless it did not run or failed before.
+    run_scenario(name, || scenario(&node.cluster))
+}
+
+/// After the last scenario: the chart uninstalled (unless l did, or it never ran), the fence
+/// checked again, the logs when something failed, then everything stopped.
+fn finish(node: Node, mut failed: bool) -> bool {
     if node.on_the_chart
         && is_installed(&node.cluster)
         && let Err(e) = uninstall(&node.cluster)
@@ -191,36 +192,7 @@ fn main() -> ExitCode {
         eprintln!("{}", node.cluster.log_tails(30));
         eprintln!("{}", node.operator.log_tail(30));
     }
-    drop(node);
-    eprintln!("[e2e] node scenarios done in {:.1?}", started.elapsed());
-    if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
-}
-
-/// Runs one scenario on the shared node, starting it first if no scenario has yet.
-fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
-    if !injector_e2e::enabled() {
-        return Err(format!("set {}=1 to run the scenarios", injector_e2e::ENABLE_VAR).into());
-    }
-    let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    if slot.is_none() {
-        *slot = Some(Node::start().map_err(|e| format!("the node does not start: {e:#}"))?);
-    }
-    let node = slot.as_mut().expect("started above");
-    if ON_THE_CHART.contains(&name) && !node.on_the_chart {
-        node.on_the_chart = true;
-        // The chart's operator replaces the one out of cluster (and its configuration, which
-        // would point the API server at a stopped process).
-        let _ = node.operator.stop();
-        node.cluster
-            .kubectl_ok(&["delete", "mutatingwebhookconfiguration", CONFIGURATION])
-            .map_err(|e| format!("deleting the out-of-cluster configuration: {e:#}"))?;
-    }
-    let outcome = run_scenario(name, || scenario(&node.cluster));
-    outcome.map_err(Failed::from)
+    failed
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -19,10 +19,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use injector_e2e::harness;
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Map, Value, json};
@@ -259,9 +259,6 @@ fn stored_view(pod: &Value, namespace: &str) -> Value {
     injector_e2e::pod::stored_view(pod, namespace).unwrap()
 }
 
-/// One control plane at a time: the tests of this file run one after the other.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 /// The policy and binding `sidecar-injector policy` compiles the templates in `file` to, as
 /// YAML; every template must compile.
 fn compile(binary: &std::path::Path, name: &str, file: &std::path::Path) -> String {
@@ -280,17 +277,9 @@ fn compile(binary: &std::path::Path, name: &str, file: &std::path::Path) -> Stri
     String::from_utf8_lossy(&compiled.stdout).into_owned()
 }
 
-/// A control plane serving MutatingAdmissionPolicies, this test's alone; `None` (said why)
-/// when the tests are off or the API server serves none (before 1.36).
-fn control_plane() -> Option<(MutexGuard<'static, ()>, ControlPlane)> {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[policy] skipped: set {}=1 (or run `just e2e`)",
-            injector_e2e::ENABLE_VAR
-        );
-        return None;
-    }
-    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+/// A control plane serving MutatingAdmissionPolicies; `None` (said why) when the API server
+/// serves none (before 1.36).
+fn control_plane() -> Option<ControlPlane> {
     let cp = ControlPlane::start().expect("the control plane starts");
     if !cp.serves_mutating_admission_policies().unwrap() {
         eprintln!(
@@ -298,12 +287,27 @@ fn control_plane() -> Option<(MutexGuard<'static, ()>, ControlPlane)> {
         );
         return None;
     }
-    Some((one, cp))
+    Some(cp)
 }
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests(
+        "policy",
+        &[
+            (
+                "the_policy_backend_stores_what_the_webhook_stores",
+                the_policy_backend_stores_what_the_webhook_stores,
+            ),
+            (
+                "a_newer_policy_leaves_what_an_older_version_injected_to_it",
+                a_newer_policy_leaves_what_an_older_version_injected_to_it,
+            ),
+        ],
+    )
+}
+
 fn the_policy_backend_stores_what_the_webhook_stores() {
-    let Some((_one, cp)) = control_plane() else {
+    let Some(cp) = control_plane() else {
         return;
     };
     install_crd(&cp).unwrap();
@@ -671,9 +675,8 @@ fn made_again(stored: &Value, record: bool) -> Value {
 /// the API server stored them gets its rest and record, which tests the policy's comparison of
 /// stored containers with the template's (`defaulted::holds_cel`) against the API server's own
 /// defaults.
-#[test]
 fn a_newer_policy_leaves_what_an_older_version_injected_to_it() {
-    let Some((_one, cp)) = control_plane() else {
+    let Some(cp) = control_plane() else {
         return;
     };
     let binary = operator_binary().expect("the binary builds");

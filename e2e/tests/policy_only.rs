@@ -26,10 +26,10 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Mutex;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use injector_e2e::harness;
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Value, json};
@@ -78,9 +78,6 @@ spec:
   podSelector: {matchLabels: {app: shadow}}
   containers: [{name: guarded-agent, image: "shadow.invalid/agent:1"}]
 "#;
-
-/// One control plane at a time: the tests of this file run one after the other.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Required, and passes `restricted` (with the Pod's own `runAsNonRoot` and seccomp profile).
 const SECURE: &str = r#"
@@ -209,18 +206,23 @@ fn container_image(pod: &Value, name: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests(
+        "policy_only",
+        &[
+            (
+                "the_policy_backend_alone_injects_and_guards_required_templates",
+                the_policy_backend_alone_injects_and_guards_required_templates,
+            ),
+            (
+                "under_the_restricted_standard_a_required_template_never_fails_open",
+                under_the_restricted_standard_a_required_template_never_fails_open,
+            ),
+        ],
+    )
+}
+
 fn the_policy_backend_alone_injects_and_guards_required_templates() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[policy-only] skipped: set {}=1 to run it",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = ControlPlane::start().expect("the control plane starts");
     install_crd(&cp).unwrap();
     let mut operator = Operator::start(
@@ -568,18 +570,7 @@ fn each_refused_or_injected(
     refusals
 }
 
-#[test]
 fn under_the_restricted_standard_a_required_template_never_fails_open() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[policy-only] skipped: set {}=1 to run it",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
-    let _one = ONE_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let cp = ControlPlane::start().expect("the control plane starts");
     install_crd(&cp).unwrap();
     // The operator's namespace, where the proof's dry-run Pods are made, enforces `restricted`

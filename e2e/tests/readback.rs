@@ -12,8 +12,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitCode};
 
+use injector_e2e::harness;
 use injector_e2e::{operator_binary, tool};
 use serde_json::{Map, Value, json};
 
@@ -166,16 +167,17 @@ const TRICKY_KEYS: &[&str] = &[
 /// The annotation kubectl is asked to add (it will not decode a file without changing it).
 const MARK: &str = "readback.sidecar.dev/checked";
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests(
+        "readback",
+        &[(
+            "kubectl_reads_back_what_the_binary_prints",
+            kubectl_reads_back_what_the_binary_prints,
+        )],
+    )
+}
+
 fn kubectl_reads_back_what_the_binary_prints() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[readback] skipped: set {}=1 (or run `just e2e`) to read the binary's YAML back \
-             with kubectl",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
     let kubectl = tool("kubectl").expect("kubectl is built");
     let binary = operator_binary().expect("the binary builds");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("readback");

@@ -6,8 +6,8 @@
 //! control plane and one operator (starting them per scenario would cost more than most
 //! scenarios take), started by the first scenario that runs, so scenarios run one at a time,
 //! each in fresh namespaces; everything is torn down when the last one ends, also when one
-//! fails. The harness is libtest-mimic's (`harness = false`): a plain `#[test]` cannot share a
-//! fixture and then tear it down.
+//! fails (`injector_e2e::harness::run_shared`: a plain `#[test]` cannot share a fixture and
+//! then tear it down).
 //!
 //! Ignored unless `SIDECAR_INJECTOR_E2E=1` (`just e2e`), so `cargo test --workspace` stays
 //! fast. `SIDECAR_INJECTOR_E2E_SLOW=1` also runs the slow ones (certificate rotation under
@@ -16,10 +16,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use injector_e2e::harness::{self, Shared};
 use injector_e2e::pod::{containers, init_containers, names};
 use injector_e2e::steps::{
     CONFIGURATION, example, kubectl_run_args, policy_served, ready_condition, wait_crd_established,
@@ -27,7 +27,6 @@ use injector_e2e::steps::{
     webhook_names,
 };
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, poll, run_scenario, workspace_root};
-use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
 const INJECTED: &str = "sidecar.dev/injected";
@@ -149,60 +148,29 @@ impl Cluster {
     }
 }
 
-type Shared = Arc<Mutex<Option<Cluster>>>;
-
 fn main() -> ExitCode {
-    let mut args = Arguments::from_args();
-    // One control plane and one operator serve every scenario: one scenario at a time.
-    args.test_threads = Some(1);
-    let enabled = injector_e2e::enabled();
-    if !enabled {
-        eprintln!(
-            "[e2e] scenarios ignored: set {}=1 (or run `just e2e`) to start a local control plane \
-             and run them",
-            injector_e2e::ENABLE_VAR
-        );
-    }
     let slow = std::env::var(SLOW_VAR).is_ok_and(|v| v == "1");
-    let shared: Shared = Arc::default();
-    let trials = SCENARIOS
-        .iter()
-        .map(|&(name, scenario)| {
-            let shared = Arc::clone(&shared);
-            let ignored = !enabled || (SLOW.contains(&name) && !slow);
-            Trial::test(name, move || run(&shared, name, scenario)).with_ignored_flag(ignored)
-        })
-        .collect();
-    let started = Instant::now();
-    let conclusion = libtest_mimic::run(&args, trials);
-    let cluster = shared.lock().unwrap_or_else(PoisonError::into_inner).take();
-    if let Some(cluster) = cluster {
-        if conclusion.has_failed() {
-            eprintln!("{}", cluster.operator.log_tail(40));
-            cluster.cp.print_logs(40);
-        }
-        drop(cluster);
-        eprintln!("[e2e] scenarios done in {:.1?}", started.elapsed());
-    }
-    conclusion.exit_code()
+    harness::run_shared(Shared {
+        binary: "scenarios",
+        ignored_because: None,
+        scenarios: SCENARIOS
+            .iter()
+            .map(|&(name, scenario)| (name, scenario, SLOW.contains(&name) && !slow))
+            .collect(),
+        start: Cluster::start,
+        run,
+        finish,
+    })
 }
 
-/// Runs one scenario on the shared cluster, starting it first if no scenario has yet.
-fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
-    if !injector_e2e::enabled() {
-        return Err(format!("set {}=1 to run the scenarios", injector_e2e::ENABLE_VAR).into());
-    }
-    let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
-    if slot.is_none() {
-        *slot = Some(Cluster::start().map_err(|e| format!("the cluster does not start: {e:#}"))?);
-    }
-    let cluster = slot.as_mut().expect("started above");
+/// Runs one scenario on the shared cluster; one that failed half-way must not leave the
+/// operator stopped for the next.
+fn run(cluster: &mut Cluster, name: &'static str, scenario: Scenario) -> Result<(), String> {
     let mut env = Env {
         cp: &cluster.cp,
         operator: &mut cluster.operator,
     };
     let outcome = run_scenario(name, || scenario(&mut env));
-    // A scenario that failed half-way must not leave the operator stopped for the next.
     if cluster.operator.check_running().is_err() {
         eprintln!("[e2e] restarting the operator after {name}");
         let _ = cluster.operator.stop();
@@ -211,7 +179,16 @@ fn run(shared: &Shared, name: &str, scenario: Scenario) -> Result<(), Failed> {
             .restart()
             .map_err(|e| format!("the operator does not restart: {e:#}"))?;
     }
-    outcome.map_err(Failed::from)
+    outcome
+}
+
+/// After the last scenario: the logs when one failed, then everything stopped.
+fn finish(cluster: Cluster, failed: bool) -> bool {
+    if failed {
+        eprintln!("{}", cluster.operator.log_tail(40));
+        cluster.cp.print_logs(40);
+    }
+    failed
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -49,9 +49,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use injector_e2e::harness;
 use injector_e2e::pod::{dry_run_create, stored_view};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
 use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
@@ -682,15 +683,17 @@ fn calls_per_injected_pod(cp: &ControlPlane, namespace: &str) -> f64 {
     (webhook_calls(cp) - before) / f64::from(COUNTED_PODS)
 }
 
-#[test]
+fn main() -> ExitCode {
+    harness::run_tests(
+        "one_verdict",
+        &[(
+            "every_backend_gives_one_verdict_and_stores_one_pod",
+            every_backend_gives_one_verdict_and_stores_one_pod,
+        )],
+    )
+}
+
 fn every_backend_gives_one_verdict_and_stores_one_pod() {
-    if !injector_e2e::enabled() {
-        eprintln!(
-            "[one-verdict] skipped: set {}=1 to run it",
-            injector_e2e::ENABLE_VAR
-        );
-        return;
-    }
     let cp = ControlPlane::start().expect("the control plane starts");
     install_crd(&cp).unwrap();
     let namespace = cp.namespace("verdict", &[("verdict", "on")]).unwrap();
