@@ -35,10 +35,8 @@ pub use error::{FieldError, ValidationErrors};
 pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 pub use group::{Group, GroupId, GroupKey};
 pub use patch::{Patch, PatchValue};
-pub use plan::{
-    Applied, Denial, MalformedPod, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among,
-};
-pub use pod::Pod;
+pub use plan::{Applied, Denial, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among};
+pub use pod::{MalformedPod, Pod};
 pub use published::Templates;
 pub use registry::{Registry, Snapshot};
 pub use selector::{Labels, Selector};

@@ -15,7 +15,7 @@ use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 
-use crate::placeholder::{Fixed, JsonText, Node, Piece};
+use crate::placeholder::{BASE64, Fixed, JsonText, Node, Piece, PodFacts};
 
 /// A JSON value in a patch.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +33,22 @@ pub enum PatchValue<'t> {
     /// An array or an object of a template with its strings with placeholders rendered for
     /// this Pod, in the order [`Node::render_texts`] gives them.
     Rendered(&'t Node, Vec<String>),
+}
+
+impl<'t> PatchValue<'t> {
+    /// `node` with Pod metadata substituted, borrowing every fixed part: of an array or an
+    /// object, the node itself and its strings with placeholders, rendered.
+    pub fn render(node: &'t Node, pod: &PodFacts<'_>) -> Self {
+        match node {
+            Node::Fixed(fixed) => PatchValue::Fixed(fixed),
+            Node::Text(template) => PatchValue::String(template.render(pod)),
+            Node::Array(_) | Node::Object(_) => {
+                let mut texts = Vec::new();
+                node.render_texts(pod, &mut texts);
+                PatchValue::Rendered(node, texts)
+            }
+        }
+    }
 }
 
 impl PatchValue<'_> {
@@ -297,23 +313,6 @@ pub struct Base64Out<'o> {
     pending: [u8; PENDING_BYTES],
     pending_len: usize,
 }
-
-/// Standard padded base64, as an AdmissionResponse carries a patch: AVX2 where the CPU has it
-/// (looked up once), NEON on aarch64, plain code elsewhere.
-#[cfg(any(
-    target_arch = "x86_64",
-    all(target_arch = "aarch64", target_feature = "neon")
-))]
-pub(crate) static BASE64: std::sync::LazyLock<base64::engine::Simd> =
-    std::sync::LazyLock::new(|| {
-        base64::engine::Simd::standard(base64::engine::general_purpose::PAD)
-    });
-#[cfg(not(any(
-    target_arch = "x86_64",
-    all(target_arch = "aarch64", target_feature = "neon")
-)))]
-pub(crate) static BASE64: base64::engine::GeneralPurpose =
-    base64::engine::general_purpose::STANDARD;
 
 /// Appends the base64 of `bytes` to `out`.
 fn append_base64(bytes: &[u8], out: &mut Vec<u8>) {

@@ -267,7 +267,7 @@ impl JsonText {
             use base64::Engine as _;
             let tail = self.json.as_bytes().get(skip..).unwrap_or_default();
             let whole = tail.len() / 3 * 3;
-            crate::patch::BASE64.encode(&tail[..whole]).into_boxed_str()
+            BASE64.encode(&tail[..whole]).into_boxed_str()
         }))
     }
 }
@@ -426,21 +426,6 @@ impl Node {
         }
     }
 
-    /// The value with Pod metadata substituted, borrowing every fixed part: of an array or an
-    /// object, the node itself and its strings with placeholders, rendered.
-    pub fn render_patch<'t>(&'t self, pod: &PodFacts<'_>) -> crate::patch::PatchValue<'t> {
-        use crate::patch::PatchValue;
-        match self {
-            Node::Fixed(fixed) => PatchValue::Fixed(fixed),
-            Node::Text(template) => PatchValue::String(template.render(pod)),
-            Node::Array(_) | Node::Object(_) => {
-                let mut texts = Vec::new();
-                self.render_texts(pod, &mut texts);
-                PatchValue::Rendered(self, texts)
-            }
-        }
-    }
-
     /// Renders every string with placeholders below this node, depth first, in the order the
     /// node's JSON holds them.
     pub fn render_texts(&self, pod: &PodFacts<'_>, texts: &mut Vec<String>) {
@@ -563,6 +548,23 @@ pub fn field_path(base: &str, steps: &[PathStep<'_>]) -> String {
     }
     out
 }
+
+/// Standard padded base64, as an AdmissionResponse carries a patch: AVX2 where the CPU has it
+/// (looked up once), NEON on aarch64, plain code elsewhere.
+#[cfg(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon")
+))]
+pub(crate) static BASE64: std::sync::LazyLock<base64::engine::Simd> =
+    std::sync::LazyLock::new(|| {
+        base64::engine::Simd::standard(base64::engine::general_purpose::PAD)
+    });
+#[cfg(not(any(
+    target_arch = "x86_64",
+    all(target_arch = "aarch64", target_feature = "neon")
+)))]
+pub(crate) static BASE64: base64::engine::GeneralPurpose =
+    base64::engine::general_purpose::STANDARD;
 
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,7 @@ use crate::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, diffe
 use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, Node, PodFacts};
-use crate::pod::{Container, Pod, Strings, mount_path, name_of};
+use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 use crate::selector::Labels;
 use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Item, Text};
@@ -217,17 +217,6 @@ impl Plan<'_> {
             })
             .collect();
         Some(reasons.join("; "))
-    }
-}
-
-/// The Pod is not a Pod: a field the planner needs is missing or of the wrong type.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("not a valid Pod: {0}")]
-pub struct MalformedPod(String);
-
-impl MalformedPod {
-    pub(crate) fn new(reason: impl Into<String>) -> Self {
-        MalformedPod(reason.into())
     }
 }
 
@@ -1281,7 +1270,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                     .map(|item| (Placement::InitContainers, item)),
             );
         for (placement, item) in placed {
-            let value = item.body.render_patch(facts);
+            let value = PatchValue::render(&item.body, facts);
             match self.containers.presence_exact(
                 &item.key,
                 &value,
@@ -1300,7 +1289,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         }
         let mut new_volumes = Vec::new();
         for item in &template.volumes {
-            let value = item.body.render_patch(facts);
+            let value = PatchValue::render(&item.body, facts);
             match self.volumes.presence_exact(
                 &item.key,
                 &value,
@@ -1443,14 +1432,17 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         let env: Vec<(&str, PatchValue<'t>)> = app
             .env
             .iter()
-            .map(|i| (i.key.as_str(), i.body.render_patch(facts)))
+            .map(|i| (i.key.as_str(), PatchValue::render(&i.body, facts)))
             .collect();
-        let env_from: Vec<PatchValue<'t>> =
-            app.env_from.iter().map(|n| n.render_patch(facts)).collect();
+        let env_from: Vec<PatchValue<'t>> = app
+            .env_from
+            .iter()
+            .map(|n| PatchValue::render(n, facts))
+            .collect();
         let mounts: Vec<(&str, PatchValue<'t>)> = app
             .volume_mounts
             .iter()
-            .map(|i| (i.key.as_str(), i.body.render_patch(facts)))
+            .map(|i| (i.key.as_str(), PatchValue::render(&i.body, facts)))
             .collect();
         for ((container, slot), injected) in self
             .view

@@ -15,8 +15,18 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use crate::defaulted::TOKEN_VOLUME_PREFIX;
-use crate::plan::MalformedPod;
 use crate::selector::Labels;
+
+/// The Pod is not a Pod: a field the planner needs is missing or of the wrong type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not a valid Pod: {0}")]
+pub struct MalformedPod(String);
+
+impl MalformedPod {
+    pub(crate) fn new(reason: impl Into<String>) -> Self {
+        MalformedPod(reason.into())
+    }
+}
 
 /// A string of the Pod, borrowed from its JSON unless it had to be unescaped.
 pub type Str<'a> = Cow<'a, str>;

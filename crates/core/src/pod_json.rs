@@ -31,7 +31,8 @@ use std::mem::size_of;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::plan::{KnownTemplates, MalformedPod};
+use crate::plan::KnownTemplates;
+use crate::pod::MalformedPod;
 use crate::pod::{
     Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
 };

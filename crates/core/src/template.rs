@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::error::{FieldError, ValidationErrors};
 use crate::fingerprint::Fingerprint;
-use crate::group::{GroupId, GroupKey};
+use crate::group::key::{GroupId, GroupKey};
 use crate::placeholder::{Fixed, MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
 use crate::selector::Selector;
 use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};

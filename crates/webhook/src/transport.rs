@@ -21,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::server::Limits;
+use crate::limits::Limits;
 use crate::tls::CertificateStore;
 
 /// The body of every answer: one buffer, written as it is.

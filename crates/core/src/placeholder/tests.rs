@@ -113,7 +113,7 @@ fn a_rendered_node_writes_compares_and_copies_as_its_nested_value() {
         &mut errors,
     );
     assert!(errors.is_empty());
-    let rendered = node.render_patch(&pod);
+    let rendered = PatchValue::render(&node, &pod);
     assert!(matches!(rendered, PatchValue::Rendered(..)));
     let expected = nested(&node, &pod);
     assert_eq!(rendered.to_value(), node.render(&pod));
