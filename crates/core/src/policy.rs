@@ -38,7 +38,7 @@ use crate::defaulted::{
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
 use crate::syntax::LABEL_VALUE_PATTERN;
-use crate::template::{CompiledTemplate, Item, Text};
+use crate::template::{AppAdditions, CompiledTemplate, Item, Text};
 
 mod after_admission;
 mod guard;
@@ -1349,6 +1349,39 @@ fn mutation(
         Vec::new()
     };
     selected.retain(|c| c != "true");
+    // A required template adds each of its containers the Pod lacks, as `plan` does: one the
+    // Pod has by name is either the template's (kept) or a look-alike, which the guard or the
+    // webhook refuses anyway. A best-effort one is skipped whole when the Pod has any of them
+    // by name: no webhook may stand behind to tell a copy from a look-alike.
+    let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
+    let (conditions, volumes) = presence_conditions_of(template, each_missing);
+    // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
+    let all = item_ops(template, each_missing, template_init)
+        .into_iter()
+        .chain(rest_ops(template, template_containers))
+        .collect::<Vec<_>>()
+        .join("\n  + ");
+    let mut body = if conditions.is_empty() {
+        all
+    } else {
+        format!("({})\n? {all}\n: []", conditions.join("\n  && "))
+    };
+    if let Some(volumes) = volumes {
+        body = format!("({volumes})\n? ({body})\n: []");
+    }
+    if selected.is_empty() {
+        body
+    } else {
+        format!("({})\n? ({body})\n: []", selected.join("\n  && "))
+    }
+}
+
+/// The conditions on what the Pod already has under which [`mutation`] adds `template`, and
+/// apart, the one on its volumes (which holds for every branch, so it goes outermost).
+fn presence_conditions_of(
+    template: &CompiledTemplate,
+    each_missing: bool,
+) -> (Vec<String>, Option<String>) {
     let mut conditions = Vec::new();
     let container_names: Vec<&str> = template
         .containers
@@ -1356,44 +1389,47 @@ fn mutation(
         .chain(&template.init_containers)
         .map(|i| i.key.as_str())
         .collect();
-    // A required template adds each of its containers the Pod lacks, as `plan` does: one the
-    // Pod has by name is either the template's (kept) or a look-alike, which the guard or the
-    // webhook refuses anyway. A best-effort one is skipped whole when the Pod has any of them
-    // by name: no webhook may stand behind to tell a copy from a look-alike.
-    let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
-    if !container_names.is_empty() && !each_missing {
+    if each_missing {
+        conditions.push(carries_this_version(template));
+    } else if !container_names.is_empty() {
         let names = cel_list(container_names.iter().copied());
         conditions.push(format!(
             "!object.spec.containers.exists(c, c.name in {names}) && !object.spec.?initContainers.orValue([]).exists(c, c.name in {names})"
         ));
     }
-    if each_missing {
-        conditions.push(carries_this_version(template));
-    }
-    if !template.volumes.is_empty() {
-        // A volume of the Pod's own by one of the template's names must be the template's, as
-        // the API server stores it (`plan` then leaves it and injects the rest); where that
-        // cannot be told, the Pod is left to the webhook or the guard.
-        let each: Vec<String> = template
-            .volumes
-            .iter()
-            .map(|i| match predicted_volume(i) {
-                Some(stored) => format!(
-                    "(v.name != {} || v == {})",
-                    cel_string(&i.key),
-                    cel_json(&stored)
-                ),
-                None => format!("v.name != {}", cel_string(&i.key)),
-            })
-            .collect();
-        conditions.push(format!(
-            "object.spec.?volumes.orValue([]).all(v, {})",
-            each.join(" && ")
-        ));
-    }
     conditions.retain(|c| c != "true");
+    if template.volumes.is_empty() {
+        return (conditions, None);
+    }
+    // A volume of the Pod's own by one of the template's names must be the template's, as the
+    // API server stores it (`plan` then leaves it and injects the rest); where that cannot be
+    // told, the Pod is left to the webhook or the guard.
+    let each: Vec<String> = template
+        .volumes
+        .iter()
+        .map(|i| match predicted_volume(i) {
+            Some(stored) => format!(
+                "(v.name != {} || v == {})",
+                cel_string(&i.key),
+                cel_json(&stored)
+            ),
+            None => format!("v.name != {}", cel_string(&i.key)),
+        })
+        .collect();
+    let volumes = format!(
+        "object.spec.?volumes.orValue([]).all(v, {})",
+        each.join(" && ")
+    );
+    (conditions, Some(volumes))
+}
 
-    // The template's own items, then the rest.
+/// The operations adding the template's own items: its init containers, containers (each
+/// only where the Pod lacks it by name, when `each_missing`) and volumes.
+fn item_ops(
+    template: &CompiledTemplate,
+    each_missing: bool,
+    template_init: &BTreeSet<&str>,
+) -> Vec<String> {
     let mut items: Vec<String> = Vec::new();
     let missing = |list: &[Item]| -> Vec<Option<String>> {
         list.iter()
@@ -1424,7 +1460,7 @@ fn mutation(
         }
     }
     if !template.volumes.is_empty() {
-        // Only those the Pod lacks: one it has is the template's (the condition above).
+        // Only those the Pod lacks: one it has is the template's (the volumes' condition).
         let adds: Vec<String> = template
             .volumes
             .iter()
@@ -1438,6 +1474,13 @@ fn mutation(
             .collect();
         items.push(format!("{} + {}", create_list("volumes"), adds.join(" + ")));
     }
+    items
+}
+
+/// The operations adding the rest of the template: pull secrets, env and mounts into the app
+/// containers (never `template_containers`, a CEL list), labels, annotations and its record
+/// entry, each only where missing.
+fn rest_ops(template: &CompiledTemplate, template_containers: &str) -> Vec<String> {
     let mut ops: Vec<String> = Vec::new();
     if !template.image_pull_secrets.is_empty() {
         let secrets = template
@@ -1453,33 +1496,7 @@ fn mutation(
         ));
     }
     if let Some(app) = &template.app {
-        let targets = {
-            let mut filter = format!("!(object.spec.containers[i].name in {template_containers})");
-            if !app.names.is_empty() {
-                write!(
-                    filter,
-                    " && object.spec.containers[i].name in {}",
-                    cel_list(app.names.iter().map(String::as_str))
-                )
-                .ok();
-            }
-            filter
-        };
-        for (field, key, items) in [
-            ("env", "name", &app.env),
-            ("volumeMounts", "mountPath", &app.volume_mounts),
-        ] {
-            if items.is_empty() {
-                continue;
-            }
-            let list = cel_array(items.iter().map(|i| cel_node(&i.body)));
-            let at = format!("\"/spec/containers/\" + string(i) + \"/{field}\"");
-            ops.push(format!(
-                "object.spec.containers.map(c, object.spec.containers.indexOf(c)).filter(i, {targets}).map(i, !has(object.spec.containers[i].{field}) ? [{}] : {list}.filter(e, !object.spec.containers[i].{field}.exists(x, x.{key} == e[\"{key}\"])).map(e, {})).flatten()",
-                json_patch(&at, &list),
-                json_patch(&format!("{at} + \"/-\""), "e"),
-            ));
-        }
+        ops.extend(app_ops(app, template_containers));
     }
     if !template.labels.is_empty() {
         ops.push(create_map("labels"));
@@ -1494,30 +1511,38 @@ fn mutation(
         false,
     ));
     ops.push(format!("[{}]", record_op(template)));
+    ops
+}
 
-    // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
-    let all = items
-        .into_iter()
-        .chain(ops)
-        .collect::<Vec<_>>()
-        .join("\n  + ");
-    // The volumes' condition holds for both branches: it is the last of `conditions`.
-    let volumes = (!template.volumes.is_empty())
-        .then(|| conditions.pop())
-        .flatten();
-    let mut body = if conditions.is_empty() {
-        all
-    } else {
-        format!("({})\n? {all}\n: []", conditions.join("\n  && "))
-    };
-    if let Some(volumes) = volumes {
-        body = format!("({volumes})\n? ({body})\n: []");
+/// The operations adding `app`'s env and mounts to the app containers it names (all of them
+/// when it names none), never to `template_containers`, where the name or path is free.
+fn app_ops(app: &AppAdditions, template_containers: &str) -> Vec<String> {
+    let mut targets = format!("!(object.spec.containers[i].name in {template_containers})");
+    if !app.names.is_empty() {
+        write!(
+            targets,
+            " && object.spec.containers[i].name in {}",
+            cel_list(app.names.iter().map(String::as_str))
+        )
+        .ok();
     }
-    if selected.is_empty() {
-        body
-    } else {
-        format!("({})\n? ({body})\n: []", selected.join("\n  && "))
+    let mut ops = Vec::new();
+    for (field, key, items) in [
+        ("env", "name", &app.env),
+        ("volumeMounts", "mountPath", &app.volume_mounts),
+    ] {
+        if items.is_empty() {
+            continue;
+        }
+        let list = cel_array(items.iter().map(|i| cel_node(&i.body)));
+        let at = format!("\"/spec/containers/\" + string(i) + \"/{field}\"");
+        ops.push(format!(
+            "object.spec.containers.map(c, object.spec.containers.indexOf(c)).filter(i, {targets}).map(i, !has(object.spec.containers[i].{field}) ? [{}] : {list}.filter(e, !object.spec.containers[i].{field}.exists(x, x.{key} == e[\"{key}\"])).map(e, {})).flatten()",
+            json_patch(&at, &list),
+            json_patch(&format!("{at} + \"/-\""), "e"),
+        ));
     }
+    ops
 }
 
 /// The CEL conditions under which `template` selects the Pod: its namespace and pod selectors,
