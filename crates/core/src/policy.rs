@@ -229,50 +229,11 @@ pub(crate) fn compile_policy_within(
     // a template's go after them, where `plan` puts them.
     let template_init = init_container_names(ordered.iter().copied());
     let service_account_volume = service_account_volume_cel(&ordered);
-    let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
-    // Per template served, its mutation and its proof's (without the round), and their sizes.
-    let mut written: Vec<(String, String)> = Vec::new();
-    let (mut policy_bytes, mut proof_bytes) = (0, 0);
-    let mut webhook_only = Vec::new();
-    for (index, template) in ordered.iter().enumerate() {
-        let by_webhook: Vec<&Arc<CompiledTemplate>> = webhook_only.iter().map(|(t, _)| t).collect();
-        let reason = webhook_only_reason(template, &ordered[index + 1..])
-            .or_else(|| {
-                reads_added_by(template, &by_webhook)
-                    .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
-            })
-            .or_else(|| {
-                selects_added_by(template, &by_webhook)
-                    .map(|(label, added_by)| WebhookOnly::SelectsOnWebhookLabel { label, added_by })
-            })
-            .or_else(|| {
-                // Behind the policy, the webhook applies its templates after the policy's,
-                // whatever their priority: a template after one of them stays with it, so that
-                // `plan` applies both in order. Without a webhook, nothing applies that one.
-                let earlier = by_webhook
-                    .iter()
-                    .find(|w| options.webhook_behind && may_select_alike(w, template))?;
-                Some(WebhookOnly::AfterWebhookTemplate {
-                    template: earlier.name.clone(),
-                })
-            });
-        if let Some(reason) = reason {
-            webhook_only.push((Arc::clone(template), reason));
-            continue;
-        }
-        let policy = mutation(template, TEMPLATE_CONTAINERS, &template_init, true);
-        let proof = mutation(template, TEMPLATE_CONTAINERS, &template_init, false);
-        // Each proof mutation also carries its round's condition: a few dozen bytes.
-        let proof_size = proof.len() + PROOF_ROUND_BYTES;
-        if policy_bytes + policy.len() > budget || proof_bytes + proof_size > budget {
-            webhook_only.push((Arc::clone(template), WebhookOnly::PolicyFull { budget }));
-            continue;
-        }
-        policy_bytes += policy.len();
-        proof_bytes += proof_size;
-        written.push((policy, proof));
-        served.push(Arc::clone(template));
-    }
+    let Written {
+        served,
+        written,
+        webhook_only,
+    } = write_mutations(&ordered, options, &template_init, budget);
     if served.is_empty() {
         return CompiledPolicy {
             policy: None,
@@ -307,20 +268,135 @@ pub(crate) fn compile_policy_within(
             proof
         }));
     }
-    let required = served
-        .iter()
-        .any(|t| t.failure_policy == FailurePolicy::Fail);
     // The hash names this version: of everything the policy and its proof do, before the
     // parts that carry it. The proof's own mutations count: a proof policy of an operator
     // that proved otherwise (in one round, say), still loaded by the API server, must not
     // answer for this one.
     let hash = version_hash(options, &[mutations.as_slice(), &proof_mutations].concat());
+    let live = live_token(&hash);
+    mutations.push(marker_mutation(&live, true));
+    let policy = policy_object(
+        options,
+        &ordered,
+        &served,
+        &webhook_only,
+        &live,
+        &service_account_volume,
+        mutations,
+    );
+    let variables = json!([
+        // Every template applies to the proof Pod, so every template's containers are.
+        {"name": TEMPLATE_CONTAINERS_VARIABLE, "expression": every_container},
+        {"name": SERVICE_ACCOUNT_VOLUME_VARIABLE, "expression": service_account_volume},
+    ]);
+    let proof = proof_policy(options, &hash, variables, proof_mutations);
+    CompiledPolicy {
+        policy: Some(policy),
+        binding: Some(binding(&options.name)),
+        served,
+        webhook_only,
+        hash,
+        proof: Some(proof),
+        proof_rounds: rounds,
+    }
+}
+
+/// What [`write_mutations`] decided: the templates the policy serves, with their mutation and
+/// their proof's (without its round), and the others with why.
+struct Written {
+    served: Vec<Arc<CompiledTemplate>>,
+    written: Vec<(String, String)>,
+    webhook_only: Vec<(Arc<CompiledTemplate>, WebhookOnly)>,
+}
+
+/// Writes the mutation of each template of `ordered` (in application order) a policy can
+/// serve within `budget` bytes, and its proof's.
+fn write_mutations(
+    ordered: &[&Arc<CompiledTemplate>],
+    options: &PolicyOptions,
+    template_init: &BTreeSet<&str>,
+    budget: usize,
+) -> Written {
+    let mut served: Vec<Arc<CompiledTemplate>> = Vec::new();
+    let mut written: Vec<(String, String)> = Vec::new();
+    let (mut policy_bytes, mut proof_bytes) = (0, 0);
+    let mut webhook_only: Vec<(Arc<CompiledTemplate>, WebhookOnly)> = Vec::new();
+    for (index, template) in ordered.iter().enumerate() {
+        let by_webhook: Vec<&Arc<CompiledTemplate>> = webhook_only.iter().map(|(t, _)| t).collect();
+        if let Some(reason) =
+            webhook_only_because(template, &ordered[index + 1..], &by_webhook, options)
+        {
+            webhook_only.push((Arc::clone(template), reason));
+            continue;
+        }
+        let policy = mutation(template, TEMPLATE_CONTAINERS, template_init, true);
+        let proof = mutation(template, TEMPLATE_CONTAINERS, template_init, false);
+        // Each proof mutation also carries its round's condition: a few dozen bytes.
+        let proof_size = proof.len() + PROOF_ROUND_BYTES;
+        if policy_bytes + policy.len() > budget || proof_bytes + proof_size > budget {
+            webhook_only.push((Arc::clone(template), WebhookOnly::PolicyFull { budget }));
+            continue;
+        }
+        policy_bytes += policy.len();
+        proof_bytes += proof_size;
+        written.push((policy, proof));
+        served.push(Arc::clone(template));
+    }
+    Written {
+        served,
+        written,
+        webhook_only,
+    }
+}
+
+/// Why `template` stays on the webhook, if it does: what it needs of `plan`, given the
+/// templates applied after it (`later`) and those already left to the webhook (`by_webhook`).
+fn webhook_only_because(
+    template: &CompiledTemplate,
+    later: &[&Arc<CompiledTemplate>],
+    by_webhook: &[&Arc<CompiledTemplate>],
+    options: &PolicyOptions,
+) -> Option<WebhookOnly> {
+    webhook_only_reason(template, later)
+        .or_else(|| {
+            reads_added_by(template, by_webhook)
+                .map(|(key, added_by)| WebhookOnly::ReadsWebhookMetadata { key, added_by })
+        })
+        .or_else(|| {
+            selects_added_by(template, by_webhook)
+                .map(|(label, added_by)| WebhookOnly::SelectsOnWebhookLabel { label, added_by })
+        })
+        .or_else(|| {
+            // Behind the policy, the webhook applies its templates after the policy's,
+            // whatever their priority: a template after one of them stays with it, so that
+            // `plan` applies both in order. Without a webhook, nothing applies that one.
+            let earlier = by_webhook
+                .iter()
+                .find(|w| options.webhook_behind && may_select_alike(w, template))?;
+            Some(WebhookOnly::AfterWebhookTemplate {
+                template: earlier.name.clone(),
+            })
+        })
+}
+
+/// The MutatingAdmissionPolicy of `mutations` (the served templates', then the marker of
+/// `live`, this version's token).
+fn policy_object(
+    options: &PolicyOptions,
+    ordered: &[&Arc<CompiledTemplate>],
+    served: &[Arc<CompiledTemplate>],
+    webhook_only: &[(Arc<CompiledTemplate>, WebhookOnly)],
+    live: &str,
+    service_account_volume: &str,
+    mutations: Vec<Value>,
+) -> Value {
+    let required = served
+        .iter()
+        .any(|t| t.failure_policy == FailurePolicy::Fail);
     let reinvoke = webhook_only
         .iter()
         .any(|(t, _)| !t.labels.is_empty() || !t.annotations.is_empty());
-    let live = live_token(&hash);
-    mutations.push(marker_mutation(&live, true));
-    let policy = json!({
+    json!({
         "apiVersion": POLICY_API_VERSION,
         "kind": "MutatingAdmissionPolicy",
         "metadata": {"name": options.name},
@@ -339,8 +415,8 @@ pub(crate) fn compile_policy_within(
             },
             // The operator's namespace is never injected, except its dry-run Pod that asks
             // whether the API server runs this version yet (its last mutation marks it).
-            "matchConditions": outside_the_operators_namespace(options, &live),
-            "variables": template_containers(&ordered)
+            "matchConditions": outside_the_operators_namespace(options, live),
+            "variables": template_containers(ordered)
                 .into_iter()
                 .chain([json!({
                     "name": SERVICE_ACCOUNT_VOLUME_VARIABLE,
@@ -349,22 +425,7 @@ pub(crate) fn compile_policy_within(
                 .collect::<Vec<Value>>(),
             "mutations": mutations,
         },
-    });
-    let variables = json!([
-        // Every template applies to the proof Pod, so every template's containers are.
-        {"name": TEMPLATE_CONTAINERS_VARIABLE, "expression": every_container},
-        {"name": SERVICE_ACCOUNT_VOLUME_VARIABLE, "expression": service_account_volume},
-    ]);
-    let proof = proof_policy(options, &hash, variables, proof_mutations);
-    CompiledPolicy {
-        policy: Some(policy),
-        binding: Some(binding(&options.name)),
-        served,
-        webhook_only,
-        hash,
-        proof: Some(proof),
-        proof_rounds: rounds,
-    }
+    })
 }
 
 /// The policy's variable naming the containers the templates that select the Pod add.
