@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 
 use injector_api::names::RESERVED_PREFIX;
-use injector_api::{FailurePolicy, Injection, SidecarTemplate, UpdateStrategy};
+use injector_api::{FailurePolicy, InjectedMetadata, Injection, SidecarTemplate, UpdateStrategy};
+use k8s_openapi::api::core::v1::{LocalObjectReference, Volume};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -104,16 +105,7 @@ impl CompiledTemplate {
 pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, ValidationErrors> {
     let name = template.metadata.name.clone().unwrap_or_default();
     let mut errors = Vec::new();
-    if name.is_empty() {
-        errors.push(FieldError::new("metadata.name", "is required"));
-    } else if !is_dns_subdomain(&name) {
-        errors.push(FieldError::new(
-            "metadata.name",
-            format!(
-                "{name:?} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')"
-            ),
-        ));
-    }
+    check_name(&name, &mut errors);
     let spec = &template.spec;
     let namespace_selector =
         Selector::compile(spec.namespace_selector.as_ref(), "spec.namespaceSelector")
@@ -143,88 +135,21 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         &mut errors,
     );
 
-    let mut volume_names = HashSet::new();
-    let volumes = spec
-        .volumes
-        .iter()
-        .enumerate()
-        .map(|(i, volume)| {
-            let path = format!("spec.volumes[{i}]");
-            check_unique_label(
-                &volume.name,
-                &format!("{path}.name"),
-                "volume",
-                &mut volume_names,
-                &mut errors,
-            );
-            let item = item(volume.name.clone(), volume, &path, &mut errors);
-            check_reach(&item.body, &path, |_| Reach::Fixed, &mut errors);
-            item
-        })
-        .collect();
+    let volumes = compile_volumes(&spec.volumes, &mut errors);
 
-    let mut secret_names = HashSet::new();
-    let image_pull_secrets = spec
-        .image_pull_secrets
-        .iter()
-        .enumerate()
-        .map(|(i, secret)| {
-            let path = format!("spec.imagePullSecrets[{i}].name");
-            if !is_dns_subdomain(&secret.name) {
-                errors.push(FieldError::new(
-                    &path,
-                    format!("{:?} is not a valid Secret name", secret.name),
-                ));
-            } else if !secret_names.insert(secret.name.as_str()) {
-                errors.push(FieldError::new(
-                    &path,
-                    format!("duplicate image pull secret {:?}", secret.name),
-                ));
-            }
-            secret.name.clone()
-        })
-        .collect();
+    let image_pull_secrets = compile_pull_secrets(&spec.image_pull_secrets, &mut errors);
 
     let app = spec
         .app_containers
         .as_ref()
         .map(|app| compile_app(app, &mut errors));
 
-    let (labels, annotations) = match &spec.metadata {
-        Some(metadata) => {
-            let labels = metadata
-                .labels
-                .iter()
-                .map(|(key, value)| {
-                    let path = format!("spec.metadata.labels[{key:?}]");
-                    check_metadata_key(key, &path, &mut errors);
-                    let before = errors.len();
-                    let text = text(value, &path, &mut errors);
-                    if let Text::Fixed(value) = &text
-                        && errors.len() == before
-                        && !is_label_value(value)
-                    {
-                        errors.push(FieldError::new(
-                            &path,
-                            format!("{value:?} is not a valid label value"),
-                        ));
-                    }
-                    (key.clone(), text)
-                })
-                .collect();
-            let annotations = metadata
-                .annotations
-                .iter()
-                .map(|(key, value)| {
-                    let path = format!("spec.metadata.annotations[{key:?}]");
-                    check_metadata_key(key, &path, &mut errors);
-                    (key.clone(), text(value, &path, &mut errors))
-                })
-                .collect();
-            (labels, annotations)
-        }
-        None => (Vec::new(), Vec::new()),
-    };
+    let (labels, annotations) = spec
+        .metadata
+        .as_ref()
+        .map_or_else(Default::default, |metadata| {
+            compile_metadata(metadata, &mut errors)
+        });
 
     let metadata_reads = metadata_reads(
         containers
@@ -277,6 +202,110 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
             errors,
         })
     }
+}
+
+/// `metadata.name`: required, a DNS-1123 subdomain.
+fn check_name(name: &str, errors: &mut Vec<FieldError>) {
+    if name.is_empty() {
+        errors.push(FieldError::new("metadata.name", "is required"));
+    } else if !is_dns_subdomain(name) {
+        errors.push(FieldError::new(
+            "metadata.name",
+            format!(
+                "{name:?} is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')"
+            ),
+        ));
+    }
+}
+
+/// `spec.volumes`: unique names, and no placeholder (a volume is the same in every Pod).
+fn compile_volumes(volumes: &[Volume], errors: &mut Vec<FieldError>) -> Vec<Item> {
+    let mut volume_names = HashSet::new();
+    volumes
+        .iter()
+        .enumerate()
+        .map(|(i, volume)| {
+            let path = format!("spec.volumes[{i}]");
+            check_unique_label(
+                &volume.name,
+                &format!("{path}.name"),
+                "volume",
+                &mut volume_names,
+                errors,
+            );
+            let item = item(volume.name.clone(), volume, &path, errors);
+            check_reach(&item.body, &path, |_| Reach::Fixed, errors);
+            item
+        })
+        .collect()
+}
+
+/// `spec.imagePullSecrets`: valid, unique Secret names.
+fn compile_pull_secrets(
+    secrets: &[LocalObjectReference],
+    errors: &mut Vec<FieldError>,
+) -> Vec<String> {
+    let mut secret_names = HashSet::new();
+    secrets
+        .iter()
+        .enumerate()
+        .map(|(i, secret)| {
+            let path = format!("spec.imagePullSecrets[{i}].name");
+            if !is_dns_subdomain(&secret.name) {
+                errors.push(FieldError::new(
+                    &path,
+                    format!("{:?} is not a valid Secret name", secret.name),
+                ));
+            } else if !secret_names.insert(secret.name.as_str()) {
+                errors.push(FieldError::new(
+                    &path,
+                    format!("duplicate image pull secret {:?}", secret.name),
+                ));
+            }
+            secret.name.clone()
+        })
+        .collect()
+}
+
+/// Labels or annotations a template adds, by key.
+type MetadataEntries = Vec<(String, Text)>;
+
+/// `spec.metadata`: its labels and annotations, valid keys, and a fixed label value a valid
+/// label value.
+fn compile_metadata(
+    metadata: &InjectedMetadata,
+    errors: &mut Vec<FieldError>,
+) -> (MetadataEntries, MetadataEntries) {
+    let labels = metadata
+        .labels
+        .iter()
+        .map(|(key, value)| {
+            let path = format!("spec.metadata.labels[{key:?}]");
+            check_metadata_key(key, &path, errors);
+            let before = errors.len();
+            let text = text(value, &path, errors);
+            if let Text::Fixed(value) = &text
+                && errors.len() == before
+                && !is_label_value(value)
+            {
+                errors.push(FieldError::new(
+                    &path,
+                    format!("{value:?} is not a valid label value"),
+                ));
+            }
+            (key.clone(), text)
+        })
+        .collect();
+    let annotations = metadata
+        .annotations
+        .iter()
+        .map(|(key, value)| {
+            let path = format!("spec.metadata.annotations[{key:?}]");
+            check_metadata_key(key, &path, errors);
+            (key.clone(), text(value, &path, errors))
+        })
+        .collect();
+    (labels, annotations)
 }
 
 impl CompiledTemplate {
