@@ -11,8 +11,12 @@ use super::*;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
+/// The chart's names, as its Deployment runs with them.
 fn names() -> Names {
-    Names::of_release("sidecar-injector", "sidecar-injector", None)
+    Names {
+        source: Source::Deployment,
+        ..Names::of_release("sidecar-injector", "sidecar-injector", None)
+    }
 }
 
 fn now() -> Timestamp {
@@ -264,8 +268,9 @@ fn a_healthy_installation_is_ok_link_by_link() {
     assert_eq!(table.lines().count(), 1 + report.links.len(), "{table}");
     let json: Value = serde_json::from_str(&to_json(&report).unwrap()).unwrap();
     assert_eq!(json["broken"], false);
-    assert_eq!(json["links"][0]["link"], "operator");
-    assert_eq!(json["links"][0]["state"], "ok");
+    assert_eq!(json["links"][0]["link"], "names");
+    assert_eq!(json["links"][1]["link"], "operator");
+    assert_eq!(json["links"][1]["state"], "ok");
 }
 
 #[test]
@@ -560,7 +565,8 @@ fn what_cannot_be_read_is_unknown_and_not_broken() {
         templates: Read::Forbidden(forbidden()),
         target: None,
     };
-    let report = judge(&observed, &names(), now());
+    let assumed = operator_names(&observed.deployment, names());
+    let report = judge(&observed, &assumed, now());
     assert!(!report.broken, "{report:#?}");
     for l in &report.links {
         assert_eq!(l.state, State::Unknown, "{l:?}");
@@ -1116,28 +1122,4 @@ fn a_mistyped_pod_or_namespace_is_an_error_not_a_link() {
         pods: Read::Found(Vec::new()),
     });
     assert_eq!(absent_target(&observed), None);
-}
-
-#[test]
-fn names_follow_the_charts_fullname() {
-    let default = names();
-    assert_eq!(default.fullname, "sidecar-injector");
-    assert_eq!(default.secret(), "sidecar-injector-tls");
-    assert_eq!(default.lease(), "sidecar-injector-leader");
-    assert_eq!(default.guard(), "sidecar-injector-guard");
-    assert_eq!(
-        Names::of_release("infra", "prod", None).fullname,
-        "prod-sidecar-injector"
-    );
-    assert_eq!(
-        Names::of_release("infra", "my-sidecar-injector", None).fullname,
-        "my-sidecar-injector"
-    );
-    assert_eq!(
-        Names::of_release("infra", "prod", Some("injector")).fullname,
-        "injector"
-    );
-    // Cut at 52 characters, without a trailing dash.
-    let long = Names::of_release("infra", &"a".repeat(51), None);
-    assert_eq!(long.fullname, "a".repeat(51));
 }
