@@ -111,7 +111,9 @@ struct ExplainArgs {
 
 #[derive(clap::Args, Debug)]
 struct CheckArgs {
-    /// A Pod to check too (`NAME` or `pod/NAME`, in -n's namespace, else the context's).
+    /// A Pod to check too (`NAME`, or `pod/NAME` in any form explain takes, such as
+    /// `po/NAME`), in -n's namespace, else the context's.
+    #[arg(value_parser = explain::pod_name)]
     pod: Option<String>,
     /// A namespace to check too (the Pod's, with a Pod).
     #[arg(long, short = 'n')]
@@ -225,9 +227,9 @@ impl KubectlArgs {
                     args.fullname.as_deref(),
                 );
                 let scope = match (args.pod, args.namespace) {
-                    (Some(pod), namespace) => plumbing::Scope::Pod {
+                    (Some(name), namespace) => plumbing::Scope::Pod {
                         namespace: namespace.unwrap_or(default_namespace),
-                        name: pod.strip_prefix("pod/").unwrap_or(&pod).to_owned(),
+                        name,
                     },
                     (None, Some(namespace)) => plumbing::Scope::Namespace(namespace),
                     (None, None) => plumbing::Scope::Cluster,
