@@ -311,7 +311,7 @@ async fn handshake(url: &str) -> Handshake {
 /// `webhook`, else its first), asking for `host` (the Service's name, as the API server does):
 /// the certificate a replica serves. `None` when there is no such endpoint. From outside the
 /// cluster a Pod's address is seldom reachable: that is an error here, not a broken link.
-async fn endpoint_handshake(slices: &[EndpointSlice], host: &str) -> Option<Handshake> {
+pub(super) async fn endpoint_handshake(slices: &[EndpointSlice], host: &str) -> Option<Handshake> {
     let (address, port) = first_ready_endpoint(slices)?;
     let served = bounded(
         served_chain(&address, port, host),
