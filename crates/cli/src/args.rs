@@ -320,6 +320,37 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The options another process runs `run` with: `argv` (its arguments after `run`) and
+    /// `env` (the literal values of its environment), parsed by this very parser, so that the
+    /// defaults and the flags' environment variables are the operator's own. `namespace` is
+    /// the default `--namespace` there (the service account's, so the Pod's). Never this
+    /// process's environment: the variables are read from `env` only.
+    pub(crate) fn of_process(
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        namespace: &str,
+    ) -> Result<RunOptions, clap::Error> {
+        use clap::{Args as _, FromArgMatches as _};
+        let declared = RunArgs::augment_args(clap::Command::new("run").no_binary_name(true));
+        // A flag's variable, as the flag given first: given again, the flag wins.
+        let from_env: Vec<String> = declared
+            .get_arguments()
+            .filter_map(|arg| {
+                let value = env.get(arg.get_env()?.to_str()?)?;
+                Some(format!("--{}={value}", arg.get_long()?))
+            })
+            .collect();
+        let command = declared
+            .args_override_self(true)
+            .mut_args(|arg| arg.env(None::<&str>));
+        let matches = command.try_get_matches_from(from_env.iter().chain(argv))?;
+        let mut args = RunArgs::from_arg_matches(&matches)?;
+        args.namespace.get_or_insert_with(|| namespace.to_owned());
+        // Not this host's name: the identity is not asked for.
+        args.identity.get_or_insert_with(String::new);
+        Ok(args.into_options())
+    }
+
     /// The options, with the defaults that depend on where the process runs filled in.
     pub(crate) fn into_options(self) -> RunOptions {
         let namespace = self.namespace.unwrap_or_else(|| {

@@ -111,17 +111,21 @@ struct ExplainArgs {
 
 #[derive(clap::Args, Debug)]
 struct CheckArgs {
-    /// A Pod to check too (`NAME` or `pod/NAME`, in -n's namespace, else the context's).
+    /// A Pod to check too (`NAME`, or `pod/NAME` in any form explain takes, such as
+    /// `po/NAME`), in -n's namespace, else the context's.
+    #[arg(value_parser = explain::pod_name)]
     pod: Option<String>,
     /// A namespace to check too (the Pod's, with a Pod).
     #[arg(long, short = 'n')]
     namespace: Option<String>,
-    /// The chart's release name: the operator's objects are named after it as the chart names
-    /// them (the release's name when it contains `sidecar-injector`, else
-    /// `<release>-sidecar-injector`).
+    /// The chart's release name: its operator Deployment is found by it (named as the chart
+    /// names it, else by its `app.kubernetes.io/instance` label), and the other objects' names
+    /// are read from the Deployment's arguments; only when it cannot be read are they assumed
+    /// from the release's name (`<release>-sidecar-injector`, or the release's name when it
+    /// contains `sidecar-injector`).
     #[arg(long, default_value = "sidecar-injector", value_name = "NAME")]
     release: String,
-    /// The chart's `fullnameOverride`, when it was set: the name of the operator's objects.
+    /// The chart's `fullnameOverride`, when it was set: the operator Deployment's name.
     #[arg(long, value_name = "NAME")]
     fullname: Option<String>,
     /// `table` for people, `json` for scripts.
@@ -216,20 +220,22 @@ impl KubectlArgs {
             }
             PluginCommand::Check(args) => {
                 let (client, default_namespace) = cluster::connect(&connection).await?;
-                let names = check::Names::of_release(
+                // Assumed until the operator's Deployment says what it runs with.
+                let assumed = check::Names::of_release(
                     &self.operator_namespace,
                     &args.release,
                     args.fullname.as_deref(),
                 );
                 let scope = match (args.pod, args.namespace) {
-                    (Some(pod), namespace) => plumbing::Scope::Pod {
+                    (Some(name), namespace) => plumbing::Scope::Pod {
                         namespace: namespace.unwrap_or(default_namespace),
-                        name: pod.strip_prefix("pod/").unwrap_or(&pod).to_owned(),
+                        name,
                     },
                     (None, Some(namespace)) => plumbing::Scope::Namespace(namespace),
                     (None, None) => plumbing::Scope::Cluster,
                 };
-                let observed = plumbing::observe(&client, &names, &scope).await;
+                let (names, observed) =
+                    plumbing::observe(&client, &args.release, assumed, &scope).await;
                 if let Some(what) = check::absent_target(&observed) {
                     return Err(ClusterError::NotFound(what).into());
                 }

@@ -13,6 +13,9 @@
 //! so is which groups have no entry (`injector_controller::webhook_config::left_out`): never
 //! restated here.
 //!
+//! The objects are named as the operator runs with them, read from its Deployment
+//! ([`operator_names`]), and the first line says so, or that they are assumed.
+//!
 //! A read that failed (forbidden, say) costs its links only: they say what could not be read,
 //! and the others are still judged. A link whose verdict depends on what could not be read is
 //! `unknown`, never `ok`.
@@ -43,62 +46,13 @@ use serde::Serialize;
 use super::table::Table;
 
 mod certificate;
+mod names;
 
 pub use certificate::verify_chain;
+pub use names::{Names, Source, operator_names, runs_operator};
 
 /// The chart's name, which its objects' names derive from.
 const CHART_NAME: &str = "sidecar-injector";
-
-/// The longest full name the chart makes (so that `<fullname>-leader` stays a valid name).
-const FULLNAME_MAX: usize = 52;
-
-/// The names of one installation's objects, as the chart makes them from its release.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Names {
-    /// The release's (the operator's) namespace.
-    pub namespace: String,
-    /// The chart's full name: the Deployment, Service, ServiceAccount, NetworkPolicy,
-    /// MutatingWebhookConfiguration and MutatingAdmissionPolicy are called so.
-    pub fullname: String,
-}
-
-impl Names {
-    /// The names the chart gives a release `release` in `namespace` (its `fullname` helper:
-    /// the release's name when it contains the chart's, else `<release>-sidecar-injector`, cut
-    /// at 52 characters), or `fullname` as given (its `fullnameOverride`).
-    pub fn of_release(namespace: &str, release: &str, fullname: Option<&str>) -> Self {
-        let full = match fullname {
-            Some(fullname) => fullname.to_owned(),
-            None if release.contains(CHART_NAME) => release.to_owned(),
-            None => format!("{release}-{CHART_NAME}"),
-        };
-        let cut: String = full.chars().take(FULLNAME_MAX).collect();
-        Names {
-            namespace: namespace.to_owned(),
-            fullname: cut.trim_end_matches('-').to_owned(),
-        }
-    }
-
-    /// The certificate Secret (`--secret-name`).
-    pub fn secret(&self) -> String {
-        format!("{}-tls", self.fullname)
-    }
-
-    /// The leader-election Lease (`--lease-name`).
-    pub fn lease(&self) -> String {
-        format!("{}-leader", self.fullname)
-    }
-
-    /// The policy backend's guard (`--injection-backend policy`).
-    pub fn guard(&self) -> String {
-        injector_core::policy::guard_name(&self.fullname)
-    }
-
-    /// The name the API server checks the webhook's certificate for, through the Service.
-    pub fn service_host(&self) -> String {
-        format!("{}.{}.svc", self.fullname, self.namespace)
-    }
-}
 
 /// What one read gave.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,7 +77,7 @@ impl<T> Read<T> {
     }
 
     /// Whether it is known not to exist.
-    fn is_missing(&self) -> bool {
+    pub fn is_missing(&self) -> bool {
         matches!(self, Read::Missing)
     }
 
@@ -325,6 +279,7 @@ pub fn judge(observed: &Observed, names: &Names, now: Timestamp) -> Report {
     };
     let calls = calls(&observed.configuration);
     let mut links = vec![
+        names_link(names, &observed.deployment),
         operator(observed, names, &calls),
         leader(&observed.lease, names, now),
         configuration(observed, names, &templates),
@@ -406,6 +361,7 @@ fn base_url(url: &str) -> String {
     }
 }
 
+const NAMES: &str = "names";
 const OPERATOR: &str = "operator";
 const LEADER: &str = "leader";
 const CONFIGURATION: &str = "webhook configuration";
@@ -419,8 +375,41 @@ const PODS: &str = "pods";
 const SELECTION: &str = "selection";
 const RECORD: &str = "record";
 
+/// Which objects the other links read, and where their names come from: when they are
+/// assumed, a warning (unknown when the Deployment could not be read), as an installation
+/// named otherwise would look missing link by link.
+fn names_link(names: &Names, deployment: &Read<Deployment>) -> Link {
+    let objects = format!(
+        "service/{}, mutatingwebhookconfiguration/{}, secret/{}, lease/{}, mutatingadmissionpolicy/{} in {}",
+        names.service,
+        names.webhook_configuration,
+        names.secret,
+        names.lease,
+        names.policy,
+        names.namespace
+    );
+    match &names.source {
+        Source::Deployment => link(
+            NAMES,
+            State::Ok,
+            format!("{objects}, as {} runs with them", names.deployment_ref()),
+        ),
+        Source::Assumed(why) => link(
+            NAMES,
+            if deployment.is_unread() {
+                State::Unknown
+            } else {
+                State::Warning
+            },
+            format!(
+                "{why}: assumed from the release's name: {objects}; an installation with the chart's nameOverride or fullnameOverride needs --release and --fullname as installed"
+            ),
+        ),
+    }
+}
+
 fn operator(observed: &Observed, names: &Names, calls: &Calls) -> Link {
-    let what = format!("deployment/{} -n {}", names.fullname, names.namespace);
+    let what = names.deployment_ref();
     if let Some(why) = observed.deployment.unread(&what) {
         return link(OPERATOR, State::Unknown, why);
     }
@@ -477,7 +466,7 @@ fn operator(observed: &Observed, names: &Names, calls: &Calls) -> Link {
 }
 
 fn leader(lease: &Read<Lease>, names: &Names, now: Timestamp) -> Link {
-    let what = format!("lease/{} -n {}", names.lease(), names.namespace);
+    let what = format!("lease/{} -n {}", names.lease, names.namespace);
     if let Some(why) = lease.unread(&what) {
         return link(LEADER, State::Unknown, why);
     }
@@ -543,7 +532,10 @@ fn expired(what: &str, holder: &str, ago: i64, duration: i64) -> Link {
 }
 
 fn configuration(observed: &Observed, names: &Names, templates: &Templates<'_>) -> Link {
-    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    let what = format!(
+        "mutatingwebhookconfiguration/{}",
+        names.webhook_configuration
+    );
     if let Some(why) = observed.configuration.unread(&what) {
         return link(CONFIGURATION, State::Unknown, why);
     }
@@ -608,10 +600,10 @@ fn misdirected_entries(
                     .is_none()
                     .then(|| format!("entry {} names neither a service nor a URL", entry.name));
             };
-            if service.namespace != names.namespace || service.name != names.fullname {
+            if service.namespace != names.namespace || service.name != names.service {
                 return Some(format!(
                     "entry {} calls service {}/{}, not {}/{}",
-                    entry.name, service.namespace, service.name, names.namespace, names.fullname
+                    entry.name, service.namespace, service.name, names.namespace, names.service
                 ));
             }
             let port = service.port.unwrap_or(443);
@@ -619,7 +611,7 @@ fn misdirected_entries(
             (!ports.contains(&port)).then(|| {
                 format!(
                     "entry {} calls port {port} of service {}/{}, which has ports {ports:?}",
-                    entry.name, names.namespace, names.fullname
+                    entry.name, names.namespace, names.service
                 )
             })
         })
@@ -730,7 +722,10 @@ const CA_FIX: &str = "the leader writes the Secret's CA into the caBundle within
 /// The certificates of the caBundle every entry carries, or the link's line when there is
 /// none to verify with: not read, no configuration or entry, entries that differ, or no PEM.
 fn bundle_roots(observed: &Observed, names: &Names) -> Result<Vec<Vec<u8>>, Link> {
-    let what = format!("mutatingwebhookconfiguration/{}", names.fullname);
+    let what = format!(
+        "mutatingwebhookconfiguration/{}",
+        names.webhook_configuration
+    );
     if let Some(why) = observed.configuration.unread(&what) {
         return Err(link(CA_BUNDLE, State::Unknown, why));
     }
@@ -790,7 +785,7 @@ fn secret_verified(
 ) -> Link {
     // The replicas load this certificate (and reload it when it changes); that each serves
     // it now only a handshake with each would prove.
-    let what = format!("secret/{} -n {}", names.secret(), names.namespace);
+    let what = format!("secret/{} -n {}", names.secret, names.namespace);
     if let Some(why) = observed.secret.unread(&what) {
         return link(
             CA_BUNDLE,
@@ -887,7 +882,7 @@ fn endpoints(observed: &Observed, names: &Names, calls: &Calls) -> Link {
             ),
         };
     }
-    let what = format!("service/{} -n {}", names.fullname, names.namespace);
+    let what = format!("service/{} -n {}", names.service, names.namespace);
     if let Some(why) = observed.service.unread(&what) {
         return link(ENDPOINTS, State::Unknown, why);
     }
@@ -1022,8 +1017,8 @@ fn operator_pods(
     if let Some(labels) = selector {
         return Ok((labels, WebhookPort::named(None)));
     }
-    let deployment = format!("deployment/{} -n {}", names.fullname, names.namespace);
-    let service = format!("service/{} -n {}", names.fullname, names.namespace);
+    let deployment = names.deployment_ref();
+    let service = format!("service/{} -n {}", names.service, names.namespace);
     Err(observed
         .deployment
         .unread(&deployment)
@@ -1210,11 +1205,11 @@ fn policy_objects_absent(observed: &Observed, names: &Names, served: &[&str]) ->
     let objects = [
         (
             &observed.policy,
-            format!("mutatingadmissionpolicy/{}", names.fullname),
+            format!("mutatingadmissionpolicy/{}", names.policy),
         ),
         (
             &observed.policy_binding,
-            format!("mutatingadmissionpolicybinding/{}", names.fullname),
+            format!("mutatingadmissionpolicybinding/{}", names.policy),
         ),
     ];
     if let Some(why) = objects.iter().find_map(|(read, name)| read.unread(name)) {
@@ -1277,7 +1272,7 @@ fn policy_serving(
         .collect();
     let mut message = format!(
         "mutatingadmissionpolicy/{} and its binding serve {}{guard}",
-        names.fullname,
+        names.policy,
         if served.is_empty() {
             "no template".to_owned()
         } else {

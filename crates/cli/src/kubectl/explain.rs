@@ -86,6 +86,11 @@ pub enum TargetError {
         "{0:?}: not a kind explain takes (pod, deployment, statefulset, daemonset, replicaset, job, cronjob)"
     )]
     Kind(String),
+    /// A kind `check` does not take: it checks a Pod.
+    #[error(
+        "{0:?}: check takes a Pod (NAME or pod/NAME); `kubectl sidecar explain {0}` replays the decision for a workload"
+    )]
+    NotPod(String),
 }
 
 impl std::str::FromStr for Target {
@@ -114,6 +119,23 @@ impl std::str::FromStr for Target {
             kind,
             name: name.to_owned(),
         })
+    }
+}
+
+/// A Pod named as `check` takes it: `NAME` (as `kubectl logs` takes it), or `KIND/NAME` read
+/// as `explain` reads it ([`Target`]: `pod/web-0`, `po/web-0`, `Pods/web-0`) naming a Pod, so
+/// that both commands take a Pod in the same forms.
+pub fn pod_name(text: &str) -> Result<String, TargetError> {
+    if text.is_empty() {
+        return Err(TargetError::Shape(text.to_owned()));
+    }
+    if !text.contains('/') {
+        return Ok(text.to_owned());
+    }
+    let target: Target = text.parse()?;
+    match target.kind {
+        TargetKind::Pod => Ok(target.name),
+        _ => Err(TargetError::NotPod(text.to_owned())),
     }
 }
 

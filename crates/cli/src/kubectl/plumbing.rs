@@ -30,7 +30,7 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::de::DeserializeOwned;
 
-use super::check::{Handshake, Names, Observed, Read, Target};
+use super::check::{Handshake, Names, Observed, Read, Target, operator_names, runs_operator};
 use super::cluster;
 
 /// How long the handshake with the webhook's URL may take.
@@ -108,17 +108,43 @@ fn admission_api(client: &Client, kind: &str, plural: &str) -> Api<DynamicObject
     )
 }
 
-/// Reads everything `check` judges for `names`, and the namespace or Pod of `scope`. The
-/// reads do not depend on each other, so they are made at once: only the handshakes wait,
-/// for the configuration (the URL it calls) and the Service's EndpointSlices.
-pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed {
+/// The operator's Deployment, and the names its objects have ([`operator_names`]): the
+/// Deployment named as the chart would name it (`assumed`), else the release's
+/// (`app.kubernetes.io/instance=<release>`) that runs the operator, whose name follows the
+/// chart's `nameOverride` or `fullnameOverride`. The names are `assumed`, saying why, when no
+/// Deployment can be read.
+pub async fn operator(client: &Client, release: &str, assumed: Names) -> (Read<Deployment>, Names) {
+    let api = Api::<Deployment>::namespaced(client.clone(), &assumed.namespace);
+    let mut deployment = get(api.clone(), &assumed.deployment).await;
+    if deployment.is_missing() {
+        let of_release =
+            ListParams::default().labels(&format!("app.kubernetes.io/instance={release}"));
+        deployment = list(api, &of_release).await.and_then(|found| {
+            found
+                .into_iter()
+                .find(runs_operator)
+                .map_or(Read::Missing, Read::Found)
+        });
+    }
+    let names = operator_names(&deployment, assumed);
+    (deployment, names)
+}
+
+/// Reads everything `check` judges, the objects named by what the operator's Deployment runs
+/// with ([`operator`]), and the namespace or Pod of `scope`; returns the names too. The reads
+/// after the Deployment do not depend on each other, so they are made at once: only the
+/// handshakes wait, for the configuration (the URL it calls) and the Service's EndpointSlices.
+pub async fn observe(
+    client: &Client,
+    release: &str,
+    assumed: Names,
+    scope: &Scope,
+) -> (Names, Observed) {
+    let (deployment, names) = operator(client, release, assumed).await;
     let ns = names.namespace.as_str();
-    let full = names.fullname.as_str();
-    let (lease_name, secret_name) = (names.lease(), names.secret());
     let every = ListParams::default();
     let (
         (configuration, slices, handshake, endpoint_handshake),
-        deployment,
         lease,
         service,
         secret,
@@ -127,17 +153,19 @@ pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed 
         templates,
         target,
     ) = tokio::join!(
-        webhook(client, names),
-        get(Api::<Deployment>::namespaced(client.clone(), ns), full),
-        get(Api::<Lease>::namespaced(client.clone(), ns), &lease_name),
-        get(Api::<Service>::namespaced(client.clone(), ns), full),
-        get(Api::<Secret>::namespaced(client.clone(), ns), &secret_name),
+        webhook(client, &names),
+        get(Api::<Lease>::namespaced(client.clone(), ns), &names.lease),
+        get(
+            Api::<Service>::namespaced(client.clone(), ns),
+            &names.service
+        ),
+        get(Api::<Secret>::namespaced(client.clone(), ns), &names.secret),
         list(Api::<NetworkPolicy>::namespaced(client.clone(), ns), &every),
-        admission(client, names),
+        admission(client, &names),
         list(Api::<SidecarTemplate>::all(client.clone()), &every),
         target(client, scope),
     );
-    Observed {
+    let observed = Observed {
         deployment,
         lease,
         configuration,
@@ -152,7 +180,8 @@ pub async fn observe(client: &Client, names: &Names, scope: &Scope) -> Observed 
         guard,
         templates,
         target,
-    }
+    };
+    (names, observed)
 }
 
 /// The webhook configuration, the Service's EndpointSlices, and the handshake each allows:
@@ -166,12 +195,12 @@ async fn webhook(
     Option<Handshake>,
     Option<Handshake>,
 ) {
-    let full = names.fullname.as_str();
-    let of_service = ListParams::default().labels(&format!("kubernetes.io/service-name={full}"));
+    let of_service =
+        ListParams::default().labels(&format!("kubernetes.io/service-name={}", names.service));
     let (configuration, slices) = tokio::join!(
         get(
             Api::<MutatingWebhookConfiguration>::all(client.clone()),
-            full,
+            &names.webhook_configuration,
         ),
         list(
             Api::<EndpointSlice>::namespaced(client.clone(), &names.namespace),
@@ -192,7 +221,7 @@ async fn webhook(
 
 /// Whether the MutatingAdmissionPolicy, its binding and the guard exist.
 async fn admission(client: &Client, names: &Names) -> (Read<()>, Read<()>, Read<()>) {
-    let full = names.fullname.as_str();
+    let policy = names.policy.as_str();
     let guard = names.guard();
     tokio::join!(
         present(
@@ -201,7 +230,7 @@ async fn admission(client: &Client, names: &Names) -> (Read<()>, Read<()>, Read<
                 "MutatingAdmissionPolicy",
                 "mutatingadmissionpolicies",
             ),
-            full,
+            policy,
         ),
         present(
             admission_api(
@@ -209,7 +238,7 @@ async fn admission(client: &Client, names: &Names) -> (Read<()>, Read<()>, Read<
                 "MutatingAdmissionPolicyBinding",
                 "mutatingadmissionpolicybindings",
             ),
-            full,
+            policy,
         ),
         present(
             Api::<ValidatingAdmissionPolicy>::all(client.clone()),
@@ -282,7 +311,7 @@ async fn handshake(url: &str) -> Handshake {
 /// `webhook`, else its first), asking for `host` (the Service's name, as the API server does):
 /// the certificate a replica serves. `None` when there is no such endpoint. From outside the
 /// cluster a Pod's address is seldom reachable: that is an error here, not a broken link.
-async fn endpoint_handshake(slices: &[EndpointSlice], host: &str) -> Option<Handshake> {
+pub(super) async fn endpoint_handshake(slices: &[EndpointSlice], host: &str) -> Option<Handshake> {
     let (address, port) = first_ready_endpoint(slices)?;
     let served = bounded(
         served_chain(&address, port, host),

@@ -96,7 +96,7 @@ fn check_takes_a_pod_or_a_namespace_and_the_releases_names() {
     assert_eq!(args.operator_namespace, "infra");
     match args.command {
         PluginCommand::Check(check) => {
-            assert_eq!(check.pod.as_deref(), Some("pod/web-1"));
+            assert_eq!(check.pod.as_deref(), Some("web-1"));
             assert_eq!(check.namespace.as_deref(), Some("shop"));
             assert_eq!(check.release, "prod");
             assert_eq!(check.fullname, None);
@@ -114,6 +114,28 @@ fn check_takes_a_pod_or_a_namespace_and_the_releases_names() {
         }
         _ => panic!("not check"),
     }
+}
+
+#[test]
+fn check_takes_a_pod_in_the_forms_explain_takes() {
+    let pod_of = |target: &str| match plugin_args(&["kubectl-sidecar", "check", target]) {
+        Ok(KubectlArgs {
+            command: PluginCommand::Check(check),
+            ..
+        }) => Ok(check.pod.unwrap()),
+        Ok(_) => panic!("not check"),
+        Err(error) => Err(error.to_string()),
+    };
+    for target in ["web-1", "pod/web-1", "po/web-1", "pods/web-1", "Pod/web-1"] {
+        assert_eq!(pod_of(target).as_deref(), Ok("web-1"), "{target}");
+    }
+    let workload = pod_of("deployment/web").unwrap_err();
+    assert!(
+        workload.contains("check takes a Pod") && workload.contains("kubectl sidecar explain"),
+        "{workload}"
+    );
+    assert!(pod_of("pod/").unwrap_err().contains("expected KIND/NAME"));
+    assert!(pod_of("service/web").unwrap_err().contains("not a kind"));
 }
 
 #[test]

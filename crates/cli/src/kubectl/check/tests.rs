@@ -11,8 +11,12 @@ use super::*;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
+/// The chart's names, as its Deployment runs with them.
 fn names() -> Names {
-    Names::of_release("sidecar-injector", "sidecar-injector", None)
+    Names {
+        source: Source::Deployment,
+        ..Names::of_release("sidecar-injector", "sidecar-injector", None)
+    }
 }
 
 fn now() -> Timestamp {
@@ -264,8 +268,9 @@ fn a_healthy_installation_is_ok_link_by_link() {
     assert_eq!(table.lines().count(), 1 + report.links.len(), "{table}");
     let json: Value = serde_json::from_str(&to_json(&report).unwrap()).unwrap();
     assert_eq!(json["broken"], false);
-    assert_eq!(json["links"][0]["link"], "operator");
-    assert_eq!(json["links"][0]["state"], "ok");
+    assert_eq!(json["links"][0]["link"], "names");
+    assert_eq!(json["links"][1]["link"], "operator");
+    assert_eq!(json["links"][1]["state"], "ok");
 }
 
 #[test]
@@ -340,6 +345,87 @@ fn a_replica_reachable_from_here_is_checked_by_a_handshake() {
         "{l:?}"
     );
     assert!(!report.broken);
+}
+
+/// A replica's webhook on 127.0.0.1 serving `issued` to every handshake, as a Pod behind the
+/// Service does; its port.
+async fn replica(issued: &injector_controller::certs::Serving) -> u16 {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            // The client hangs up after the handshake: how the stream ends does not matter.
+            tokio::spawn(async move { drop(acceptor.accept(tcp).await) });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn through_the_service_the_handshake_with_a_replica_is_verified_by_the_ca_bundle() {
+    let issuer = ca();
+    let for_service = ServingNames::for_service("sidecar-injector", "sidecar-injector", None);
+    let issued = issue_serving(&issuer, &for_service, system_now() - DAY, 90 * DAY).unwrap();
+    let port = replica(&issued).await;
+    // The Service's endpoint is the replica, as its EndpointSlice names it.
+    let slices: Vec<EndpointSlice> = vec![from(json!({
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": "sidecar-injector-abc", "namespace": "sidecar-injector"},
+        "addressType": "IPv4",
+        "ports": [{"name": "webhook", "port": port}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
+    }))];
+    let handshake =
+        crate::kubectl::plumbing::endpoint_handshake(&slices, &names().service_host()).await;
+    let handshake = handshake.unwrap();
+    assert_eq!(handshake.url, format!("https://127.0.0.1:{port}"));
+    assert!(handshake.served.is_ok(), "{handshake:?}");
+    let mut observed = healthy();
+    let entries = entries_for(observed.templates.found().unwrap());
+    observed.slices = Read::Found(slices);
+    observed.endpoint_handshake = Some(handshake);
+    // The caBundle of the CA that issued the served certificate.
+    observed.configuration = Read::Found(configuration(&entries, service_client(&issuer)));
+    let report = judge(&observed, &names(), now());
+    let l = the(&report, CA_BUNDLE);
+    assert_eq!(l.state, State::Ok, "{l:?}");
+    assert_eq!(
+        l.message,
+        format!(
+            "verifies the certificate served at https://127.0.0.1:{port}, a replica's address (a TLS handshake, for sidecar-injector.sidecar-injector.svc)"
+        )
+    );
+    // Another CA's caBundle (each `ca()` is a new one): the API server's calls would fail
+    // their handshake.
+    observed.configuration = Read::Found(configuration(&entries, service_client(&ca())));
+    let report = judge(&observed, &names(), now());
+    let l = the(&report, CA_BUNDLE);
+    assert_eq!(l.state, State::Broken, "{l:?}");
+    assert!(
+        l.message.starts_with(&format!(
+            "does not verify the certificate served at https://127.0.0.1:{port}, a replica's address"
+        )),
+        "{l:?}"
+    );
+    assert!(report.broken);
 }
 
 #[test]
@@ -560,7 +646,8 @@ fn what_cannot_be_read_is_unknown_and_not_broken() {
         templates: Read::Forbidden(forbidden()),
         target: None,
     };
-    let report = judge(&observed, &names(), now());
+    let assumed = operator_names(&observed.deployment, names());
+    let report = judge(&observed, &assumed, now());
     assert!(!report.broken, "{report:#?}");
     for l in &report.links {
         assert_eq!(l.state, State::Unknown, "{l:?}");
@@ -1116,28 +1203,4 @@ fn a_mistyped_pod_or_namespace_is_an_error_not_a_link() {
         pods: Read::Found(Vec::new()),
     });
     assert_eq!(absent_target(&observed), None);
-}
-
-#[test]
-fn names_follow_the_charts_fullname() {
-    let default = names();
-    assert_eq!(default.fullname, "sidecar-injector");
-    assert_eq!(default.secret(), "sidecar-injector-tls");
-    assert_eq!(default.lease(), "sidecar-injector-leader");
-    assert_eq!(default.guard(), "sidecar-injector-guard");
-    assert_eq!(
-        Names::of_release("infra", "prod", None).fullname,
-        "prod-sidecar-injector"
-    );
-    assert_eq!(
-        Names::of_release("infra", "my-sidecar-injector", None).fullname,
-        "my-sidecar-injector"
-    );
-    assert_eq!(
-        Names::of_release("infra", "prod", Some("injector")).fullname,
-        "injector"
-    );
-    // Cut at 52 characters, without a trailing dash.
-    let long = Names::of_release("infra", &"a".repeat(51), None);
-    assert_eq!(long.fullname, "a".repeat(51));
 }

@@ -80,6 +80,36 @@ fn targets_are_read_as_kubectl_names_them() {
 }
 
 #[test]
+fn checks_pod_is_read_as_explain_reads_a_pod() {
+    for text in ["pod/web-0", "po/web-0", "pods/web-0", "Pod/web-0"] {
+        let target: Target = text.parse().unwrap();
+        assert_eq!(target.kind, TargetKind::Pod, "{text}");
+        assert_eq!(
+            pod_name(text).as_deref(),
+            Ok(target.name.as_str()),
+            "{text}"
+        );
+    }
+    // A bare name is a Pod's, as `kubectl logs` takes it.
+    assert_eq!(pod_name("web-0").as_deref(), Ok("web-0"));
+    assert_eq!(
+        pod_name("deploy/web"),
+        Err(TargetError::NotPod("deploy/web".to_owned()))
+    );
+    assert_eq!(
+        pod_name("svc/web"),
+        Err(TargetError::Kind("svc".to_owned()))
+    );
+    for bad in ["", "pod/", "pod/a/b"] {
+        assert_eq!(
+            pod_name(bad),
+            Err(TargetError::Shape(bad.to_owned())),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn a_pod_shows_what_it_carries_and_why_each_template_applies_or_not() {
     let templates = in_force();
     let old = template(
