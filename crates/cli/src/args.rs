@@ -12,7 +12,7 @@ use injector_controller::certs::Lifetimes;
 use injector_controller::policy_backend::Backend;
 
 use crate::completion::{CompletionArgs, is_plugin_completer};
-use crate::kubectl::{KubectlArgs, is_plugin};
+use crate::kubectl::args::{KubectlArgs, PluginCli, is_plugin};
 use crate::policy::PolicyRequest;
 use crate::render::{OutputFormat, RenderRequest, parse_labels};
 use crate::run::RunOptions;
@@ -53,20 +53,6 @@ pub(crate) enum Command {
     CompletePlugin(Vec<String>),
 }
 
-/// The command line of the binary started as `kubectl-sidecar`: the plugin's commands alone,
-/// with kubectl's name for them in help and errors.
-#[derive(Parser)]
-#[command(
-    name = "kubectl-sidecar",
-    bin_name = "kubectl sidecar",
-    version,
-    about = "The sidecar-injector kubectl plugin: template status, live explanations and plumbing checks"
-)]
-struct PluginCli {
-    #[command(flatten)]
-    args: KubectlArgs,
-}
-
 impl Cli {
     /// Parses `argv`: as the kubectl plugin when its first item (the program) is named
     /// `kubectl-sidecar`, else as `sidecar-injector`. The error prints clap's message and exit
@@ -99,11 +85,6 @@ impl Cli {
 /// The command line of `sidecar-injector`, for completion.
 pub(crate) fn command() -> clap::Command {
     Cli::command()
-}
-
-/// The command line of `kubectl sidecar`, for completion.
-pub(crate) fn plugin_command() -> clap::Command {
-    PluginCli::command()
 }
 
 #[derive(clap::Args)]

@@ -9,6 +9,7 @@
 //! the cluster through the usual kubeconfig ([`cluster`], [`plumbing`]) and decide with the
 //! operator's own code ([`status`], [`explain`], [`check`]); none writes anything.
 
+pub mod args;
 pub mod check;
 pub mod cluster;
 pub mod explain;
@@ -16,122 +17,14 @@ pub mod plumbing;
 pub mod status;
 mod table;
 
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
-
 use injector_core::in_force::from_listing;
 
+pub(crate) use self::args::plugin_command;
+pub use self::args::{KubectlArgs, PLUGIN_FILE_NAME, is_plugin};
+use self::args::{PluginCommand, StatusOutput};
 use self::cluster::{ClusterError, Connection};
-use self::explain::{Namespace, Target};
-use crate::completion::{self, CompletionArgs};
-
-/// The file name that makes the binary the plugin: kubectl runs `kubectl-sidecar` for
-/// `kubectl sidecar`.
-pub const PLUGIN_FILE_NAME: &str = "kubectl-sidecar";
-
-/// Whether the program was started as the plugin (`argv[0]` names `kubectl-sidecar`).
-pub fn is_plugin(argv0: &OsStr) -> bool {
-    Path::new(argv0)
-        .file_name()
-        .is_some_and(|name| name == PLUGIN_FILE_NAME)
-}
-
-/// The plugin's command line: `kubectl sidecar [flags] COMMAND`.
-#[derive(clap::Args, Debug)]
-pub struct KubectlArgs {
-    /// The kubeconfig file (default: $KUBECONFIG, else ~/.kube/config).
-    #[arg(long, global = true, value_name = "FILE")]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long, global = true, value_name = "NAME")]
-    context: Option<String>,
-    /// The operator's namespace: its Pods are never injected, and count only for what they
-    /// carry (as the operator counts them).
-    /// The chart's release namespace, as `check` names it (`--release-namespace`).
-    #[arg(
-        long,
-        global = true,
-        default_value = "sidecar-injector",
-        value_name = "NAMESPACE",
-        visible_alias = "release-namespace"
-    )]
-    operator_namespace: String,
-    #[command(subcommand)]
-    command: PluginCommand,
-}
-
-#[derive(clap::Subcommand, Debug)]
-enum PluginCommand {
-    /// Where each SidecarTemplate's Pods stand (injected, current, stale, missing), its
-    /// rollout, and the workloads behind its stale and missing Pods.
-    Status(StatusArgs),
-    /// Replay the injection decision for a live object: what it carries, what it would get
-    /// now, and why each template applies or not.
-    Explain(ExplainArgs),
-    /// Check the live plumbing, link by link (operator, leader, webhook configuration,
-    /// caBundle, endpoints, NetworkPolicy, policy backend, templates), and for a Pod or a
-    /// namespace which templates select it and whether its Pods carry them.
-    ///
-    /// Exit status: 0 when no link is broken (warnings and unknown links included), 4 when a
-    /// link is broken, 1 on an error (the Pod or namespace not found, the cluster not
-    /// reachable), 2 on bad arguments.
-    Check(CheckArgs),
-    /// Print the shell completion script of kubectl-sidecar, run directly.
-    ///
-    /// `kubectl sidecar <TAB>` needs no script: kubectl 1.26+ completes it by running
-    /// kubectl_complete-sidecar from PATH, a link to this binary under that name (`just
-    /// install-plugin` makes it beside kubectl-sidecar).
-    Completion(CompletionArgs),
-}
-
-#[derive(clap::Args, Debug)]
-struct StatusArgs {
-    /// One template (default: every one).
-    template: Option<String>,
-    /// `table` for people, `json` for scripts.
-    #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
-    output: StatusOutput,
-}
-
-/// How `status` prints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum StatusOutput {
-    Table,
-    Json,
-}
-
-#[derive(clap::Args, Debug)]
-struct ExplainArgs {
-    /// KIND/NAME: pod, deployment, statefulset, daemonset, replicaset, job or cronjob.
-    target: Target,
-    /// The object's namespace (default: the context's).
-    #[arg(long, short = 'n')]
-    namespace: Option<String>,
-}
-
-#[derive(clap::Args, Debug)]
-struct CheckArgs {
-    /// A Pod to check too (`NAME`, or `pod/NAME` in any form explain takes, such as
-    /// `po/NAME`), in -n's namespace, else the context's.
-    #[arg(value_parser = explain::pod_name)]
-    pod: Option<String>,
-    /// A namespace to check too (the Pod's, with a Pod).
-    #[arg(long, short = 'n')]
-    namespace: Option<String>,
-    /// The chart's release name: its operator Deployment is found by it (named as the chart
-    /// names it, else by its `app.kubernetes.io/instance` label), and the other objects' names
-    /// are read from the Deployment's arguments; only when it cannot be read are they assumed
-    /// from the release's name (`<release>-sidecar-injector`, or the release's name when it
-    /// contains `sidecar-injector`).
-    #[arg(long, default_value = "sidecar-injector", value_name = "NAME")]
-    release: String,
-    /// The chart's `fullnameOverride`, when it was set: the operator Deployment's name.
-    #[arg(long, value_name = "NAME")]
-    fullname: Option<String>,
-    /// `table` for people, `json` for scripts.
-    #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
-    output: StatusOutput,
-}
+use self::explain::Namespace;
+use crate::completion;
 
 /// What a plugin command prints, and whether it found something broken (exit status 4).
 #[derive(Debug)]
@@ -251,10 +144,7 @@ impl KubectlArgs {
             }
             // No cluster: the script only.
             PluginCommand::Completion(args) => {
-                Ok(
-                    completion::script(args.shell, crate::args::plugin_command(), PLUGIN_FILE_NAME)
-                        .into(),
-                )
+                Ok(completion::script(args.shell, plugin_command(), PLUGIN_FILE_NAME).into())
             }
         }
     }

@@ -73,7 +73,7 @@ impl Cli {
             }
             Command::CompletePlugin(words) => {
                 let completions =
-                    crate::completion::complete(&crate::args::plugin_command(), &words);
+                    crate::completion::complete(&crate::kubectl::plugin_command(), &words);
                 print_out(&completions.to_cobra())?;
                 Ok(ExitCode::SUCCESS)
             }

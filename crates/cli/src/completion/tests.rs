@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use super::*;
-use crate::args::plugin_command;
+use crate::kubectl::plugin_command;
 
 /// What the completer answers for `kubectl sidecar WORDS…`: the candidates alone, and the
 /// directive.

@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::args::{Cli, Command};
+use std::ffi::OsStr;
+use std::path::PathBuf;
 
 fn plugin_args(argv: &[&str]) -> Result<KubectlArgs, clap::Error> {
     match Cli::try_parse_argv(argv)?.command {
@@ -140,7 +142,7 @@ fn check_takes_a_pod_in_the_forms_explain_takes() {
 
 #[test]
 fn checks_help_gives_its_exit_statuses() {
-    let plugin = crate::args::plugin_command();
+    let plugin = crate::kubectl::plugin_command();
     let check = plugin
         .get_subcommands()
         .find(|c| c.get_name() == "check")

@@ -214,5 +214,4 @@ fn expand(text: &str, env: &BTreeMap<String, String>) -> String {
 }
 
 #[cfg(test)]
-#[path = "names/tests.rs"]
 mod tests;
