@@ -2359,11 +2359,16 @@ fn kubectl_sidecar_check(env: &mut Env<'_>) -> anyhow::Result<()> {
     )?;
     create_pod(cp, &ns, "checked", &[("app", "checked")], &[], false)?;
 
+    // The operator runs out of cluster here: no Deployment to read the names from, so they
+    // are assumed from the release's name, which `names` says as a warning.
     let all_ok = |args: &[&str]| -> anyhow::Result<Links> {
         let (ok, links) = check(cp, args)?;
         let bad: Vec<_> = links
             .iter()
-            .filter(|(_, state, _)| state != "ok" && state != "skipped")
+            .filter(|(link, state, message)| {
+                let assumed = link == "names" && state == "warning" && message.contains("assumed");
+                state != "ok" && state != "skipped" && !assumed
+            })
             .collect();
         ensure!(ok && bad.is_empty(), "check {args:?}: {bad:?}\n{links:#?}");
         Ok(links)
