@@ -23,7 +23,7 @@ use super::{
 };
 use crate::placeholder::Node;
 use crate::syntax::LABEL_VALUE_PATTERN;
-use crate::template::{CompiledTemplate, Text};
+use crate::template::{AppAdditions, CompiledTemplate, Text};
 
 /// The name of the warnings policy (and binding) beside the policy `name`.
 pub fn warnings_name(name: &str) -> String {
@@ -103,30 +103,47 @@ fn template_warnings(
         (true, Some(present)) => format!("{selected} && ({present})"),
         (true, None) => String::new(),
     };
-    let prefix = format!("SidecarTemplate {:?}: ", template.name);
     let mut out = Vec::new();
-    let warn = |out: &mut Vec<Value>, when: String, message: String| {
-        out.push(json!({
-            "expression": at_validation(&format!("!({when})")),
-            "messageExpression": at_validation(&message),
-        }));
-    };
     if template.failure_policy == FailurePolicy::Fail {
-        warn(
-            &mut out,
-            format!(
+        out.push(warning(
+            &format!(
                 "{selected} && {ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() == \"false\"",
                 cel_string(INJECT_ANNOTATION)
             ),
-            cel_string(&format!(
+            &cel_string(&format!(
                 "SidecarTemplate {:?} is required: the pod's {INJECT_ANNOTATION}: \"false\" does not apply to it",
                 template.name
             )),
-        );
+        ));
     }
     if applied.is_empty() {
         return out;
     }
+    out.extend(metadata_warnings(template, earlier, &applied));
+    if let Some(app) = &template.app {
+        out.extend(app_warnings(template, app, earlier, injected, &applied));
+    }
+    out
+}
+
+/// One validation of the warnings policy: its message when `when` holds.
+fn warning(when: &str, message: &str) -> Value {
+    json!({
+        "expression": at_validation(&format!("!({when})")),
+        "messageExpression": at_validation(message),
+    })
+}
+
+/// The warnings about `template`'s labels and annotations where it was `applied`: a templated
+/// label value that is not one, and a key the Pod already set (unless an `earlier` template
+/// adds it: its warning is that one's).
+fn metadata_warnings(
+    template: &CompiledTemplate,
+    earlier: &[Arc<CompiledTemplate>],
+    applied: &str,
+) -> Vec<Value> {
+    let prefix = format!("SidecarTemplate {:?}: ", template.name);
+    let mut out = Vec::new();
     for (what, field, entries, current) in [
         ("label", "labels", &template.labels, LABELS),
         (
@@ -148,15 +165,14 @@ fn template_warnings(
             );
             let templated_label = what == "label" && matches!(text, Text::Templated(_));
             if templated_label {
-                warn(
-                    &mut out,
-                    format!("{applied} && {invalid}"),
-                    format!(
+                out.push(warning(
+                    &format!("{applied} && {invalid}"),
+                    &format!(
                         "{} + {value} + {}",
                         cel_string(&format!("{prefix}label {key:?} not added: \"")),
                         cel_string("\" is not a valid label value")
                     ),
-                );
+                ));
             }
             let added_earlier = earlier.iter().any(|t| {
                 let entries = if field == "labels" {
@@ -175,18 +191,28 @@ fn template_warnings(
             } else {
                 kept
             };
-            warn(
-                &mut out,
-                format!("{applied} && {kept}"),
-                cel_string(&format!(
+            out.push(warning(
+                &format!("{applied} && {kept}"),
+                &cel_string(&format!(
                     "{prefix}{what} {key:?} is already set in the pod; kept the pod's value"
                 )),
-            );
+            ));
         }
     }
-    let Some(app) = &template.app else {
-        return out;
-    };
+    out
+}
+
+/// The warnings about `app`'s env and mounts where `template` was `applied`: one an app
+/// container (never one of `injected`) already has otherwise, unless an `earlier` template
+/// adds it.
+fn app_warnings(
+    template: &CompiledTemplate,
+    app: &AppAdditions,
+    earlier: &[Arc<CompiledTemplate>],
+    injected: &BTreeSet<&str>,
+    applied: &str,
+) -> Vec<Value> {
+    let prefix = format!("SidecarTemplate {:?}: ", template.name);
     let mut target = format!("!(c.name in {})", cel_list(injected.iter().copied()));
     if !app.names.is_empty() {
         target.push_str(&format!(
@@ -194,6 +220,7 @@ fn template_warnings(
             cel_list(app.names.iter().map(String::as_str))
         ));
     }
+    let mut out = Vec::new();
     for (field, key, items) in [
         ("env", "name", &app.env),
         ("volumeMounts", "mountPath", &app.volume_mounts),
@@ -230,15 +257,14 @@ fn template_warnings(
                     "\" not added: the path is already mounted (in the pod)",
                 )
             };
-            warn(
-                &mut out,
-                format!("{applied} && size({conflicting}) > 0"),
-                format!(
+            out.push(warning(
+                &format!("{applied} && size({conflicting}) > 0"),
+                &format!(
                     "{} + {conflicting}[0].name + {}",
                     cel_string(&message.0),
                     cel_string(message.1)
                 ),
-            );
+            ));
         }
     }
     out
