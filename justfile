@@ -178,6 +178,17 @@ bench-scale:
     fi
     SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-scale
 
+
+# Mass creation on v1.37.2: a Deployment scaled from 0 to 1,000 replicas with no injection, then under the webhook and the policy backend with 3 and 50 templates: time to every Pod stored, admission p50/p99 from the API server's histogram, failed creations, rejections, Pods missing a template (figures go in BENCHMARKS.md). SIDECAR_INJECTOR_BIN=... uses a release binary already built
+bench-mass:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ -z "${SIDECAR_INJECTOR_BIN:-}" ]; then
+        just release
+        export SIDECAR_INJECTOR_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/sidecar-injector"
+    fi
+    SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-mass
+
 # End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~15 minutes, of the release image a few more); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages dist
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture

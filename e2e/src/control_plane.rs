@@ -43,6 +43,7 @@ pub struct ControlPlane {
     namespaces: AtomicU32,
     operators: AtomicU32,
     static_policies: bool,
+    controller_manager_args: Vec<String>,
 }
 
 /// Where a [`ControlPlane`] serves.
@@ -56,6 +57,9 @@ pub struct ControlPlaneOptions {
     /// `ManifestBasedAdmissionControlConfig` feature is on by default). The API server reads
     /// the directory again every minute, so a test may write its manifests once the plane runs.
     pub static_policies: bool,
+    /// More kube-controller-manager flags, appended last (a benchmark raises its client
+    /// limits, `--kube-api-qps`, so that admission, not the controller, is the bottleneck).
+    pub controller_manager_args: Vec<String>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -63,6 +67,7 @@ impl Default for ControlPlaneOptions {
         Self {
             address: Ipv4Addr::LOCALHOST,
             static_policies: false,
+            controller_manager_args: Vec::new(),
         }
     }
 }
@@ -90,6 +95,7 @@ impl ControlPlane {
             namespaces: AtomicU32::new(0),
             operators: AtomicU32::new(0),
             static_policies: options.static_policies,
+            controller_manager_args: options.controller_manager_args,
         };
         if let Err(e) = plane.boot() {
             plane.print_logs(40);
@@ -246,7 +252,10 @@ impl ControlPlane {
                 "--use-service-account-credentials=true".to_owned(),
                 "--leader-elect=false".to_owned(),
                 "--controllers=*".to_owned(),
-            ],
+            ]
+            .into_iter()
+            .chain(self.controller_manager_args.iter().cloned())
+            .collect(),
         )?;
         self.wait("the default ServiceAccount of namespace default", || {
             Ok(self

@@ -18,6 +18,7 @@
 //! Everything a [`ControlPlane`] or an [`Operator`] starts is killed, and the control plane's
 //! temporary directory removed, when they are dropped, also while a test panics.
 
+pub mod bench;
 mod binaries;
 mod certs;
 mod control_plane;

@@ -23,6 +23,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use injector_e2e::bench::{Histogram, client_for, percentile};
 use injector_e2e::steps::{example, wait_crd_established, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -85,16 +86,6 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(&path, &report).with_context(|| format!("cannot write {}", path.display()))?;
     eprintln!("[bench] report written to {}", path.display());
     Ok(())
-}
-
-async fn client_for(cp: &ControlPlane) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(cp.kubeconfig_path())?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(kube::Client::try_from(config)?)
 }
 
 /// Figure 1: restarts with the Secret kept, and with it deleted before the start.
@@ -558,121 +549,6 @@ impl Scrape {
     }
 }
 
-/// A Prometheus histogram summed over the series a filter keeps.
-#[derive(Debug, Default, Clone)]
-struct Histogram {
-    /// Cumulative counts by upper bound (`+Inf` as infinity).
-    buckets: Vec<(f64, f64)>,
-    sum: f64,
-    count: f64,
-}
-
-impl Histogram {
-    fn parse(text: &str, name: &str, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> Self {
-        let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        let mut histogram = Histogram::default();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(value) = value.parse::<f64>() else {
-                continue;
-            };
-            let (metric, labels) = match series.split_once('{') {
-                Some((metric, labels)) => (metric, parse_labels(labels.trim_end_matches('}'))),
-                None => (series, BTreeMap::new()),
-            };
-            if !keep(&labels) {
-                continue;
-            }
-            match metric.strip_prefix(name) {
-                Some("_bucket") => {
-                    let bound = match labels.get("le").map(String::as_str) {
-                        Some("+Inf") => f64::INFINITY,
-                        Some(le) => le.parse().unwrap_or(f64::INFINITY),
-                        None => continue,
-                    };
-                    buckets.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += value;
-                }
-                Some("_sum") => histogram.sum += value,
-                Some("_count") => histogram.count += value,
-                _ => {}
-            }
-        }
-        histogram.buckets = buckets.into_values().collect();
-        histogram.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        histogram
-    }
-
-    /// `self - earlier`, bucket by bucket.
-    fn minus(&self, earlier: &Histogram) -> Histogram {
-        let buckets = self
-            .buckets
-            .iter()
-            .map(|(bound, count)| {
-                let before = earlier
-                    .buckets
-                    .iter()
-                    .find(|(b, _)| b == bound)
-                    .map_or(0.0, |(_, c)| *c);
-                (*bound, count - before)
-            })
-            .collect();
-        Histogram {
-            buckets,
-            sum: self.sum - earlier.sum,
-            count: self.count - earlier.count,
-        }
-    }
-
-    fn mean(&self) -> f64 {
-        if self.count == 0.0 {
-            0.0
-        } else {
-            self.sum / self.count
-        }
-    }
-
-    /// The share of observations at most `bound` (one of the buckets' upper bounds).
-    fn share_within(&self, bound: f64) -> f64 {
-        let within = self
-            .buckets
-            .iter()
-            .find(|(b, _)| *b == bound)
-            .map_or(0.0, |(_, count)| *count);
-        if self.count == 0.0 {
-            0.0
-        } else {
-            within / self.count
-        }
-    }
-}
-
-/// `a="x",b="y"` as a map (the values here hold no quotes or commas).
-fn parse_labels(labels: &str) -> BTreeMap<String, String> {
-    labels
-        .split("\",")
-        .filter_map(|pair| {
-            let (key, value) = pair.split_once("=\"")?;
-            Some((
-                key.trim().to_owned(),
-                value.trim_end_matches('"').to_owned(),
-            ))
-        })
-        .collect()
-}
-
-/// The `p`th percentile (nearest rank) of `values`.
-fn percentile(values: &[Duration], p: f64) -> Duration {
-    let mut sorted = values.to_vec();
-    sorted.sort();
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn ms(duration: Duration) -> String {
     format!("{:.1} ms", duration.as_secs_f64() * 1e3)
 }
@@ -682,45 +558,5 @@ fn ms_f(seconds: f64) -> String {
         "—".to_owned()
     } else {
         format!("{:.1} ms", seconds * 1e3)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn histograms_are_summed_and_subtracted() {
-        let text = "# HELP x\n\
-            x_bucket{a=\"1\",le=\"0.1\"} 10\nx_bucket{a=\"1\",le=\"1\"} 20\nx_bucket{a=\"1\",le=\"+Inf\"} 20\n\
-            x_bucket{a=\"2\",le=\"0.1\"} 0\nx_bucket{a=\"2\",le=\"1\"} 20\nx_bucket{a=\"2\",le=\"+Inf\"} 20\n\
-            x_sum{a=\"1\"} 4\nx_sum{a=\"2\"} 6\nx_count{a=\"1\"} 20\nx_count{a=\"2\"} 20\n\
-            y_bucket{le=\"1\"} 99\n";
-        let all = Histogram::parse(text, "x", |_| true);
-        assert_eq!(
-            all.buckets,
-            [(0.1, 10.0), (1.0, 40.0), (f64::INFINITY, 40.0)]
-        );
-        assert_eq!(all.count, 40.0);
-        assert!((all.mean() - 0.25).abs() < 1e-9);
-        assert!((all.share_within(0.1) - 0.25).abs() < 1e-9);
-        assert!((all.share_within(1.0) - 1.0).abs() < 1e-9);
-        let one = Histogram::parse(text, "x", |l| l.get("a").is_some_and(|v| v == "1"));
-        let difference = all.minus(&one);
-        assert_eq!(
-            difference.buckets,
-            [(0.1, 0.0), (1.0, 20.0), (f64::INFINITY, 20.0)]
-        );
-        assert_eq!(Histogram::default().share_within(0.1), 0.0);
-    }
-
-    #[test]
-    fn percentiles_are_nearest_rank() {
-        let values: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&values, 50.0), Duration::from_millis(50));
-        assert_eq!(percentile(&values, 99.0), Duration::from_millis(99));
-        assert_eq!(percentile(&values, 0.0), Duration::from_millis(1));
-        assert_eq!(percentile(&values, 100.0), Duration::from_millis(100));
     }
 }

@@ -25,6 +25,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use injector_e2e::bench::{client_for, percentile};
 use injector_e2e::steps::install_crd;
 use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions};
 use k8s_openapi::api::core::v1::Pod;
@@ -269,16 +270,6 @@ fn run_backend(
     drop(operator);
     drop(cp);
     Ok(true)
-}
-
-async fn client_for(cp: &ControlPlane) -> anyhow::Result<kube::Client> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(cp.kubeconfig_path())?;
-    let config = kube::Config::from_custom_kubeconfig(
-        kubeconfig,
-        &kube::config::KubeConfigOptions::default(),
-    )
-    .await?;
-    Ok(kube::Client::try_from(config)?)
 }
 
 fn templates_api(client: &kube::Client) -> Api<DynamicObject> {
@@ -733,17 +724,6 @@ fn truncate(text: &str, max: usize) -> String {
 /// A message fit for a table cell.
 fn one_line(text: &str) -> String {
     truncate(&text.replace(['\n', '|'], " "), 300)
-}
-
-/// The `p`th percentile (nearest rank) of `values`.
-fn percentile(values: &[Duration], p: f64) -> Duration {
-    let mut sorted = values.to_vec();
-    sorted.sort();
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn ms(duration: Duration) -> String {
