@@ -12,8 +12,11 @@
 //!    `sidecar_injector_admission_duration_seconds`.
 //!
 //! 4. the Pod census: the operator's RSS with [`CENSUS_PODS`] injected Pods on the API server
-//!    (against its RSS before they were created), and the time from a template edit to
-//!    counts that say every one of them is stale.
+//!    (against its RSS before they were created), the time from a template edit to counts
+//!    that say every one of them is stale, and the relist: the leader stopped, a standby
+//!    replica taking over and listing every Pod afresh, its peak RSS and the time until its
+//!    counts are correct. [`CENSUS_PODS_VAR`] sets another number of Pods (100,000 for
+//!    issue 36's census).
 //!
 //! Prints a Markdown report and writes it to `target/bench-e2e.md`. With
 //! `SIDECAR_INJECTOR_BENCH_FIGURES` (say `3`, or `1,3`), only those figures are measured.
@@ -28,7 +31,7 @@ use injector_e2e::steps::{example, wait_crd_established, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 /// Templates applied, one after the other, for figure 2.
@@ -41,8 +44,12 @@ const STARTS: usize = 10;
 const STREAM_RATE: u32 = 20;
 const STREAM_SECONDS: u32 = 20;
 
-/// Injected Pods created for figure 4, and how many creations are in flight at once.
+/// Injected Pods created for figure 4 unless [`CENSUS_PODS_VAR`] says otherwise, and how
+/// many creations are in flight at once.
 const CENSUS_PODS: usize = 10_000;
+/// Another number of Pods for figure 4: 10,000 by default keeps `just bench-e2e` short; the
+/// 100,000-Pod census takes minutes of creations.
+const CENSUS_PODS_VAR: &str = "SIDECAR_INJECTOR_BENCH_CENSUS_PODS";
 const CENSUS_CONCURRENCY: usize = 32;
 
 fn main() -> anyhow::Result<()> {
@@ -78,7 +85,7 @@ fn main() -> anyhow::Result<()> {
         operator = pod_create_latency(&cp, &runtime, &client, operator, &mut report)?;
     }
     if measured("4") {
-        census(&cp, &runtime, &client, &operator, &mut report)?;
+        census(&cp, &runtime, &client, &mut operator, &mut report)?;
     }
 
     println!("{report}");
@@ -342,15 +349,21 @@ fn latency_row(
     Ok(())
 }
 
-/// Figure 4: RSS before and after [`CENSUS_PODS`] Pods a template injects are created (and
-/// counted), then a template edit and the time until `status.pods` calls them all stale.
+/// Figure 4: RSS before and after the census's Pods (a template injects them) are created and
+/// counted, then a template edit and the time until `status.pods` calls them all stale; then
+/// the relist: the leader stopped (SIGTERM: it releases its Lease) and a standby replica,
+/// started before the Pods and never watching them, taking over and listing every Pod afresh
+/// (the leader's census is what watches Pods). Its peak RSS (VmHWM) is the relist's, and the
+/// time runs from the stop to the standby's own counts (its `sidecar_injector_template_pods`
+/// gauge, which only a leader sets). The standby is left running as `operator`.
 fn census(
     cp: &ControlPlane,
     runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
-    operator: &Operator,
+    operator: &mut Operator,
     report: &mut String,
 ) -> anyhow::Result<()> {
+    let wanted = census_pods()?;
     let pid = operator.pid().context("the operator runs no process")?;
     let template = |image: &str| {
         format!(
@@ -370,11 +383,17 @@ fn census(
     // Settled: the template counted (no Pod yet; the probes were dry runs).
     poll_until(Duration::from_secs(30), || counted("injected", 0))?;
     let idle = rss_kib(pid)?;
+    // Started before the Pods, so that its RSS before the takeover is that of an idle replica.
+    let mut standby = Operator::start(cp, webhook_backend())?;
+    let standby_pid = standby.pid().context("the standby runs no process")?;
+    let others = runtime.block_on(pod_count(client))?;
 
     let started = Instant::now();
-    runtime.block_on(create_many(client, &namespace, CENSUS_PODS))?;
+    runtime.block_on(create_many(client, &namespace, wanted))?;
     let created = started.elapsed();
-    poll_until(Duration::from_secs(120), || counted("current", CENSUS_PODS))?;
+    // Generous: the figure is the time, this only stops a run that never gets there.
+    let timeout = Duration::from_secs(300);
+    poll_until(timeout, || counted("current", wanted))?;
     let counted_after = started.elapsed();
     // Let a few census rounds and status writes run before reading the figure.
     std::thread::sleep(Duration::from_secs(5));
@@ -382,28 +401,100 @@ fn census(
 
     let edited = Instant::now();
     cp.apply_yaml(&template("busybox:1.37"))?;
-    poll_until(Duration::from_secs(120), || counted("stale", CENSUS_PODS))?;
+    poll_until(timeout, || counted("stale", wanted))?;
     let to_counts = edited.elapsed();
     let peak = rss_kib_peak(pid)?;
+
+    let standby_idle = rss_kib(standby_pid)?;
+    let stopped = Instant::now();
+    operator.stop()?;
+    let leader_exited = stopped.elapsed();
+    let stale = ["template=\"bench-census\"", "state=\"stale\""];
+    poll_until(timeout, || {
+        Ok(gauge(&standby, "sidecar_injector_leader", &[])? == Some(1.0))
+    })?;
+    let leading = stopped.elapsed();
+    poll_until(timeout, || {
+        Ok(gauge(&standby, "sidecar_injector_template_pods", &stale)? == Some(wanted as f64))
+    })?;
+    let relisted = stopped.elapsed();
+    std::thread::sleep(Duration::from_secs(5));
+    let relist_loaded = rss_kib(standby_pid)?;
+    let relist_peak = rss_kib_peak(standby_pid)?;
+    // The standby leads now; the stopped leader is dropped.
+    std::mem::swap(operator, &mut standby);
+
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let added = |from: u64, to: u64| (to as f64 - from as f64) / 1024.0;
     writeln!(
         report,
         "### The Pod census\n\n\
-         {CENSUS_PODS} Pods injected by one template (created {CENSUS_CONCURRENCY} at a time \
-         through the webhook in {:.1} s; counted current {:.1} s after the first creation), \
-         besides the {} Pods of the figures above. The operator's RSS (VmRSS; the leader \
-         keeps a metadata-only view of every Pod):\n\n\
-         | before the Pods | with them | peak (VmHWM) | template edit to `status.pods.stale` = {CENSUS_PODS} |\n|---|---|---|---|\n\
-         | {:.1} MiB | {:.1} MiB (+{:.1}) | {:.1} MiB | {:.2} s |\n",
+         {wanted} Pods injected by one template (created {CENSUS_CONCURRENCY} at a time \
+         through the webhook in {:.1} s, {:.0} Pods/s; counted current {:.1} s after the first \
+         creation), besides the {others} Pods already there. The operator's RSS (VmRSS; the \
+         leader keeps a metadata-only view of every Pod):\n\n\
+         | before the Pods | with them | peak (VmHWM) | template edit to `status.pods.stale` = {wanted} |\n|---|---|---|---|\n\
+         | {:.1} MiB | {:.1} MiB (+{:.1}) | {:.1} MiB (+{:.1}) | {:.2} s |\n\n\
+         The relist: the leader stopped (SIGTERM, it releases its Lease; exited after {:.1} s) \
+         and a standby replica, running since before the Pods, took over (its \
+         `sidecar_injector_leader` 1 after {:.1} s) and listed every Pod: its own \
+         `sidecar_injector_template_pods` said stale = {wanted} {:.2} s after the stop.\n\n\
+         | standby before the takeover | after the relist (5 s on) | peak (VmHWM) |\n|---|---|---|\n\
+         | {:.1} MiB | {:.1} MiB (+{:.1}) | {:.1} MiB (+{:.1}) |\n",
         created.as_secs_f64(),
+        wanted as f64 / created.as_secs_f64(),
         counted_after.as_secs_f64(),
-        2 * STREAM_RATE * STREAM_SECONDS,
-        idle as f64 / 1024.0,
-        loaded as f64 / 1024.0,
-        (loaded as f64 - idle as f64) / 1024.0,
-        peak as f64 / 1024.0,
+        mib(idle),
+        mib(loaded),
+        added(idle, loaded),
+        mib(peak),
+        added(idle, peak),
         to_counts.as_secs_f64(),
+        leader_exited.as_secs_f64(),
+        leading.as_secs_f64(),
+        relisted.as_secs_f64(),
+        mib(standby_idle),
+        mib(relist_loaded),
+        added(standby_idle, relist_loaded),
+        mib(relist_peak),
+        added(standby_idle, relist_peak),
     )?;
     Ok(())
+}
+
+/// The number of Pods figure 4 creates: [`CENSUS_PODS_VAR`] when set, else [`CENSUS_PODS`].
+fn census_pods() -> anyhow::Result<usize> {
+    match std::env::var(CENSUS_PODS_VAR) {
+        Ok(value) if !value.trim().is_empty() => value
+            .trim()
+            .replace('_', "")
+            .parse()
+            .with_context(|| format!("{CENSUS_PODS_VAR}={value}: not a number of Pods")),
+        _ => Ok(CENSUS_PODS),
+    }
+}
+
+/// How many Pods the API server holds (read before the census's, while they are few).
+async fn pod_count(client: &kube::Client) -> anyhow::Result<usize> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    Ok(pods
+        .list_metadata(&ListParams::default())
+        .await?
+        .items
+        .len())
+}
+
+/// The value of the series `name` on a replica's `/metrics` whose labels include each of
+/// `labels` (`key="value"`); `None` when it has none.
+fn gauge(operator: &Operator, name: &str, labels: &[&str]) -> anyhow::Result<Option<f64>> {
+    let metrics = operator.metrics()?;
+    Ok(metrics.lines().find_map(|line| {
+        let (series, value) = line.rsplit_once(' ')?;
+        let rest = series.strip_prefix(name)?;
+        let ours =
+            (rest.is_empty() || rest.starts_with('{')) && labels.iter().all(|l| rest.contains(l));
+        if ours { value.parse().ok() } else { None }
+    }))
 }
 
 /// Polls `done` every 50 ms until it holds, for at most `timeout`.
@@ -439,13 +530,14 @@ fn rss_kib_peak(pid: u32) -> anyhow::Result<u64> {
     proc_status_kib(pid, "VmHWM:")
 }
 
-/// Creates `count` Pods labelled `app=web` in `namespace`, [`CENSUS_CONCURRENCY`] at a time.
+/// Creates `count` Pods labelled `app=web` in `namespace`, [`CENSUS_CONCURRENCY`] at a time,
+/// saying how far it got every 10,000 (a 100,000-Pod run takes minutes).
 async fn create_many(client: &kube::Client, namespace: &str, count: usize) -> anyhow::Result<()> {
     use futures::StreamExt as _;
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let mut pod = probe_pod();
     pod.metadata.labels = Some(BTreeMap::from([("app".to_owned(), "web".to_owned())]));
-    let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..count)
+    let mut creations = futures::stream::iter(0..count)
         .map(|_| {
             let (pods, pod) = (pods.clone(), pod.clone());
             async move {
@@ -453,10 +545,20 @@ async fn create_many(client: &kube::Client, namespace: &str, count: usize) -> an
                 anyhow::Ok(())
             }
         })
-        .buffer_unordered(CENSUS_CONCURRENCY)
-        .collect()
-        .await;
-    results.into_iter().collect()
+        .buffer_unordered(CENSUS_CONCURRENCY);
+    let started = Instant::now();
+    let mut created = 0;
+    while let Some(creation) = creations.next().await {
+        creation?;
+        created += 1;
+        if created % 10_000 == 0 {
+            eprintln!(
+                "[bench] {created} of {count} Pods created in {:.1?}",
+                started.elapsed()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Creates `STREAM_RATE` Pods a second for `STREAM_SECONDS`, each on its own task so a slow
