@@ -210,16 +210,22 @@ fn is_dropped_zero(context: Context, key: &str, ours: &Value) -> bool {
 /// Whether the API server replaces the zero value `ours` of `key` by `theirs`: a probe's zero
 /// timings, an `httpGet`'s empty path and scheme are defaulted as if left out.
 fn is_defaulted_zero(context: Context, key: &str, ours: &Value, theirs: &Value) -> bool {
+    zero_default(context, key, ours).is_some_and(|default| *theirs == default)
+}
+
+/// What the API server puts in place of `ours` for `key` when `ours` is a zero it defaults
+/// ([`is_defaulted_zero`]; the policy's CEL asks the same, `holds`).
+fn zero_default(context: Context, key: &str, ours: &Value) -> Option<Value> {
     use Context::*;
-    let defaulted = match (context, key) {
-        (Probe, "timeoutSeconds" | "successThreshold") => 1,
-        (Probe, "periodSeconds") => 10,
-        (Probe, "failureThreshold") => 3,
-        (HttpGet, "path") => return ours == "" && theirs == "/",
-        (HttpGet, "scheme") => return ours == "" && theirs == "HTTP",
-        _ => return false,
+    let (default, zero) = match (context, key) {
+        (Probe, "timeoutSeconds" | "successThreshold") => (Value::from(1), Value::from(0)),
+        (Probe, "periodSeconds") => (Value::from(10), Value::from(0)),
+        (Probe, "failureThreshold") => (Value::from(3), Value::from(0)),
+        (HttpGet, "path") => (Value::from("/"), Value::from("")),
+        (HttpGet, "scheme") => (Value::from("HTTP"), Value::from("")),
+        _ => return None,
     };
-    ours == 0 && theirs == defaulted
+    (*ours == zero).then_some(default)
 }
 
 /// The pull policy the API server gives a container with this image and none of its own.

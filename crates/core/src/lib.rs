@@ -10,6 +10,7 @@
 //! of its inputs, which is what lets the webhook call it on the hot path and the tests and
 //! benchmarks drive it directly.
 
+mod cel;
 pub mod defaulted;
 pub mod error;
 pub mod fingerprint;

@@ -31,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use crate::cel::{cel_array, cel_entry, cel_json, cel_object, cel_string};
 use crate::defaulted::{
     ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, holds_cel,
     service_account_mount_cel, stored_volume,
@@ -1856,43 +1857,6 @@ fn cel_node(node: &Node) -> String {
     }
 }
 
-fn cel_json(value: &Value) -> String {
-    match value {
-        Value::Null => "null".to_owned(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) if n.is_f64() => {
-            let text = n.to_string();
-            // A CEL double literal needs a dot or an exponent.
-            if text.contains(['.', 'e', 'E']) {
-                text
-            } else {
-                format!("{text}.0")
-            }
-        }
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => cel_string(s),
-        Value::Array(items) => cel_array(items.iter().map(cel_json)),
-        Value::Object(fields) => cel_object(fields.iter().map(|(k, v)| (k.as_str(), cel_json(v)))),
-    }
-}
-
-/// A CEL list. CEL checks that a list's items share a type; `dyn` lets JSON mix them.
-fn cel_array(items: impl Iterator<Item = String>) -> String {
-    let items: Vec<String> = items.map(|item| format!("dyn({item})")).collect();
-    format!("[{}]", items.join(", "))
-}
-
-/// A CEL map, its values in `dyn` as list items are.
-fn cel_object<'k>(fields: impl Iterator<Item = (&'k str, String)>) -> String {
-    let fields: Vec<String> = fields.map(|(key, value)| cel_entry(key, &value)).collect();
-    format!("{{{}}}", fields.join(", "))
-}
-
-/// One entry of a CEL map literal.
-fn cel_entry(key: &str, value: &str) -> String {
-    format!("{}: dyn({value})", cel_string(key))
-}
-
 /// An optional entry of a CEL map literal: there when the string `text` is not empty.
 fn cel_optional_entry(key: &str, text: &str) -> String {
     format!(
@@ -1931,12 +1895,6 @@ fn cel_text(template: &TemplateString) -> String {
         })
         .collect();
     format!("({})", parts.join(" + "))
-}
-
-/// A CEL string literal. JSON's escapes are CEL escapes too, so whatever the text holds it
-/// stays one string.
-fn cel_string(text: &str) -> String {
-    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_owned())
 }
 
 fn cel_list<'a>(items: impl Iterator<Item = &'a str>) -> String {

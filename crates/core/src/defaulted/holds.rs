@@ -17,7 +17,9 @@ use serde_json::Value;
 
 use super::{
     Context, ItemKind, child_context, is_dropped_zero, is_empty, service_account_mount_cel,
+    zero_default,
 };
+use crate::cel::{cel_json, cel_string};
 use crate::placeholder::{Node, TemplateString};
 
 /// The condition that `theirs` (a CEL expression: an item of the Pod) holds `ours` (a
@@ -83,7 +85,7 @@ impl Walk<'_> {
             }
             // The Pod's fields are typed, and a template's value has the field's type (the CRD's
             // schema is the Pod's): no `dyn` is needed, nor wanted in the interpreter tests.
-            Ours::Value(scalar) => format!("{theirs} == {}", literal(scalar)),
+            Ours::Value(scalar) => format!("{theirs} == {}", cel_json(scalar)),
         }
     }
 
@@ -102,9 +104,6 @@ impl Walk<'_> {
         let items: Vec<Ours<'_>> = match ours {
             Ours::Node(Node::Array(items)) => items.iter().map(Ours::Node).collect(),
             Ours::Value(Value::Array(items)) => items.iter().map(Ours::Value).collect(),
-            Ours::Node(Node::Fixed(fixed)) => {
-                return self.mounts(Ours::Value(fixed.value()), container);
-            }
             _ => return "true".to_owned(),
         };
         let any_of: Vec<String> = items
@@ -130,7 +129,7 @@ impl Walk<'_> {
                 Ours::Node(Node::Fixed(fixed)) => Ours::Value(fixed.value()),
                 other => other,
             };
-            let name = quoted(key);
+            let name = cel_string(key);
             let at = format!("{theirs}[{name}]");
             let held = match (context, key, ours) {
                 // A LimitRange fills in what the template leaves out.
@@ -145,15 +144,19 @@ impl Walk<'_> {
                 }
                 // The AlwaysPullImages admission plugin, where enabled, overrides any policy.
                 (Context::Container, "imagePullPolicy", Ours::Value(value)) => {
-                    format!("({at} == {} || {at} == \"Always\")", literal(value))
+                    format!("({at} == {} || {at} == \"Always\")", cel_json(value))
                 }
                 // The ServiceAccount plugin's token mount may stand among the template's.
                 (Context::Container, "volumeMounts", ours) => self.mounts(ours, theirs),
                 // A zero timing or an empty path is defaulted as if left out.
-                (Context::Probe | Context::HttpGet, _, Ours::Value(value))
-                    if value == 0 || value == "" =>
+                (_, _, Ours::Value(value))
+                    if let Some(default) = zero_default(context, key, value) =>
                 {
-                    continue;
+                    format!(
+                        "({at} == {} || {at} == {})",
+                        cel_json(value),
+                        cel_json(&default)
+                    )
                 }
                 (_, _, ours) => self.value(ours, &at, child_context(context, key)),
             };
@@ -174,21 +177,6 @@ impl Walk<'_> {
             format!("({})", terms.join(" && "))
         }
     }
-}
-
-/// A JSON scalar as a CEL literal (a CEL double needs a dot or an exponent).
-fn literal(value: &Value) -> String {
-    match value {
-        Value::Number(n) if n.is_f64() && !n.to_string().contains(['.', 'e', 'E']) => {
-            format!("{n}.0")
-        }
-        other => other.to_string(),
-    }
-}
-
-/// A CEL string literal: JSON's escapes are CEL's.
-fn quoted(key: &str) -> String {
-    Value::from(key).to_string()
 }
 
 #[cfg(test)]

@@ -174,6 +174,10 @@ fn another_version_s_item_fails_both_forms() {
             with(|c| c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] = json!("metadata.uid")),
         ),
         (
+            "another probe timeout than the zero's default",
+            with(|c| c["readinessProbe"]["timeoutSeconds"] = json!(5)),
+        ),
+        (
             "another probe port",
             with(|c| c["readinessProbe"]["httpGet"]["port"] = json!(9200)),
         ),

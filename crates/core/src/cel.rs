@@ -1,0 +1,48 @@
+//! JSON values as CEL literals, for the admission policies and the conditions `defaulted`
+//! writes beside its Rust rules.
+
+use serde_json::Value;
+
+/// `value` as a CEL literal.
+pub(crate) fn cel_json(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_f64() => {
+            let text = n.to_string();
+            // A CEL double literal needs a dot or an exponent.
+            if text.contains(['.', 'e', 'E']) {
+                text
+            } else {
+                format!("{text}.0")
+            }
+        }
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => cel_string(s),
+        Value::Array(items) => cel_array(items.iter().map(cel_json)),
+        Value::Object(fields) => cel_object(fields.iter().map(|(k, v)| (k.as_str(), cel_json(v)))),
+    }
+}
+
+/// A CEL list. CEL checks that a list's items share a type; `dyn` lets JSON mix them.
+pub(crate) fn cel_array(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.map(|item| format!("dyn({item})")).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A CEL map, its values in `dyn` as list items are.
+pub(crate) fn cel_object<'k>(fields: impl Iterator<Item = (&'k str, String)>) -> String {
+    let fields: Vec<String> = fields.map(|(key, value)| cel_entry(key, &value)).collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
+/// One entry of a CEL map literal.
+pub(crate) fn cel_entry(key: &str, value: &str) -> String {
+    format!("{}: dyn({value})", cel_string(key))
+}
+
+/// A CEL string literal. JSON's escapes are CEL escapes too, so whatever the text holds it
+/// stays one string.
+pub(crate) fn cel_string(text: &str) -> String {
+    serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_owned())
+}
