@@ -13,6 +13,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::cel::cel_string;
+
 /// What kind of Pod item is compared: each has its own defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ItemKind {
@@ -278,8 +280,8 @@ pub(crate) fn service_account_mount_cel(mount: &str) -> String {
          && {mount}.name.startsWith({prefix}) \
          && object.spec.?volumes.orValue([]).exists(v, v.name == {mount}.name \
          && v.?projected.?sources.orValue([]).exists(s, has(s.serviceAccountToken))))",
-        path = serde_json::Value::from(SERVICE_ACCOUNT_MOUNT_PATH),
-        prefix = serde_json::Value::from(TOKEN_VOLUME_PREFIX),
+        path = cel_string(SERVICE_ACCOUNT_MOUNT_PATH),
+        prefix = cel_string(TOKEN_VOLUME_PREFIX),
     )
 }
 
