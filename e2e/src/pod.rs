@@ -72,13 +72,12 @@ pub fn answer(output: &std::process::Output) -> anyhow::Result<Result<Value, Str
 /// suffix of the ServiceAccount token's volume (`kube-api-access-` and 5 characters) and the
 /// namespace's name made fixed. A Pod author's volume of another name stays as it is.
 pub fn stored_view(pod: &Value, namespace: &str) -> anyhow::Result<Value> {
-    const TOKEN_VOLUME: &str = "kube-api-access-";
     // `{{ pod.namespace }}` renders the namespace's name, which differs by design.
     let text = pod.to_string().replace(namespace, "NAMESPACE");
     let mut fixed = String::with_capacity(text.len());
     let mut rest = text.as_str();
-    while let Some(at) = rest.find(TOKEN_VOLUME) {
-        let end = at + TOKEN_VOLUME.len();
+    while let Some(at) = rest.find(TOKEN_VOLUME_PREFIX) {
+        let end = at + TOKEN_VOLUME_PREFIX.len();
         fixed.push_str(&rest[..end]);
         rest = &rest[end..];
         let suffix = rest
@@ -96,4 +95,27 @@ pub fn stored_view(pod: &Value, namespace: &str) -> anyhow::Result<Value> {
         "annotations": pod["metadata"]["annotations"],
         "spec": pod["spec"],
     }))
+}
+
+/// The prefix of the ServiceAccount token volume's name (its suffix is random).
+pub const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// A stored container with the ServiceAccount token's mount taken out (the plugin adds its own
+/// to a copy made of it); without mounts then, without `volumeMounts`.
+pub fn without_token_mount(item: &Value) -> Value {
+    let mut item = item.clone();
+    let Some(object) = item.as_object_mut() else {
+        return item;
+    };
+    if let Some(Value::Array(mounts)) = object.get_mut("volumeMounts") {
+        mounts.retain(|m| {
+            !m["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
+        });
+        if mounts.is_empty() {
+            object.remove("volumeMounts");
+        }
+    }
+    item
 }

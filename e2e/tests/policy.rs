@@ -23,6 +23,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use injector_e2e::harness;
+use injector_e2e::pod::{TOKEN_VOLUME_PREFIX, without_token_mount};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Map, Value, json};
@@ -627,18 +628,13 @@ fn logs_entry(stored: &Value) -> Option<String> {
 /// A Pod as the policy stored it, made again: its containers as stored (the token's mount left
 /// out, as the ServiceAccount plugin adds its own) and its record, if `record`.
 fn made_again(stored: &Value, record: bool) -> Value {
-    let without_token = |items: &Value| -> Value {
-        let mut items = items.clone();
-        for item in items.as_array_mut().into_iter().flatten() {
-            if let Some(mounts) = item["volumeMounts"].as_array_mut() {
-                mounts.retain(|m| {
-                    !m["name"]
-                        .as_str()
-                        .is_some_and(|n| n.starts_with("kube-api-access-"))
-                });
-            }
-        }
+    let without_token = |items: &Value| -> Vec<Value> {
         items
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(without_token_mount)
+            .collect()
     };
     let volumes: Vec<Value> = stored["spec"]["volumes"]
         .as_array()
@@ -647,7 +643,7 @@ fn made_again(stored: &Value, record: bool) -> Value {
         .filter(|v| {
             !v["name"]
                 .as_str()
-                .is_some_and(|n| n.starts_with("kube-api-access-"))
+                .is_some_and(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
         })
         .cloned()
         .collect();

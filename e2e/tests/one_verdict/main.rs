@@ -53,7 +53,7 @@ use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use injector_e2e::harness;
-use injector_e2e::pod::{dry_run_create, stored_view};
+use injector_e2e::pod::{dry_run_create, stored_view, without_token_mount};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
 use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 
@@ -216,22 +216,6 @@ fn pod(name: &str, spec: Value) -> Value {
 
 fn app() -> Value {
     json!({"name": "app", "image": "app.invalid/app:1"})
-}
-
-/// A stored item with the token's mount taken out (the plugin adds its own to the copy).
-fn without_token_mount(item: &Value) -> Value {
-    let mut item = item.clone();
-    if let Some(mounts) = item["volumeMounts"].as_array_mut() {
-        mounts.retain(|m| {
-            !m["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with("kube-api-access-"))
-        });
-        if mounts.is_empty() {
-            item.as_object_mut().unwrap().remove("volumeMounts");
-        }
-    }
-    item
 }
 
 fn named<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
