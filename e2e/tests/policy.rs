@@ -50,6 +50,27 @@ spec:
     labels: {agent.example/injected: "true"}
     annotations: {agent.example/team: "{{ pod.annotations['team'] }}"}
 ---
+# Applied right after agent, reading and writing nothing agent writes: the two share one
+# mutation of the policy (its containers land after agent's, the maps and the record once).
+apiVersion: sidecar.dev/v1alpha1
+kind: SidecarTemplate
+metadata: {name: logs}
+spec:
+  priority: 12
+  failurePolicy: Ignore
+  podSelector:
+    matchExpressions: [{key: app, operator: In, values: [web, batch]}]
+  containers:
+  - name: logs
+    image: "logs.invalid/logs:1"
+    args: ["--app", "{{ pod.labels['app'] }}"]
+    volumeMounts: [{name: logs-buffer, mountPath: /buffer}]
+  volumes:
+  - {name: logs-buffer, emptyDir: {}}
+  metadata:
+    labels: {logs.example/collected: "true"}
+    annotations: {logs.example/app: "{{ pod.labels['app'] }}"}
+---
 apiVersion: sidecar.dev/v1alpha1
 kind: SidecarTemplate
 metadata: {name: agent-lite}
@@ -330,7 +351,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
 
     // The webhook backend: the templates as the operator serves them.
     cp.apply_file(&templates).unwrap();
-    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+    for name in ["agent", "logs", "proxy", "meshed", "setup", "tracing"] {
         wait_served(&cp, name, CONFIGURATION).unwrap();
     }
 
@@ -537,7 +558,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         "every Pod called the webhook: the entries skipped none ({calls} calls)"
     );
     // The generated Pods exercise every template, each on some Pods and not on others.
-    for name in ["agent", "proxy", "meshed", "setup", "tracing"] {
+    for name in ["agent", "logs", "proxy", "meshed", "setup", "tracing"] {
         let count = applied.get(name).copied().unwrap_or_default();
         assert!(
             count > 0 && count < cases - denied,

@@ -1,10 +1,12 @@
 //! Compiling templates into one MutatingAdmissionPolicy (`admissionregistration.k8s.io/v1`,
 //! Kubernetes 1.36+), so the API server injects them itself with no webhook call.
 //!
-//! The policy holds one JSONPatch mutation per template, in application order (priority, then
+//! The policy holds the templates' JSONPatch mutations in application order (priority, then
 //! name): the API server runs the mutations of one policy in order, each seeing the result of
 //! the one before, but orders separate policies arbitrarily, so every template the policy
-//! serves lives in the one policy. Each mutation is a CEL expression that evaluates to `[]`
+//! serves lives in the one policy. Consecutive templates that read and write nothing of each
+//! other's share one mutation ([`batch`]): the API server re-encodes the whole Pod after each.
+//! A template's part is a CEL expression that evaluates to `[]`
 //! unless the template selects the Pod (namespace and pod selectors, `OnRequest`, the opt-out)
 //! and none of its containers, init containers and volumes is in the Pod yet. So a mutation
 //! adds nothing twice (the API server evaluates a policy that changed the object again) and a
@@ -42,6 +44,7 @@ use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{AppAdditions, CompiledTemplate, Item, Text};
 
 mod after_admission;
+mod batch;
 mod guard;
 mod warnings;
 
@@ -208,6 +211,11 @@ pub const POLICY_MUTATIONS_BUDGET: usize = 1024 * 1024;
 /// What a proof mutation's round condition adds to it, at most (see [`proof_round_condition`]).
 const PROOF_ROUND_BYTES: usize = 128;
 
+/// How many bytes of its members' own mutations a batch may hold: half the API server's limit
+/// on one expression ([`MAX_EXPRESSION`]), so that what the batch adds (its bound conditions,
+/// each member's record entry twice) never takes it past.
+const BATCH_BYTES: usize = MAX_EXPRESSION / 2;
+
 /// Compiles `templates` (every template in force) into one policy for those a policy can serve.
 pub fn compile_policy(
     templates: &[Arc<CompiledTemplate>],
@@ -258,17 +266,8 @@ pub(crate) fn compile_policy_within(
             .into_iter(),
     );
     let rounds = proof_rounds(&served);
-    let several_rounds = rounds.iter().any(|&round| round > 0);
-    let mut mutations: Vec<Value> = Vec::new();
-    let mut proof_mutations = Vec::new();
-    for ((policy, proof), &round) in written.into_iter().zip(&rounds) {
-        mutations.push(patch_mutation(policy));
-        proof_mutations.push(patch_mutation(if several_rounds {
-            format!("{}\n? ({proof})\n: []", proof_round_condition(round))
-        } else {
-            proof
-        }));
-    }
+    let (mut mutations, proof_mutations) =
+        batched_mutations(&served, written, &rounds, &template_init);
     // The hash names this version: of everything the policy and its proof do, before the
     // parts that carry it. The proof's own mutations count: a proof policy of an operator
     // that proved otherwise (in one round, say), still loaded by the API server, must not
@@ -300,6 +299,58 @@ pub(crate) fn compile_policy_within(
         proof: Some(proof),
         proof_rounds: rounds,
     }
+}
+
+/// The policy's mutations and its proof's, one per batch of `served` ([`batch::batches`]): a
+/// template alone keeps its own (`written`, in application order), a batch gets one for all.
+fn batched_mutations(
+    served: &[Arc<CompiledTemplate>],
+    written: Vec<(String, String)>,
+    rounds: &[usize],
+    template_init: &BTreeSet<&str>,
+) -> (Vec<Value>, Vec<Value>) {
+    let several_rounds = rounds.iter().any(|&round| round > 0);
+    let mut mutations: Vec<Value> = Vec::new();
+    let mut proof_mutations = Vec::new();
+    let sizes: Vec<usize> = written
+        .iter()
+        .map(|(policy, proof)| policy.len().max(proof.len() + PROOF_ROUND_BYTES))
+        .collect();
+    let mut written = written.into_iter();
+    for range in batch::batches(served, &sizes, BATCH_BYTES) {
+        let members: Vec<&CompiledTemplate> = served
+            .get(range.clone())
+            .unwrap_or_default()
+            .iter()
+            .map(Arc::as_ref)
+            .collect();
+        let singles: Vec<(String, String)> = written.by_ref().take(range.len()).collect();
+        match (&singles[..], rounds.get(range).unwrap_or_default()) {
+            ([(policy, proof)], [round]) => {
+                mutations.push(patch_mutation(policy.clone()));
+                proof_mutations.push(patch_mutation(if several_rounds {
+                    format!("{}\n? ({proof})\n: []", proof_round_condition(*round))
+                } else {
+                    proof.clone()
+                }));
+            }
+            (_, rounds) => {
+                mutations.push(patch_mutation(batch::mutation(
+                    &members,
+                    template_init,
+                    true,
+                    None,
+                )));
+                proof_mutations.push(patch_mutation(batch::mutation(
+                    &members,
+                    template_init,
+                    false,
+                    several_rounds.then_some(rounds),
+                )));
+            }
+        }
+    }
+    (mutations, proof_mutations)
 }
 
 /// What [`write_mutations`] decided: the templates the policy serves, with their mutation and
@@ -1188,13 +1239,23 @@ fn container_presence(
     } else {
         " || k == \"resources\"".to_owned()
     };
-    let mut terms = vec![format!(
+    // The name first: every guard rule and warning scans every container of the Pod, and
+    // `&&` stops at the first false term, so only the container of this name costs more.
+    let name = stored.get("name").and_then(Value::as_str);
+    let mut terms: Vec<String> = name
+        .map(|name| format!("c.?name.orValue(\"\") == {}", cel_string(name)))
+        .into_iter()
+        .collect();
+    terms.push(format!(
         "c.all(k, k in {keys} || (k == \"volumeMounts\" && {token_mounts}){limit_range})"
-    )];
+    ));
     if !stored.contains_key("volumeMounts") {
         terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
     }
     for (key, expected) in &expected {
+        if key == "name" && name.is_some() {
+            continue;
+        }
         let value = match expected {
             Expected::Value(value) => value,
             Expected::Text(text) => {
@@ -1418,9 +1479,9 @@ fn mutation(
     let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
     let (conditions, volumes) = presence_conditions_of(template, each_missing);
     // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
-    let all = item_ops(template, each_missing, template_init)
+    let all = item_ops(template, each_missing, template_init, None)
         .into_iter()
-        .chain(rest_ops(template, template_containers))
+        .chain(rest_ops(template, template_containers, false))
         .collect::<Vec<_>>()
         .join("\n  + ");
     let mut body = if conditions.is_empty() {
@@ -1486,11 +1547,14 @@ fn presence_conditions_of(
 }
 
 /// The operations adding the template's own items: its init containers, containers (each
-/// only where the Pod lacks it by name, when `each_missing`) and volumes.
+/// only where the Pod lacks it by name, when `each_missing`) and volumes. In a batch
+/// (`batched`: the CEL count of the containers the templates before it in the batch add), its
+/// containers land after those, and the batch creates the volume list.
 fn item_ops(
     template: &CompiledTemplate,
     each_missing: bool,
     template_init: &BTreeSet<&str>,
+    batched: Option<&str>,
 ) -> Vec<String> {
     let mut items: Vec<String> = Vec::new();
     let missing = |list: &[Item]| -> Vec<Option<String>> {
@@ -1509,7 +1573,8 @@ fn item_ops(
         let missing = missing(&template.containers);
         for (offset, item) in template.containers.iter().enumerate() {
             let index = format!(
-                "size(object.spec.containers){}",
+                "size(object.spec.containers){}{}",
+                batched.unwrap_or_default(),
                 added_before(&missing, offset)
             );
             items.push(added_item(
@@ -1534,15 +1599,20 @@ fn item_ops(
                 )
             })
             .collect();
-        items.push(format!("{} + {}", create_list("volumes"), adds.join(" + ")));
+        let adds = adds.join(" + ");
+        items.push(match batched {
+            None => format!("{} + {adds}", create_list("volumes")),
+            Some(_) => adds,
+        });
     }
     items
 }
 
 /// The operations adding the rest of the template: pull secrets, env and mounts into the app
 /// containers (never `template_containers`, a CEL list), labels, annotations and its record
-/// entry, each only where missing.
-fn rest_ops(template: &CompiledTemplate, template_containers: &str) -> Vec<String> {
+/// entry, each only where missing. In a batch (`batched`), the batch creates the metadata maps
+/// and writes the record.
+fn rest_ops(template: &CompiledTemplate, template_containers: &str, batched: bool) -> Vec<String> {
     let mut ops: Vec<String> = Vec::new();
     if !template.image_pull_secrets.is_empty() {
         let secrets = template
@@ -1561,18 +1631,24 @@ fn rest_ops(template: &CompiledTemplate, template_containers: &str) -> Vec<Strin
         ops.extend(app_ops(app, template_containers));
     }
     if !template.labels.is_empty() {
-        ops.push(create_map("labels"));
+        if !batched {
+            ops.push(create_map("labels"));
+        }
         ops.extend(map_ops("labels", &template.labels, LABELS, true));
     }
     // The record always goes into the annotations.
-    ops.push(create_map("annotations"));
+    if !batched {
+        ops.push(create_map("annotations"));
+    }
     ops.extend(map_ops(
         "annotations",
         &template.annotations,
         ANNOTATIONS,
         false,
     ));
-    ops.push(format!("[{}]", record_op(template)));
+    if !batched {
+        ops.push(format!("[{}]", record_op(template)));
+    }
     ops
 }
 
