@@ -1,7 +1,7 @@
 //! `just bench-mass`: mass creation. A Deployment scaled from 0 to [`REPLICAS`] replicas (its
 //! Pods never run: there is no node) on a fresh local control plane whose controller manager
 //! has its client limits raised, so that admission, not the ReplicaSet controller, is the
-//! bottleneck; with no injection, then under the `webhook` and the `policy` backend with 3 and
+//! bottleneck; with no injection, then under the `webhook`, `auto` and `policy` backends with 3 and
 //! with 50 templates selecting every Pod (the even ones required):
 //!
 //! * the time from the scale to every Pod stored;
@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     let runs = [(None, 0)].into_iter().chain(
-        [Backend::Webhook, Backend::Policy]
+        [Backend::Webhook, Backend::Auto, Backend::Policy]
             .into_iter()
             .flat_map(|b| TEMPLATE_COUNTS.map(|n| (Some(b), n))),
     );
@@ -105,7 +105,9 @@ fn run(
         controller_manager_args: CONTROLLER_MANAGER_LIMITS.map(str::to_owned).to_vec(),
         ..ControlPlaneOptions::default()
     })?;
-    if backend == Some(Backend::Policy) && !cp.serves_mutating_admission_policies()? {
+    if matches!(backend, Some(Backend::Policy | Backend::Auto))
+        && !cp.serves_mutating_admission_policies()?
+    {
         bail!("this API server serves no MutatingAdmissionPolicy (1.36+)");
     }
     install_crd(&cp)?;
@@ -125,6 +127,9 @@ fn run(
     }
     let containers: Vec<String> = (0..templates).map(container_name).collect();
     wait_injected(&cp, &namespace, &containers)?;
+    if backend == Some(Backend::Auto) {
+        wait_policy_alone(&cp, &namespace, &containers)?;
+    }
     cp.apply_yaml(&deployment(&namespace).to_string())?;
 
     let client = runtime.block_on(client_for(&cp))?;
@@ -272,6 +277,27 @@ fn wait_injected(cp: &ControlPlane, namespace: &str, containers: &[String]) -> a
         },
     )
     .context("the templates are not served")
+}
+
+/// Waits until a dry-run Pod in `namespace` is injected with no webhook call: under `auto` the
+/// webhook injects too while the policy is proven and loaded, and the entries skip the Pods the
+/// policy served only once the API server runs it.
+fn wait_policy_alone(
+    cp: &ControlPlane,
+    namespace: &str,
+    containers: &[String],
+) -> anyhow::Result<()> {
+    poll_every(
+        Duration::from_secs(300),
+        Duration::from_secs(1),
+        "the policy injecting without a webhook call",
+        || {
+            let before = webhook_calls(&cp.kubectl_ok(&["get", "--raw", "/metrics"])?);
+            wait_injected(cp, namespace, containers)?;
+            let after = webhook_calls(&cp.kubectl_ok(&["get", "--raw", "/metrics"])?);
+            Ok((after == before).then_some(()))
+        },
+    )
 }
 
 fn container_name(index: usize) -> String {
