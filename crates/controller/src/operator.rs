@@ -991,8 +991,8 @@ impl Operator {
             .await;
     }
 
-    /// [`skips::missing`] of `counted` on a blocking thread (every Pod cloned out of the view,
-    /// then against each best-effort template behind); `None` when that thread failed.
+    /// [`skips::missing`] of `counted` on a blocking thread (every Pod of the census, against
+    /// each best-effort template behind); `None` when that thread failed.
     async fn missing_off_runtime(counted: &Counted) -> Option<Arc<skips::MissingPods>> {
         // Most clusters' rounds: nothing best-effort, so nothing skipped worth telling.
         if !skips::has_best_effort(&counted.snapshot) {
@@ -1000,8 +1000,8 @@ impl Operator {
         }
         let snapshot = Arc::clone(&counted.snapshot);
         let census = Arc::clone(&counted.census);
-        let pods = counted.pods.clone();
-        let finding = move || skips::missing(&snapshot, &census, &pods.state());
+        let pods = Arc::clone(&counted.pods);
+        let finding = move || skips::missing(&snapshot, &census, &pods);
         match tokio::task::spawn_blocking(finding).await {
             Ok(missing) => Some(Arc::new(missing)),
             Err(error) => {

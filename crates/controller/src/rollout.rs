@@ -10,13 +10,14 @@
 //! the restarts.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use injector_api::{
     DEFAULT_PROGRESS_DEADLINE_SECONDS, RolloutStatus, UpdateStrategyType, WorkloadRef,
 };
 use injector_core::CompiledTemplate;
-use injector_core::lifecycle::{PodMeta, PodState, carried};
+use injector_core::lifecycle::{PodState, carried};
 use injector_core::rollout::{
     WorkloadState, in_place_patch, is_ready, max_unavailable, next_restarts, restarted_for,
     restarted_for_entry, states, updated_in_place,
@@ -32,7 +33,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use tokio::time::Instant;
 
-use crate::census::{Counted, PodView};
+use crate::census::{Counted, PodRecord};
 
 mod workloads;
 
@@ -374,7 +375,7 @@ impl RolloutDriver {
     async fn update_in_place(
         &mut self,
         template: &CompiledTemplate,
-        pods: &PodView,
+        pods: &[Arc<PodRecord>],
         carrying: u32,
         round: &mut Round,
     ) -> InPlaceRound {
@@ -412,32 +413,24 @@ impl RolloutDriver {
         let mut unavailable = in_flight.len();
         let mut busy: BTreeSet<WorkloadRef> =
             in_flight.values().map(|f| f.workload.clone()).collect();
-        let mut candidates: Vec<_> = pods
-            .state()
-            .into_iter()
-            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        let mut candidates: Vec<&PodRecord> = pods
+            .iter()
+            .filter(|pod| !pod.deleting)
             .filter(|pod| {
-                carried(template, &PodMeta::of(&pod.metadata))
-                    == Some(PodState::Stale { in_place: true })
+                carried(template, &pod.meta()) == Some(PodState::Stale { in_place: true })
             })
+            .map(AsRef::as_ref)
             .collect();
-        candidates.sort_by(|a, b| {
-            (&a.metadata.namespace, &a.metadata.name)
-                .cmp(&(&b.metadata.namespace, &b.metadata.name))
-        });
+        candidates.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         let mut opted_out: HashMap<WorkloadRef, bool> = HashMap::new();
         for candidate in candidates {
-            let (Some(namespace), Some(name)) =
-                (&candidate.metadata.namespace, &candidate.metadata.name)
-            else {
-                continue;
-            };
-            let key = (namespace.clone(), name.clone());
+            let (namespace, name) = (&*candidate.namespace, &*candidate.name);
+            let key = (namespace.to_owned(), name.to_owned());
             round.candidates.insert(key.clone());
             if in_flight.contains_key(&key) {
                 continue;
             }
-            let owner = owner_of(&candidate.metadata);
+            let owner = candidate.workload().cloned();
             // Bare Pods, Jobs' and opted-out workloads' Pods are never touched.
             let Some(workload) = self.workload_of(owner.as_ref(), round).await else {
                 result.not_restartable += 1;
@@ -458,11 +451,7 @@ impl RolloutDriver {
                 result.not_restartable += 1;
                 continue;
             }
-            let version = candidate
-                .metadata
-                .resource_version
-                .clone()
-                .unwrap_or_default();
+            let version = candidate.resource_version.to_string();
             if self.not_in_place.get(&key) == Some(&version) {
                 result.fallback.push(owner);
                 continue;

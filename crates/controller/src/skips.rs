@@ -21,18 +21,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_api::{FailurePolicy, SidecarTemplate, WorkloadRef};
-use injector_core::lifecycle::{PodMeta, carried, counts};
-use injector_core::workload::owner_of;
+use injector_core::lifecycle::carried;
 use injector_core::{NamespaceInfo, SkipReason, Snapshot};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::{Event, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::core::PartialObjectMeta;
 
-use crate::census::Census;
+use crate::census::{Census, PodRecord};
 use crate::status::{NOTE_MAX_BYTES, truncate};
 
 /// How many Pods one round plans again at most: each is a read from the API server.
@@ -84,11 +82,7 @@ pub fn has_best_effort(snapshot: &Snapshot) -> bool {
 /// owners have Pods behind) and the Pods it counted: of an owner behind on a template, the
 /// Pods that do not carry it. Pods without an owner are left out: whoever created one got the
 /// warnings.
-pub fn missing(
-    snapshot: &Snapshot,
-    census: &Census,
-    pods: &[Arc<PartialObjectMeta<Pod>>],
-) -> MissingPods {
+pub fn missing(snapshot: &Snapshot, census: &Census, pods: &[Arc<PodRecord>]) -> MissingPods {
     let behind: Vec<_> = snapshot
         .templates()
         .iter()
@@ -101,9 +95,9 @@ pub fn missing(
     if behind.is_empty() {
         return found;
     }
-    let mut by_owner: BTreeMap<WorkloadRef, Vec<&PartialObjectMeta<Pod>>> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| counts(&p.metadata)) {
-        if let Some(owner) = owner_of(&pod.metadata) {
+    let mut by_owner: BTreeMap<&WorkloadRef, Vec<&PodRecord>> = BTreeMap::new();
+    for pod in pods.iter().filter(|p| !p.deleting) {
+        if let Some(owner) = pod.workload() {
             by_owner.entry(owner).or_default().push(pod);
         }
     }
@@ -113,7 +107,7 @@ pub fn missing(
                 .get(owner)
                 .into_iter()
                 .flatten()
-                .filter(|pod| carried(template, &PodMeta::of(&pod.metadata)).is_none());
+                .filter(|pod| carried(template, &pod.meta()).is_none());
             for (owner_uid, missing) in by_uid(without) {
                 let key = SkipKey {
                     owner: owner.clone(),
@@ -130,13 +124,10 @@ pub fn missing(
 
 /// `pods` by the uid of their controlling owner (one, unless the owner was deleted and created
 /// again under its name while its Pods were still there).
-fn by_uid<'p>(
-    pods: impl Iterator<Item = &'p &'p PartialObjectMeta<Pod>>,
-) -> BTreeMap<String, Missing> {
+fn by_uid<'p>(pods: impl Iterator<Item = &'p &'p PodRecord>) -> BTreeMap<String, Missing> {
     let mut found: BTreeMap<String, Missing> = BTreeMap::new();
     for pod in pods {
-        let (Some(name), Some(owner)) = (pod.metadata.name.as_deref(), controller(&pod.metadata))
-        else {
+        let Some(owner) = pod.owner.as_deref() else {
             continue;
         };
         found
@@ -144,19 +135,11 @@ fn by_uid<'p>(
             .and_modify(|m| m.pods = m.pods.saturating_add(1))
             .or_insert_with(|| Missing {
                 pods: 1,
-                sample: name.to_owned(),
+                sample: pod.name.to_string(),
                 api_version: owner.api_version.clone(),
             });
     }
     found
-}
-
-/// The owner reference of `meta`'s controlling owner, the one [`owner_of`] names.
-fn controller(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .iter()
-        .flatten()
-        .find(|owner| owner.controller == Some(true))
 }
 
 /// The conflicts `pod`, as it is stored, has with the templates of `snapshot` in its

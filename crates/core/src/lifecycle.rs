@@ -9,14 +9,16 @@
 //! fingerprints existed (`name@generation`) count as stale: what they carry is unknown.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::Arc;
 
-use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
+use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
 use injector_api::{FailurePolicy, PodCounts};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::fingerprint::Fingerprint;
 use crate::plan::{NamespaceInfo, injected_entries, opts_out, pod_wide_skip, unselected_by_pod};
+use crate::selector::Labels;
 use crate::template::CompiledTemplate;
 
 /// Where a Pod stands with a template that selects it or that it carries.
@@ -34,14 +36,32 @@ pub enum PodState {
 }
 
 /// What is known of a Pod without its spec: where it runs and its labels and annotations.
-#[derive(Clone, Copy, Debug)]
+/// Both are read through [`Labels`], so that a caller keeping Pods in a form of its own (the
+/// leader's census keeps of the annotations only the three read here) need not build an
+/// [`ObjectMeta`] to ask.
+#[derive(Clone, Copy)]
 pub struct PodMeta<'a> {
     /// Its namespace.
     pub namespace: &'a str,
     /// Its labels.
-    pub labels: &'a BTreeMap<String, String>,
-    /// Its annotations.
-    pub annotations: &'a BTreeMap<String, String>,
+    pub labels: &'a dyn Labels,
+    /// Its annotations: of them, `sidecar.dev/injected`, `sidecar.dev/inject` and
+    /// `sidecar.dev/templates` are read.
+    pub annotations: &'a dyn Labels,
+}
+
+impl fmt::Debug for PodMeta<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let read = [INJECTED_ANNOTATION, INJECT_ANNOTATION, TEMPLATES_ANNOTATION];
+        let annotations: BTreeMap<&str, &str> = read
+            .into_iter()
+            .filter_map(|key| Some((key, self.annotations.label(key)?)))
+            .collect();
+        f.debug_struct("PodMeta")
+            .field("namespace", &self.namespace)
+            .field("annotations", &annotations)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The labels and annotations of an object that has none.
@@ -89,12 +109,9 @@ impl<'a> Recorded<'a> {
 }
 
 /// The entries of a Pod's record.
-pub fn recorded<'a>(
-    annotations: &'a BTreeMap<String, String>,
-) -> impl Iterator<Item = Recorded<'a>> {
+pub fn recorded<'a>(annotations: &'a (impl Labels + ?Sized)) -> impl Iterator<Item = Recorded<'a>> {
     annotations
-        .get(INJECTED_ANNOTATION)
-        .map(String::as_str)
+        .label(INJECTED_ANNOTATION)
         .into_iter()
         .flat_map(injected_entries)
         .map(Recorded::parse)
@@ -121,7 +138,7 @@ pub fn selects(
     pod: &PodMeta<'_>,
     namespace: &NamespaceInfo<'_>,
 ) -> bool {
-    let opted_out = opts_out(pod.annotations.get(INJECT_ANNOTATION).map(String::as_str));
+    let opted_out = opts_out(pod.annotations.label(INJECT_ANNOTATION));
     pod_wide_skip(pod.namespace, namespace).is_none()
         && !(opted_out && template.failure_policy == FailurePolicy::Ignore)
         && namespace

@@ -748,8 +748,8 @@ pub(crate) fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
 /// does: its pod selector, and for an `OnRequest` template the Pod's request.
 pub(crate) fn unselected_by_pod(
     template: &CompiledTemplate,
-    labels: &impl Labels,
-    annotations: &impl Labels,
+    labels: &(impl Labels + ?Sized),
+    annotations: &(impl Labels + ?Sized),
 ) -> Option<SkipReason> {
     if !template.pod_selector.matches(labels) {
         return Some(SkipReason::PodNotSelected);

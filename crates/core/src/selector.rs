@@ -61,7 +61,7 @@ struct Requirement {
 }
 
 impl Requirement {
-    fn matches(&self, labels: &impl Labels) -> bool {
+    fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
         let value = labels.label(&self.key);
         match self.operator {
             Operator::In => value.is_some_and(|v| self.values.contains(v)),
@@ -113,7 +113,7 @@ impl Selector {
     }
 
     /// Whether the labels satisfy every term. The empty selector matches everything.
-    pub fn matches(&self, labels: &impl Labels) -> bool {
+    pub fn matches(&self, labels: &(impl Labels + ?Sized)) -> bool {
         self.match_labels
             .iter()
             .all(|(key, value)| labels.label(key) == Some(value.as_str()))

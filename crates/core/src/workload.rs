@@ -18,20 +18,26 @@ use std::fmt;
 use injector_api::WorkloadRef;
 use injector_api::names::{ROLLOUT_ANNOTATION, ROLLOUT_DISABLED};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 /// The update strategy under which a workload's controller replaces a Pod only once it is
 /// deleted: a restart changes its Pod template and replaces nothing.
 const ON_DELETE: &str = "OnDelete";
 
+/// The owner reference of the object `meta` describes that names its controlling owner (the
+/// one with `controller: true`): with the owner's uid and `apiVersion`, which [`owner_of`]
+/// leaves out.
+pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|owner| owner.controller == Some(true))
+}
+
 /// The controlling owner of the object `meta` describes (its owner reference with
 /// `controller: true`), in the object's namespace.
 pub fn owner_of(meta: &ObjectMeta) -> Option<WorkloadRef> {
-    let owner = meta
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|owner| owner.controller == Some(true))?;
+    let owner = controller_of(meta)?;
     Some(WorkloadRef {
         kind: owner.kind.clone(),
         namespace: meta.namespace.clone().unwrap_or_default(),

@@ -1529,7 +1529,7 @@ fn selection(
     } else {
         format!("{what}: selected by {}", selecting.join(", "))
     };
-    if opts_out(meta.annotations.get(INJECT_ANNOTATION).map(String::as_str)) {
+    if opts_out(meta.annotations.label(INJECT_ANNOTATION)) {
         selection.push_str(&format!(
             "; it opts out ({INJECT_ANNOTATION}: \"false\") of best-effort templates"
         ));
@@ -1579,8 +1579,8 @@ fn record(
     }
     let carried = meta
         .annotations
-        .get(INJECTED_ANNOTATION)
-        .map_or("nothing", String::as_str);
+        .label(INJECTED_ANNOTATION)
+        .unwrap_or("nothing");
     let mut message = format!("{INJECTED_ANNOTATION}: {carried}");
     if !current.is_empty() {
         message.push_str(&format!("; current with {}", current.join(", ")));

@@ -572,12 +572,8 @@ fn census_missing_agent() -> Counted {
     }))
     .unwrap();
     let (snapshot, _) = injector_core::in_force::from_listing([template]);
-    let (pods, mut pods_writer) = kube::runtime::reflector::store();
-    pods_writer.apply_watcher_event(&Event::Apply(kube::core::PartialObjectMeta::<Pod> {
-        types: None,
-        metadata: serde_json::from_value(web_pod_meta()).unwrap(),
-        _phantom: std::marker::PhantomData,
-    }));
+    let pods = census::PodRecord::of(serde_json::from_value(web_pod_meta()).unwrap()).unwrap();
+    let pods: census::PodView = Arc::from([Arc::new(pods)]);
     let (namespaces, mut namespaces_writer) = kube::runtime::reflector::store();
     namespaces_writer.apply_watcher_event(&Event::Apply(kube::core::PartialObjectMeta::<
         k8s_openapi::api::core::v1::Namespace,
@@ -586,12 +582,7 @@ fn census_missing_agent() -> Counted {
         metadata: serde_json::from_value(json!({"name": "shop"})).unwrap(),
         _phantom: std::marker::PhantomData,
     }));
-    let census = census::count(
-        &snapshot,
-        &pods.state(),
-        &namespaces.state(),
-        "sidecar-injector",
-    );
+    let census = census::count(&snapshot, &pods, &namespaces.state(), "sidecar-injector");
     Counted {
         census: Arc::new(census),
         snapshot,

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use injector_api::names::INJECTED_ANNOTATION;
 use injector_core::in_force::from_listing;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::core::PartialObjectMeta;
 use serde_json::{Value, json};
 
 use super::*;
@@ -28,7 +29,7 @@ fn snapshot() -> Arc<Snapshot> {
     from_listing([template("agent", "Ignore"), template("guard", "Fail")]).0
 }
 
-fn pod(name: &str, owner: Option<&str>, record: Option<String>) -> Arc<PartialObjectMeta<Pod>> {
+fn pod(name: &str, owner: Option<&str>, record: Option<String>) -> Arc<PodRecord> {
     let owner = owner.map(|owner| {
         json!({
             "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
@@ -39,11 +40,7 @@ fn pod(name: &str, owner: Option<&str>, record: Option<String>) -> Arc<PartialOb
 }
 
 /// A Pod of `shop` labelled `app: web`, controlled by the owner `reference` names.
-fn owned_pod(
-    name: &str,
-    reference: Option<Value>,
-    record: Option<String>,
-) -> Arc<PartialObjectMeta<Pod>> {
+fn owned_pod(name: &str, reference: Option<Value>, record: Option<String>) -> Arc<PodRecord> {
     let mut meta: Value = json!({
         "name": name,
         "namespace": "shop",
@@ -55,11 +52,7 @@ fn owned_pod(
     if let Some(record) = record {
         meta["annotations"] = json!({INJECTED_ANNOTATION: record});
     }
-    Arc::new(PartialObjectMeta {
-        types: None,
-        metadata: serde_json::from_value(meta).unwrap(),
-        _phantom: std::marker::PhantomData,
-    })
+    Arc::new(PodRecord::of(serde_json::from_value(meta).unwrap()).unwrap())
 }
 
 fn shop() -> Vec<Arc<PartialObjectMeta<Namespace>>> {
@@ -91,7 +84,7 @@ fn key(owner: &str, template: &str) -> SkipKey {
     }
 }
 
-fn missing_of(pods: &[Arc<PartialObjectMeta<Pod>>]) -> BTreeMap<SkipKey, Missing> {
+fn missing_of(pods: &[Arc<PodRecord>]) -> BTreeMap<SkipKey, Missing> {
     let snapshot = snapshot();
     let census = census::count(&snapshot, pods, &shop(), "sidecar-injector");
     missing(&snapshot, &census, pods)

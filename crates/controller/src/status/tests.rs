@@ -911,17 +911,14 @@ fn census_of(in_force: &SidecarTemplate, carried: &SidecarTemplate) -> crate::ce
     let (snapshot, _) = injector_core::in_force::from_listing([in_force.clone()]);
     let record = compile(carried).unwrap();
     let record = format!("log-shipper@{}#{}", record.generation, record.fingerprint);
-    let pods: Vec<Arc<PartialObjectMeta<Pod>>> = ["a", "b"]
-        .into_iter()
-        .map(|name| {
-            let mut pod = PartialObjectMeta::<Pod>::default();
-            pod.metadata.name = Some(name.to_owned());
-            pod.metadata.namespace = Some("logs".to_owned());
-            pod.metadata.annotations =
-                Some([(INJECTED_ANNOTATION.to_owned(), record.clone())].into());
-            Arc::new(pod)
-        })
-        .collect();
+    let pods = crate::census::PodIndex::listed(["a", "b"].into_iter().map(|name| {
+        let mut pod = PartialObjectMeta::<Pod>::default();
+        pod.metadata.name = Some(name.to_owned());
+        pod.metadata.namespace = Some("logs".to_owned());
+        pod.metadata.annotations = Some([(INJECTED_ANNOTATION.to_owned(), record.clone())].into());
+        pod
+    }))
+    .snapshot();
     let mut logs = PartialObjectMeta::<Namespace>::default();
     logs.metadata.name = Some("logs".to_owned());
     logs.metadata.labels = Some([("logs".to_owned(), "on".to_owned())].into());
@@ -929,7 +926,7 @@ fn census_of(in_force: &SidecarTemplate, carried: &SidecarTemplate) -> crate::ce
     crate::census::Counted {
         census: Arc::new(census),
         snapshot,
-        pods: kube::runtime::reflector::store().0,
+        pods,
         namespaces: kube::runtime::reflector::store().0,
     }
 }

@@ -152,6 +152,70 @@ fn selection_follows_admissions_rules() {
     assert!(selects(&on_request, &asking, &ANY_NAMESPACE));
 }
 
+/// Labels or annotations kept as pairs, not a map: a form of the caller's own.
+struct Pairs<'a>(&'a [(&'a str, &'a str)]);
+
+impl Labels for Pairs<'_> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+}
+
+#[test]
+fn a_pod_is_read_the_same_through_any_form_of_its_labels_and_annotations() {
+    let mesh = mesh();
+    let on_request = template(
+        "agent",
+        json!({"injection": "OnRequest", "failurePolicy": "Ignore", "containers": [{"name": "agent", "image": "agent"}]}),
+    );
+    let current = format!("mesh@1#{}", mesh.fingerprint);
+    let cases: [&[(&str, &str)]; 4] = [
+        &[],
+        &[(INJECTED_ANNOTATION, &current)],
+        &[(TEMPLATES_ANNOTATION, "agent")],
+        &[
+            (TEMPLATES_ANNOTATION, "agent"),
+            (INJECT_ANNOTATION, "false"),
+        ],
+    ];
+    for labels in [&[("app", "web")][..], &[("app", "db")]] {
+        for annotations in cases {
+            let (label_map, annotation_map) = (map(labels), map(annotations));
+            let as_maps = PodMeta {
+                namespace: "shop",
+                labels: &label_map,
+                annotations: &annotation_map,
+            };
+            let as_pairs = PodMeta {
+                namespace: "shop",
+                labels: &Pairs(labels),
+                annotations: &Pairs(annotations),
+            };
+            for template in [&mesh, &on_request] {
+                assert_eq!(
+                    state(template, &as_maps, &ANY_NAMESPACE),
+                    state(template, &as_pairs, &ANY_NAMESPACE),
+                    "{labels:?} {annotations:?}"
+                );
+            }
+            assert_eq!(
+                recorded(&annotation_map).collect::<Vec<_>>(),
+                recorded(&Pairs(annotations)).collect::<Vec<_>>()
+            );
+        }
+    }
+    let asking = PodMeta {
+        namespace: "shop",
+        labels: &Pairs(&[("app", "web")]),
+        annotations: &Pairs(&[(TEMPLATES_ANNOTATION, "agent")]),
+    };
+    assert_eq!(
+        state(&on_request, &asking, &ANY_NAMESPACE),
+        Some(PodState::Missing)
+    );
+    assert!(format!("{asking:?}").contains("sidecar.dev/templates"));
+}
+
 #[test]
 fn record_entries_are_read_whatever_their_age() {
     assert_eq!(
@@ -220,8 +284,8 @@ fn census_counts_every_template_over_every_pod() {
         &[Arc::clone(&mesh), Arc::clone(&logger)],
         pods.iter().map(|(namespace, labels, annotations)| PodMeta {
             namespace,
-            labels,
-            annotations,
+            labels: *labels,
+            annotations: *annotations,
         }),
         |name| namespaces.get(name).copied(),
     );
@@ -276,7 +340,7 @@ fn the_census_by_owner_counts_the_pods_behind() {
                 PodMeta {
                     namespace: "shop",
                     labels: &web,
-                    annotations,
+                    annotations: *annotations,
                 },
                 *owner,
             )

@@ -54,6 +54,26 @@ fn the_owner_is_the_controlling_one_in_the_objects_namespace() {
 }
 
 #[test]
+fn the_controlling_owner_reference_carries_its_uid_and_api_version() {
+    let mut owned = pod(
+        "p",
+        &[("Node", "n1", None), ("ReplicaSet", "web-1", Some(true))],
+    );
+    if let Some(owners) = owned.owner_references.as_mut() {
+        owners[1].uid = "u-1".to_owned();
+        owners[1].api_version = "apps/v1".to_owned();
+    }
+    let controller = controller_of(&owned).unwrap();
+    assert_eq!(
+        (controller.name.as_str(), controller.uid.as_str()),
+        ("web-1", "u-1")
+    );
+    assert_eq!(controller.api_version, "apps/v1");
+    assert!(controller_of(&pod("p", &[("ReplicaSet", "web-1", Some(false))])).is_none());
+    assert!(controller_of(&pod("p", &[])).is_none());
+}
+
+#[test]
 fn only_replicasets_and_jobs_are_named_by_their_owner() {
     for (kind, named, restarted) in [
         ("ReplicaSet", true, true),

@@ -613,16 +613,13 @@ fn as_the_controller_sees(
     use kube::core::PartialObjectMeta;
     use std::sync::Arc;
 
-    let pods: Vec<Arc<PartialObjectMeta<Pod>>> = cluster
-        .pods
-        .iter()
-        .map(|meta| {
-            Arc::new(PartialObjectMeta::<Pod> {
-                metadata: meta.clone(),
-                ..PartialObjectMeta::default()
-            })
-        })
-        .collect();
+    let pods = injector_controller::census::PodIndex::listed(cluster.pods.iter().map(|meta| {
+        PartialObjectMeta::<Pod> {
+            metadata: meta.clone(),
+            ..PartialObjectMeta::default()
+        }
+    }))
+    .snapshot();
     let shop = PartialObjectMeta::<CoreNamespace> {
         metadata: namespace("shop", "shop"),
         ..PartialObjectMeta::default()
