@@ -1871,15 +1871,21 @@ fn map_ops(field: &str, entries: &[(String, Text)], current: &str, labels: bool)
 const RECORD_ENTRY_NAME: &str =
     "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
 
+/// The entries of the Pod's `sidecar.dev/injected`, trimmed, empty ones dropped, as `plan`
+/// reads them.
+fn record_entries() -> String {
+    format!(
+        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
+        cel_string(INJECTED_ANNOTATION)
+    )
+}
+
 /// Writes the template's entry into `sidecar.dev/injected`: in place of an entry naming it,
 /// else at the end, as `plan` keeps entries where they stand.
 fn record_op(template: &CompiledTemplate) -> String {
     let entry = cel_string(&Applied::of(template).to_string());
     let name = cel_string(&template.name);
-    let entries = format!(
-        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
-        cel_string(INJECTED_ANNOTATION)
-    );
+    let entries = record_entries();
     let record = format!(
         "({entries}.exists(e, {RECORD_ENTRY_NAME} == {name}) ? {entries}.map(e, {RECORD_ENTRY_NAME} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
     );

@@ -20,8 +20,8 @@ use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNO
 use injector_api::{FailurePolicy, Injection};
 
 use super::{
-    ANNOTATIONS, RECORD_ENTRY_NAME, TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container,
-    pointer_token, presence_conditions_of, proof_round_condition, rest_ops, selection_conditions,
+    RECORD_ENTRY_NAME, TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container, pointer_token,
+    presence_conditions_of, proof_round_condition, record_entries, rest_ops, selection_conditions,
 };
 use crate::cel::cel_string;
 use crate::placeholder::MetadataKey;
@@ -253,10 +253,7 @@ fn record(members: &[&CompiledTemplate]) -> String {
 
 /// The CEL string of the record after the batch: see [`record`].
 fn record_value(members: &[&CompiledTemplate]) -> String {
-    let entries = format!(
-        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
-        cel_string(INJECTED_ANNOTATION)
-    );
+    let entries = record_entries();
     let mut replaced = "e".to_owned();
     let mut appended = Vec::new();
     for (k, template) in members.iter().enumerate().rev() {
