@@ -26,10 +26,7 @@ use std::fmt;
 use std::ops::RangeInclusive;
 
 use injector_api::FailurePolicy;
-use injector_api::names::{
-    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTION_DISABLED, INJECTION_LABEL,
-    NAMESPACE_NAME_LABEL, TEMPLATES_ANNOTATION,
-};
+use injector_core::rules::selection;
 use injector_core::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
 
@@ -395,27 +392,10 @@ fn json_size(value: &impl serde::Serialize) -> usize {
     }
 }
 
-/// The requirements appended to every entry's namespace selector.
+/// The requirements appended to every entry's namespace selector: core's excluded
+/// namespaces, and the operator's own.
 fn namespace_exclusions(operator_namespace: &str) -> [LabelSelectorRequirement; 2] {
-    let mut excluded: Vec<String> = ALWAYS_EXCLUDED_NAMESPACES
-        .iter()
-        .map(|ns| (*ns).to_owned())
-        .collect();
-    if !operator_namespace.is_empty() && !excluded.iter().any(|ns| ns == operator_namespace) {
-        excluded.push(operator_namespace.to_owned());
-    }
-    [
-        LabelSelectorRequirement {
-            key: NAMESPACE_NAME_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(excluded),
-        },
-        LabelSelectorRequirement {
-            key: INJECTION_LABEL.to_owned(),
-            operator: "NotIn".to_owned(),
-            values: Some(vec![INJECTION_DISABLED.to_owned()]),
-        },
-    ]
+    selection::namespace_exclusions(&[operator_namespace])
 }
 
 /// Pods, CREATE only.
@@ -478,15 +458,16 @@ fn not_injected_by_policy(
             return None;
         }
         let condition = present.get(&template.name)?;
-        terms.push(if template.injection == injector_api::Injection::OnRequest {
-            // Template names are DNS subdomains: no quote can break out of the CEL string.
-            format!(
-                "(!object.metadata.?annotations[?'{TEMPLATES_ANNOTATION}'].orValue('').split(',').exists(n, n.trim() == '{}') || ({condition}))",
-                template.name
-            )
-        } else {
-            format!("({condition})")
-        });
+        terms.push(
+            if template.injection == injector_api::Injection::OnRequest {
+                format!(
+                    "(!{} || ({condition}))",
+                    selection::requests_cel(selection::ANNOTATIONS, [template.name.as_str()])
+                )
+            } else {
+                format!("({condition})")
+            },
+        );
     }
     (!terms.is_empty()).then(|| MatchCondition {
         name: "not-injected-by-policy".to_owned(),
@@ -503,14 +484,11 @@ fn not_injected_by_policy(
 /// apply to required templates (issue 11, rule 3), so a required entry is called for an
 /// opted-out Pod too, and fails closed while the operator is down.
 fn match_conditions(group: &Group, present: &BTreeMap<String, String>) -> Vec<MatchCondition> {
-    let annotations = "object.metadata.annotations";
     let mut conditions = Vec::new();
     if group.key.failure_policy == FailurePolicy::Ignore {
         conditions.push(MatchCondition {
             name: "not-opted-out".to_owned(),
-            expression: format!(
-                "!(has(object.metadata.annotations) && '{INJECT_ANNOTATION}' in {annotations} && {annotations}['{INJECT_ANNOTATION}'].trim().lowerAscii() == 'false')"
-            ),
+            expression: format!("!({})", selection::opts_out_cel(selection::ANNOTATIONS)),
         });
     }
     let on_request_only = group
@@ -518,17 +496,11 @@ fn match_conditions(group: &Group, present: &BTreeMap<String, String>) -> Vec<Ma
         .iter()
         .all(|t| t.injection == injector_api::Injection::OnRequest);
     if on_request_only {
-        // Template names are DNS subdomains: no quote can break out of the CEL string.
-        let names: Vec<String> = group
-            .templates
-            .iter()
-            .map(|t| format!("'{}'", t.name))
-            .collect();
         conditions.push(MatchCondition {
             name: "requested".to_owned(),
-            expression: format!(
-                "has(object.metadata.annotations) && '{TEMPLATES_ANNOTATION}' in {annotations} && {annotations}['{TEMPLATES_ANNOTATION}'].split(',').exists(n, n.trim() in [{}])",
-                names.join(", ")
+            expression: selection::requests_cel(
+                selection::ANNOTATIONS,
+                group.templates.iter().map(|t| t.name.as_str()),
             ),
         });
     }

@@ -41,6 +41,11 @@ pub(crate) fn cel_entry(key: &str, value: &str) -> String {
     format!("{}: dyn({value})", cel_string(key))
 }
 
+/// A CEL list of string literals.
+pub(crate) fn cel_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
+    format!("[{}]", items.map(cel_string).collect::<Vec<_>>().join(", "))
+}
+
 /// A CEL string literal. JSON's escapes are CEL escapes too, so whatever the text holds it
 /// stays one string.
 pub(crate) fn cel_string(text: &str) -> String {

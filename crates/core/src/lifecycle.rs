@@ -12,12 +12,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use injector_api::PodCounts;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
-use injector_api::{FailurePolicy, PodCounts};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::fingerprint::Fingerprint;
-use crate::plan::{NamespaceInfo, injected_entries, opts_out, pod_wide_skip, unselected_by_pod};
+use crate::plan::{NamespaceInfo, injected_entries};
+use crate::rules;
 use crate::selector::Labels;
 use crate::template::CompiledTemplate;
 
@@ -138,13 +139,13 @@ pub fn selects(
     pod: &PodMeta<'_>,
     namespace: &NamespaceInfo<'_>,
 ) -> bool {
-    let opted_out = opts_out(pod.annotations.label(INJECT_ANNOTATION));
-    pod_wide_skip(pod.namespace, namespace).is_none()
-        && !(opted_out && template.failure_policy == FailurePolicy::Ignore)
-        && namespace
-            .labels
-            .is_none_or(|labels| template.namespace_selector.matches(labels))
-        && unselected_by_pod(template, pod.labels, pod.annotations).is_none()
+    rules::selection::selects(
+        template,
+        pod.labels,
+        pod.annotations,
+        pod.namespace,
+        namespace,
+    )
 }
 
 /// How many Pods stand where with one template.

@@ -6,16 +6,12 @@
 //! the size of the Pod and of the templates, never quadratic.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
 use injector_api::FailurePolicy;
-use injector_api::Injection;
-use injector_api::names::{
-    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
-    INJECTION_LABEL, TEMPLATES_ANNOTATION,
-};
+use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -24,19 +20,15 @@ use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, Node, PodFacts};
 use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
+pub use crate::rules::SkipReason;
+pub use crate::rules::selection::NamespaceInfo;
+use crate::rules::selection::{
+    opts_out, pod_wide_skip, unselected_by_namespace, unselected_by_pod,
+};
+use crate::rules::warning::{Holder, MetadataKind, Warning};
 use crate::selector::Labels;
 use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Item, Text};
-
-/// The namespace a Pod is created in, as far as the caller knows it.
-#[derive(Clone, Copy, Debug)]
-pub struct NamespaceInfo<'a> {
-    /// The namespace's name (used when the Pod's own `metadata.namespace` is empty).
-    pub name: &'a str,
-    /// The namespace's labels. `None` means the namespace selection was already made by the
-    /// API server (webhook entries select namespaces), so namespace selectors are not checked.
-    pub labels: Option<&'a BTreeMap<String, String>>,
-}
 
 /// A template that was applied.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -98,64 +90,6 @@ fn write_record_entry(
     out.write_str(&fingerprint.hex())
 }
 
-/// Why a template was not applied.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "reason", content = "detail")]
-pub enum SkipReason {
-    /// The Pod has the annotation `sidecar.dev/inject: "false"` (best-effort templates only).
-    PodOptedOut,
-    /// The namespace has the label `sidecar.dev/injection: disabled`.
-    NamespaceOptedOut,
-    /// The namespace is one no template ever applies to.
-    NamespaceExcluded(String),
-    /// The namespace selector does not match the namespace's labels.
-    NamespaceNotSelected,
-    /// The pod selector does not match the Pod's labels.
-    PodNotSelected,
-    /// An `OnRequest` template the Pod's `sidecar.dev/templates` annotation does not name.
-    NotRequested,
-    /// Everything the template adds is in the Pod already, equal to what it would add.
-    AlreadyPresent,
-    /// Applying it would clash with what the Pod (or an earlier template) already has.
-    Conflict(String),
-}
-
-impl fmt::Display for SkipReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SkipReason::PodOptedOut => {
-                write!(f, "the pod opts out ({INJECT_ANNOTATION}: \"false\")")
-            }
-            SkipReason::NamespaceOptedOut => {
-                write!(
-                    f,
-                    "the namespace opts out ({INJECTION_LABEL}={INJECTION_DISABLED})"
-                )
-            }
-            SkipReason::NamespaceExcluded(ns) => {
-                write!(f, "namespace {ns:?} is never injected")
-            }
-            SkipReason::NamespaceNotSelected => {
-                write!(
-                    f,
-                    "the namespace selector does not match the namespace's labels"
-                )
-            }
-            SkipReason::PodNotSelected => {
-                write!(f, "the pod selector does not match the pod's labels")
-            }
-            SkipReason::NotRequested => write!(
-                f,
-                "injection is OnRequest and the pod's {TEMPLATES_ANNOTATION} annotation does not name it"
-            ),
-            SkipReason::AlreadyPresent => {
-                write!(f, "already present: everything it adds is in the pod")
-            }
-            SkipReason::Conflict(detail) => write!(f, "conflict: {detail}"),
-        }
-    }
-}
-
 /// A template that was not applied, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Skipped {
@@ -184,7 +118,7 @@ pub struct Plan<'t> {
     /// The templates not applied, with the reason, in order.
     pub skipped: Vec<Skipped>,
     /// Things the Pod's author should know (kubectl prints them).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<Warning>,
     /// Required templates that could not be applied.
     pub denials: Vec<Denial>,
 }
@@ -367,9 +301,9 @@ pub fn plan_among<'t>(
         match pass.seen_after(view, &ordered, &seen) {
             None => return pass.finish(view, service_account_volume),
             Some(_) if passes == MAX_PASSES => {
-                pass.plan.warnings.push(format!(
-                    "planning did not settle in {MAX_PASSES} passes (templates render labels or annotations from each other's): planning the result again may add more"
-                ));
+                pass.plan
+                    .warnings
+                    .push(Warning::Unsettled { passes: MAX_PASSES });
                 return pass.finish(view, service_account_volume);
             }
             Some(next) => seen = next,
@@ -527,21 +461,12 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // nothing, so planning the result again finds nothing left to apply.
         let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
         for &template in ordered {
-            if opted_out && template.failure_policy == FailurePolicy::Ignore {
-                plan.skipped.push(Skipped {
+            match unselected_by_namespace(template, opted_out, namespace) {
+                Some(reason) => plan.skipped.push(Skipped {
                     name: template.name.clone(),
-                    reason: SkipReason::PodOptedOut,
-                });
-            } else if namespace
-                .labels
-                .is_some_and(|labels| !template.namespace_selector.matches(labels))
-            {
-                plan.skipped.push(Skipped {
-                    name: template.name.clone(),
-                    reason: SkipReason::NamespaceNotSelected,
-                });
-            } else {
-                pending.push(template);
+                    reason,
+                }),
+                None => pending.push(template),
             }
         }
         let mut unselected = Vec::new();
@@ -556,19 +481,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
                 }
                 progressed = true;
                 if opted_out {
-                    plan.warnings.push(format!(
-                        "SidecarTemplate {:?} is required: the pod's {INJECT_ANNOTATION}: \"false\" does not apply to it",
-                        template.name
-                    ));
+                    plan.warnings.push(Warning::RequiredDespiteOptOut {
+                        template: template.name.clone(),
+                    });
                 }
                 match builder.apply(template, &facts) {
                     Ok(applied) => {
-                        plan.warnings.extend(
-                            applied
-                                .warnings
-                                .into_iter()
-                                .map(|w| format!("SidecarTemplate {:?}: {w}", template.name)),
-                        );
+                        plan.warnings.extend(applied.warnings);
                         pass.present.push(template);
                         if applied.added {
                             plan.applied.push(Applied::of(template));
@@ -582,10 +501,10 @@ impl<'k, 't: 'k> Pass<'k, 't> {
                     Err(conflicts) => {
                         pass.absent.push(template.name.as_str());
                         let detail = conflicts.join("; ");
-                        plan.warnings.push(format!(
-                            "SidecarTemplate {:?} not applied: {detail}",
-                            template.name
-                        ));
+                        plan.warnings.push(Warning::NotApplied {
+                            template: template.name.clone(),
+                            detail: detail.clone(),
+                        });
                         if template.failure_policy == FailurePolicy::Fail {
                             plan.denials.push(Denial {
                                 template: template.name.clone(),
@@ -744,49 +663,6 @@ pub(crate) fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
         .filter(|entry| !entry.is_empty())
 }
 
-/// Why `template` does not select a Pod with these labels and annotations, or `None` when it
-/// does: its pod selector, and for an `OnRequest` template the Pod's request.
-pub(crate) fn unselected_by_pod(
-    template: &CompiledTemplate,
-    labels: &(impl Labels + ?Sized),
-    annotations: &(impl Labels + ?Sized),
-) -> Option<SkipReason> {
-    if !template.pod_selector.matches(labels) {
-        return Some(SkipReason::PodNotSelected);
-    }
-    if template.injection == Injection::OnRequest {
-        let requested = annotations
-            .label(TEMPLATES_ANNOTATION)
-            .unwrap_or_default()
-            .split(',')
-            .any(|name| name.trim() == template.name);
-        if !requested {
-            return Some(SkipReason::NotRequested);
-        }
-    }
-    None
-}
-
-/// Whether a Pod's `sidecar.dev/inject: "false"` opts it out (of best-effort templates).
-pub fn opts_out(annotation: Option<&str>) -> bool {
-    annotation.is_some_and(|v| v.trim().eq_ignore_ascii_case("false"))
-}
-
-/// Why no template applies to any Pod of `namespace_name`, when none does: an always-excluded
-/// namespace, or one labelled `sidecar.dev/injection=disabled` (when its labels are known).
-pub fn pod_wide_skip(namespace_name: &str, namespace: &NamespaceInfo<'_>) -> Option<SkipReason> {
-    if ALWAYS_EXCLUDED_NAMESPACES.contains(&namespace_name) {
-        Some(SkipReason::NamespaceExcluded(namespace_name.to_owned()))
-    } else if namespace.labels.is_some_and(|l| {
-        l.get(INJECTION_LABEL)
-            .is_some_and(|v| v == INJECTION_DISABLED)
-    }) {
-        Some(SkipReason::NamespaceOptedOut)
-    } else {
-        None
-    }
-}
-
 /// Who put a named item where it is.
 enum Owner<'k> {
     /// The Pod.
@@ -891,10 +767,11 @@ struct Keyed<'k, 't, T = ()> {
     added: Vec<(T, PatchValue<'t>)>,
 }
 
-enum Presence {
+/// Whether an item is in the Pod already; when different, `D` says how.
+enum Presence<D = String> {
     Absent,
     Same,
-    Different(String),
+    Different(D),
 }
 
 impl<'k, 't, T> Keyed<'k, 't, T> {
@@ -921,12 +798,12 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
         }
     }
 
-    fn presence(&self, key: &str, value: &PatchValue<'_>) -> Presence {
-        let (current, describe) = match self.owners.get(key) {
+    fn presence(&self, key: &str, value: &PatchValue<'_>) -> Presence<Holder> {
+        let (current, holder) = match self.owners.get(key) {
             None => return Presence::Absent,
             Some(Owner::Pod { whole: current, .. }) => (
                 current.is_some_and(|current| value.is_subset_of(current)),
-                "in the pod".to_owned(),
+                Holder::Pod,
             ),
             // The same test as against the Pod's own items, so that planning the mutated Pod
             // again decides as this plan did.
@@ -934,13 +811,13 @@ impl<'k, 't, T> Keyed<'k, 't, T> {
                 self.added
                     .get(*index)
                     .is_some_and(|(_, added)| value.is_subset_of(&added.to_value())),
-                format!("added by SidecarTemplate {name:?}"),
+                Holder::Template((*name).to_owned()),
             ),
         };
         if current {
             Presence::Same
         } else {
-            Presence::Different(describe)
+            Presence::Different(holder)
         }
     }
 
@@ -1034,26 +911,26 @@ impl<'a, 't> MapAdditions<'a, 't> {
     /// Adds `key` unless present; a warning when it is present with another value.
     fn add(
         &mut self,
-        what: &str,
+        kind: MetadataKind,
         key: &'t str,
         value: String,
         template: &'t str,
-    ) -> Option<String> {
+    ) -> Option<Warning> {
+        let kept = |holder| Warning::MetadataKept {
+            template: template.to_owned(),
+            kind,
+            key: key.to_owned(),
+            holder,
+        };
         if let Some(current) = self.existing.and_then(|m| m.get(key)) {
-            return (current != Some(value.as_str())).then(|| {
-                format!("{what} {key:?} is already set in the pod; kept the pod's value")
-            });
+            return (current != Some(value.as_str())).then(|| kept(Holder::Pod));
         }
         if let Some((at, owner)) = self.find(key) {
             let differs = self
                 .added
                 .get(at)
                 .is_some_and(|(_, current)| *current != value);
-            return differs.then(|| {
-                format!(
-                    "{what} {key:?} is already set by SidecarTemplate {owner:?}; kept that value"
-                )
-            });
+            return differs.then(|| kept(Holder::Template(owner.to_owned())));
         }
         self.push(key, value, template);
         None
@@ -1117,7 +994,7 @@ impl Labels for Effective<'_, '_, '_> {
 /// What applying one template did.
 struct TemplateOutcome {
     /// About the parts that were left out.
-    warnings: Vec<String>,
+    warnings: Vec<Warning>,
     /// Whether it added anything: `false` when everything was in the Pod already.
     added: bool,
 }
@@ -1331,18 +1208,22 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         for (key, text) in &template.labels {
             let value = render_text(text, facts);
             if !is_label_value(&value) {
-                warnings.push(format!(
-                    "label {key:?} not added: {value:?} is not a valid label value"
-                ));
+                warnings.push(Warning::InvalidLabelValue {
+                    template: by.to_owned(),
+                    key: key.clone(),
+                    value,
+                });
                 continue;
             }
-            warnings.extend(self.labels.add("label", key, value, by));
+            warnings.extend(self.labels.add(MetadataKind::Label, key, value, by));
         }
         for (key, text) in &template.annotations {
-            warnings.extend(
-                self.annotations
-                    .add("annotation", key, render_text(text, facts), by),
-            );
+            warnings.extend(self.annotations.add(
+                MetadataKind::Annotation,
+                key,
+                render_text(text, facts),
+                by,
+            ));
         }
         Ok(TemplateOutcome {
             warnings,
@@ -1426,7 +1307,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         app: &'t crate::template::AppAdditions,
         by: &'t str,
         facts: &PodFacts<'_>,
-        warnings: &mut Vec<String>,
+        warnings: &mut Vec<Warning>,
     ) {
         let wanted = |name: &str| app.names.is_empty() || app.names.iter().any(|n| n == name);
         let env: Vec<(&str, PatchValue<'t>)> = app
@@ -1460,9 +1341,12 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 match state.env.presence(name, value) {
                     Presence::Absent => state.env.add(name, by, (), value.clone()),
                     Presence::Same => {}
-                    Presence::Different(owner) => warnings.push(format!(
-                        "env {name:?} of container {container_name:?} not added: already set ({owner})"
-                    )),
+                    Presence::Different(holder) => warnings.push(Warning::EnvKept {
+                        template: by.to_owned(),
+                        name: (*name).to_owned(),
+                        container: container_name.to_owned(),
+                        holder,
+                    }),
                 }
             }
             for value in &env_from {
@@ -1483,9 +1367,12 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 match state.mounts.presence(path, value) {
                     Presence::Absent => state.mounts.add(path, by, (), value.clone()),
                     Presence::Same => {}
-                    Presence::Different(owner) => warnings.push(format!(
-                        "volume mount at {path:?} in container {container_name:?} not added: the path is already mounted ({owner})"
-                    )),
+                    Presence::Different(holder) => warnings.push(Warning::MountKept {
+                        template: by.to_owned(),
+                        path: (*path).to_owned(),
+                        container: container_name.to_owned(),
+                        holder,
+                    }),
                 }
             }
         }

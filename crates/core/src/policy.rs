@@ -23,23 +23,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
 use std::sync::Arc;
 
+use injector_api::FailurePolicy;
 use injector_api::names::{
-    ALWAYS_EXCLUDED_NAMESPACES, INJECT_ANNOTATION, INJECTED_ANNOTATION, INJECTION_DISABLED,
-    INJECTION_LABEL, NAMESPACE_NAME_LABEL, POLICY_PROOF_ANNOTATION, POLICY_PROOF_ROUND_ANNOTATION,
-    POLICY_PROVEN_ANNOTATION, TEMPLATES_ANNOTATION,
+    INJECTED_ANNOTATION, NAMESPACE_NAME_LABEL, POLICY_PROOF_ANNOTATION,
+    POLICY_PROOF_ROUND_ANNOTATION, POLICY_PROVEN_ANNOTATION,
 };
-use injector_api::{FailurePolicy, Injection};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::cel::{cel_array, cel_entry, cel_json, cel_object, cel_string};
+use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_object, cel_string};
 use crate::defaulted::{
     ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, holds_cel,
     service_account_mount_cel, stored_volume,
 };
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::{Applied, injected_names};
+use crate::rules::selection::{self, ANNOTATIONS, LABELS, NAMESPACE_LABELS, selection_cel};
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{AppAdditions, CompiledTemplate, Item, Text};
 
@@ -574,8 +573,8 @@ fn template_containers(ordered: &[&Arc<CompiledTemplate>]) -> Vec<Value> {
         .map(|t| {
             let names = cel_list(t.containers.iter().map(|i| i.key.as_str()));
             let mut selects = vec![
-                selector_cel(&t.namespace_selector.to_label_selector(), NAMESPACE_LABELS),
-                selector_cel(&t.pod_selector.to_label_selector(), LABELS),
+                t.namespace_selector.cel(NAMESPACE_LABELS),
+                t.pod_selector.cel(LABELS),
             ];
             selects.retain(|c| c != "true");
             if selects.is_empty() {
@@ -1438,17 +1437,8 @@ fn merged(node: &Node, stored: &Value) -> Option<String> {
 /// (The operator's own namespace is excluded by a match condition, which lets its dry-run Pod
 /// through.)
 fn namespace_exclusions() -> Value {
-    let excluded: Vec<&str> = ALWAYS_EXCLUDED_NAMESPACES.to_vec();
-    json!([
-        {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": excluded},
-        {"key": INJECTION_LABEL, "operator": "NotIn", "values": [INJECTION_DISABLED]},
-    ])
+    json!(selection::namespace_exclusions(&[]))
 }
-
-// CEL over the Pod being admitted.
-const LABELS: &str = "object.metadata.?labels.orValue({})";
-const ANNOTATIONS: &str = "object.metadata.?annotations.orValue({})";
-const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
 
 /// The CEL expression of one template's mutation: its JSONPatch operations when it selects
 /// the Pod (`selection`; the proof policy leaves it out) and none of its containers and
@@ -1467,7 +1457,7 @@ fn mutation(
     selection: bool,
 ) -> String {
     let mut selected = if selection {
-        selection_conditions(template)
+        selection_cel(template)
     } else {
         Vec::new()
     };
@@ -1683,33 +1673,6 @@ fn app_ops(app: &AppAdditions, template_containers: &str) -> Vec<String> {
     ops
 }
 
-/// The CEL conditions under which `template` selects the Pod: its namespace and pod selectors,
-/// `OnRequest`, and the opt-out (best-effort templates only); empty ones left out.
-fn selection_conditions(template: &CompiledTemplate) -> Vec<String> {
-    let mut conditions = vec![
-        selector_cel(
-            &template.namespace_selector.to_label_selector(),
-            NAMESPACE_LABELS,
-        ),
-        selector_cel(&template.pod_selector.to_label_selector(), LABELS),
-    ];
-    if template.injection == Injection::OnRequest {
-        conditions.push(format!(
-            "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").exists(n, n.trim() == {})",
-            cel_string(TEMPLATES_ANNOTATION),
-            cel_string(&template.name)
-        ));
-    }
-    if template.failure_policy == FailurePolicy::Ignore {
-        conditions.push(format!(
-            "{ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() != \"false\"",
-            cel_string(INJECT_ANNOTATION)
-        ));
-    }
-    conditions.retain(|c| c != "true");
-    conditions
-}
-
 /// Places the template's init containers after the Pod's leading init containers that are
 /// templates' (`template_init`, by name) and before the Pod's own, in order, as `plan` places
 /// them. Counting templates' init containers anywhere in the Pod put a template's after one of
@@ -1898,33 +1861,6 @@ fn record_op(template: &CompiledTemplate) -> String {
     )
 }
 
-/// A label selector as a CEL condition over `labels` (a map expression); `true` when empty.
-fn selector_cel(selector: &LabelSelector, labels: &str) -> String {
-    let mut terms = Vec::new();
-    for (key, value) in selector.match_labels.iter().flatten() {
-        let key = cel_string(key);
-        terms.push(format!(
-            "({key} in {labels} && {labels}[{key}] == {})",
-            cel_string(value)
-        ));
-    }
-    for requirement in selector.match_expressions.iter().flatten() {
-        let key = cel_string(&requirement.key);
-        let values = cel_list(requirement.values.iter().flatten().map(String::as_str));
-        terms.push(match requirement.operator.as_str() {
-            "In" => format!("({key} in {labels} && {labels}[{key}] in {values})"),
-            "NotIn" => format!("!({key} in {labels} && {labels}[{key}] in {values})"),
-            "Exists" => format!("{key} in {labels}"),
-            _ => format!("!({key} in {labels})"),
-        });
-    }
-    if terms.is_empty() {
-        "true".to_owned()
-    } else {
-        terms.join(" && ")
-    }
-}
-
 fn json_patch(path: &str, value: &str) -> String {
     format!("JSONPatch{{op: \"add\", path: {path}, value: {value}}}")
 }
@@ -1977,10 +1913,6 @@ fn cel_text(template: &TemplateString) -> String {
         })
         .collect();
     format!("({})", parts.join(" + "))
-}
-
-fn cel_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
-    format!("[{}]", items.map(cel_string).collect::<Vec<_>>().join(", "))
 }
 
 /// One RFC 6901 reference token.

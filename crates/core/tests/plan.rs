@@ -105,7 +105,7 @@ fn pod_annotation_opts_out_of_best_effort_templates_only() {
     let plan = plan_in(&pod, &[template(SIDECAR)]);
     assert_eq!(plan.applied.len(), 1, "a required template still applies");
     assert_eq!(
-        plan.warnings,
+        texts(&plan.warnings),
         [
             "SidecarTemplate \"logger\" is required: the pod's sidecar.dev/inject: \"false\" does not apply to it"
         ]
@@ -264,7 +264,9 @@ fn between_two_templates_the_first_in_order_wins() {
     assert_eq!(out["spec"]["containers"][1]["image"], "one");
     assert_eq!(plan.skipped[0].name, "second");
     assert!(
-        plan.warnings[0].contains("added by SidecarTemplate \"first\""),
+        plan.warnings[0]
+            .to_string()
+            .contains("added by SidecarTemplate \"first\""),
         "{:?}",
         plan.warnings
     );
@@ -281,8 +283,7 @@ fn volumes_conflict_only_when_different() {
     let plan = plan_in(&pod, &[template(SIDECAR)]);
     assert!(plan.applied.is_empty());
     assert!(
-        plan.warnings[0]
-            .contains("volume \"logs\" already exists (in the pod) and is not the template's: hostPath differs"),
+        plan.warnings[0].to_string().contains("volume \"logs\" already exists (in the pod) and is not the template's: hostPath differs"),
         "{:?}",
         plan.warnings
     );
@@ -345,8 +346,16 @@ spec:
     assert_eq!(names(&worker["env"]), ["KEEP", "NEW"]);
     assert_eq!(out["spec"]["containers"][2].get("env"), None, "not named");
     assert_eq!(plan.warnings.len(), 2, "{:?}", plan.warnings);
-    assert!(plan.warnings[0].contains("env \"KEEP\" of container \"app\" not added"));
-    assert!(plan.warnings[1].contains("volume mount at \"/data\""));
+    assert!(
+        plan.warnings[0]
+            .to_string()
+            .contains("env \"KEEP\" of container \"app\" not added")
+    );
+    assert!(
+        plan.warnings[1]
+            .to_string()
+            .contains("volume mount at \"/data\"")
+    );
 }
 
 #[test]
@@ -428,7 +437,7 @@ spec:
     let plan = plan_in(&pod, &[first, second]);
     // A different value is a warning naming the template that set it; the same one is not.
     assert_eq!(
-        plan.warnings,
+        texts(&plan.warnings),
         [
             r#"SidecarTemplate "second": label "zone" is already set by SidecarTemplate "first"; kept that value"#,
             r#"SidecarTemplate "second": annotation "note" is already set by SidecarTemplate "first"; kept that value"#,
@@ -475,7 +484,11 @@ fn many_keys_added_are_checked_as_a_few() {
     ));
     let plan = plan_in(&pod, &[first, second]);
     assert_eq!(plan.warnings.len(), 20, "{:?}", plan.warnings);
-    assert!(plan.warnings[0].contains(r#"label "k1" is already set by SidecarTemplate "first""#));
+    assert!(
+        plan.warnings[0]
+            .to_string()
+            .contains(r#"label "k1" is already set by SidecarTemplate "first""#)
+    );
     let out = apply(&pod, &plan);
     let labels = out["metadata"]["labels"].as_object().unwrap();
     assert_eq!(labels.len(), 41);
@@ -568,7 +581,9 @@ spec:
     assert_eq!(out["metadata"]["labels"]["owner"], "payments");
     assert_eq!(out["metadata"]["labels"].get("bad"), None);
     assert!(
-        plan.warnings[0].contains("\"shop/x\" is not a valid label value"),
+        plan.warnings[0]
+            .to_string()
+            .contains("\"shop/x\" is not a valid label value"),
         "{:?}",
         plan.warnings
     );
@@ -873,4 +888,9 @@ fn without_the_plugins_token_volume_no_mount_is_added() {
         .unwrap()
         .insert(0, json!({"name": "kube-api-access-0", "emptyDir": {}}));
     assert!(!mounted(&look_alike));
+}
+
+/// The warnings' texts, as kubectl prints them.
+fn texts(warnings: &[injector_core::rules::warning::Warning]) -> Vec<String> {
+    warnings.iter().map(ToString::to_string).collect()
 }

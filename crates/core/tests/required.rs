@@ -112,7 +112,11 @@ fn a_look_alike_container_denies_a_required_template() {
         let plan = plan_in(&pod, &[best_effort]);
         assert!(plan.denials.is_empty());
         assert!(matches!(plan.skipped[0].reason, SkipReason::Conflict(_)));
-        assert!(plan.warnings[0].contains(field), "{:?}", plan.warnings);
+        assert!(
+            plan.warnings[0].to_string().contains(field),
+            "{:?}",
+            plan.warnings
+        );
     }
 }
 

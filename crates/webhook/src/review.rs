@@ -485,7 +485,7 @@ fn answer_pod(
             }
         }
     }
-    answer.warnings = plan.warnings;
+    answer.warnings = plan.warnings.iter().map(ToString::to_string).collect();
     answer.applied = plan.applied;
     answer
 }

@@ -30,7 +30,7 @@ use injector_controller::certs::{CA_CERT_KEY, CLOCK_SKEW_ALLOWANCE, TLS_CERT_KEY
 use injector_controller::status::{POLICY_SERVED, READY, REASON_NOT_SERVED};
 use injector_controller::webhook_config::{entry_name, left_out};
 use injector_core::lifecycle::{PodMeta, PodState, recorded, selects, standing};
-use injector_core::plan::{opts_out, pod_wide_skip};
+use injector_core::rules::selection::{opts_out, pod_wide_skip};
 use injector_core::{CompiledTemplate, NamespaceInfo, Selector, Snapshot};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
 use k8s_openapi::api::apps::v1::Deployment;

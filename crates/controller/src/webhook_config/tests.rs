@@ -328,7 +328,10 @@ fn only_best_effort_entries_let_an_opted_out_pod_through() {
             Some("Ignore") => {
                 assert_eq!(names, ["not-opted-out"], "no OnRequest-only group here");
                 let expression = &webhook.match_conditions.as_ref().unwrap()[0].expression;
-                assert!(expression.contains("'sidecar.dev/inject'"));
+                assert_eq!(
+                    *expression,
+                    format!("!({})", selection::opts_out_cel(selection::ANNOTATIONS))
+                );
             }
             _ => assert_eq!(
                 webhook.match_conditions, None,
@@ -369,12 +372,9 @@ fn an_on_request_only_group_is_called_only_for_pods_that_ask() {
         .unwrap();
     let requested = conditions(fail);
     assert_eq!(requested.len(), 1, "required: no opt-out condition");
-    assert!(
-        requested[0].ends_with(
-            "['sidecar.dev/templates'].split(',').exists(n, n.trim() in ['mesh', 'proxy'])"
-        ),
-        "{}",
-        requested[0]
+    assert_eq!(
+        requested[0],
+        selection::requests_cel(selection::ANNOTATIONS, ["mesh", "proxy"])
     );
     // A group with an Automatic template (agent and logs share one) is called for every
     // selected Pod that did not opt out.
@@ -1084,7 +1084,10 @@ fn an_entry_skips_pods_that_carry_every_template_the_policy_served() {
     // Called unless the agent is present and the proxy, when asked for, is too.
     assert_eq!(
         skip("Fail").unwrap(),
-        "!((AGENT_PRESENT) && (!object.metadata.?annotations[?'sidecar.dev/templates'].orValue('').split(',').exists(n, n.trim() == 'proxy') || (PROXY_PRESENT)))"
+        format!(
+            "!((AGENT_PRESENT) && (!{} || (PROXY_PRESENT)))",
+            selection::requests_cel(selection::ANNOTATIONS, ["proxy"])
+        )
     );
     // `logs` has no presence condition (the policy does not serve it): always called.
     assert_eq!(skip("Ignore"), None);

@@ -21,7 +21,7 @@ use injector_api::{FailurePolicy, Injection};
 
 use super::{
     RECORD_ENTRY_NAME, TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container, pointer_token,
-    presence_conditions_of, proof_round_condition, record_entries, rest_ops, selection_conditions,
+    presence_conditions_of, proof_round_condition, record_entries, rest_ops, selection_cel,
 };
 use crate::cel::cel_string;
 use crate::placeholder::MetadataKey;
@@ -151,7 +151,7 @@ pub(super) fn mutation(
     for (k, template) in members.iter().enumerate() {
         let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
         let mut conditions = if selection {
-            selection_conditions(template)
+            selection_cel(template)
         } else {
             Vec::new()
         };

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use super::{
     ANNOTATIONS, CompiledPolicy, NAMESPACE_LABELS, PolicyOptions, WebhookOnly, at_validation,
-    cel_string, dry_run_pod, outside_the_operators_namespace, selection_conditions, selector_cel,
-    validating_policy, version_hash,
+    cel_string, dry_run_pod, outside_the_operators_namespace, selection_cel, validating_policy,
+    version_hash,
 };
 use crate::template::CompiledTemplate;
 use injector_api::FailurePolicy;
@@ -106,11 +106,8 @@ fn label_adder(compiled: &CompiledPolicy, template: &CompiledTemplate) -> Option
         .webhook_only
         .iter()
         .find(|(t, _)| &t.name == added_by)?;
-    let mut conditions = selection_conditions(adder);
-    conditions.push(selector_cel(
-        &template.namespace_selector.to_label_selector(),
-        NAMESPACE_LABELS,
-    ));
+    let mut conditions = selection_cel(adder);
+    conditions.push(template.namespace_selector.cel(NAMESPACE_LABELS));
     conditions.retain(|c| c != "true");
     Some(if conditions.is_empty() {
         "true".to_owned()
@@ -385,7 +382,7 @@ fn variable_name(index: usize, n: usize) -> String {
 /// The CEL condition that a Pod passes `rule` of `template`: it is not selected, or it
 /// carries the template.
 fn passes(template: &CompiledTemplate, rule: &GuardRule) -> String {
-    let selected = selection_conditions(template);
+    let selected = selection_cel(template);
     let not_selected = if selected.is_empty() {
         "false".to_owned()
     } else {

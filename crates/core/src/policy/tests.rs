@@ -1,6 +1,7 @@
 use super::*;
 use crate::template::compile;
 use injector_api::SidecarTemplate;
+use injector_api::names::INJECTION_LABEL;
 
 fn template(yaml: &str) -> Arc<CompiledTemplate> {
     let template: SidecarTemplate = serde_saphyr::from_str(yaml).unwrap();
@@ -134,7 +135,13 @@ fn one_policy_serves_templates_in_application_order() {
     );
     // Best effort: the opt-out, the pod selector, the volume guard; the native sidecar goes
     // first, before the Pod's own init containers (after templates' leading ones).
-    assert!(proxy.contains("lowerAscii() != \"false\""), "{proxy}");
+    assert!(
+        proxy.contains(&format!(
+            "!({})",
+            crate::rules::selection::opts_out_cel(ANNOTATIONS)
+        )),
+        "{proxy}"
+    );
     assert!(proxy.contains(r#"("app" in object.metadata.?labels.orValue({}) && object.metadata.?labels.orValue({})["app"] == "web")"#), "{proxy}");
     // A volume of the Pod's own by the template's name must be the template's as stored.
     assert!(

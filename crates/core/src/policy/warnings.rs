@@ -5,7 +5,7 @@
 //! Validation runs after every mutation, so each rule reads the Pod as the policy left it: a
 //! template that selects the Pod and whose items are there (its presence condition) was
 //! applied, and what it would not overwrite shows as a value that differs from the template's.
-//! The texts are `plan`'s (the API server puts the policy's name before them). Where the final
+//! The texts are `plan`'s, one [`Warning`] each (the API server puts the policy's name before them). Where the final
 //! Pod cannot tell whose a value is (another template the policy applies earlier adds the same
 //! key), no warning is given rather than a wrong one; an `env` or mount conflict names the
 //! first container it is found in.
@@ -14,14 +14,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use injector_api::FailurePolicy;
-use injector_api::names::INJECT_ANNOTATION;
 use serde_json::{Value, json};
 
 use super::{
     ANNOTATIONS, CompiledPolicy, LABELS, PolicyOptions, at_validation, cel_json, cel_list,
-    cel_string, cel_text, selection_conditions, validating_policy,
+    cel_string, cel_text, selection_cel, validating_policy,
 };
 use crate::placeholder::Node;
+use crate::rules::selection::opts_out_cel;
+use crate::rules::warning::{HOLE, Holder, MetadataKind, Warning};
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{AppAdditions, CompiledTemplate, Text};
 
@@ -87,7 +88,7 @@ fn template_warnings(
     injected: &BTreeSet<&str>,
 ) -> Vec<Value> {
     let selected = {
-        let mut terms = selection_conditions(template);
+        let mut terms = selection_cel(template);
         if terms.is_empty() {
             terms.push("true".to_owned());
         }
@@ -106,14 +107,11 @@ fn template_warnings(
     let mut out = Vec::new();
     if template.failure_policy == FailurePolicy::Fail {
         out.push(warning(
-            &format!(
-                "{selected} && {ANNOTATIONS}[?{}].orValue(\"\").trim().lowerAscii() == \"false\"",
-                cel_string(INJECT_ANNOTATION)
-            ),
-            &cel_string(&format!(
-                "SidecarTemplate {:?} is required: the pod's {INJECT_ANNOTATION}: \"false\" does not apply to it",
-                template.name
-            )),
+            &format!("{selected} && {}", opts_out_cel(ANNOTATIONS)),
+            &Warning::RequiredDespiteOptOut {
+                template: template.name.clone(),
+            }
+            .message_cel(),
         ));
     }
     if applied.is_empty() {
@@ -142,16 +140,10 @@ fn metadata_warnings(
     earlier: &[Arc<CompiledTemplate>],
     applied: &str,
 ) -> Vec<Value> {
-    let prefix = format!("SidecarTemplate {:?}: ", template.name);
     let mut out = Vec::new();
-    for (what, field, entries, current) in [
-        ("label", "labels", &template.labels, LABELS),
-        (
-            "annotation",
-            "annotations",
-            &template.annotations,
-            ANNOTATIONS,
-        ),
+    for (kind, entries, current) in [
+        (MetadataKind::Label, &template.labels, LABELS),
+        (MetadataKind::Annotation, &template.annotations, ANNOTATIONS),
     ] {
         for (key, text) in entries {
             let value = match text {
@@ -163,22 +155,22 @@ fn metadata_warnings(
                 "!(size({value}) <= 63 && {value}.matches({}))",
                 cel_string(LABEL_VALUE_PATTERN)
             );
-            let templated_label = what == "label" && matches!(text, Text::Templated(_));
+            let templated_label = kind == MetadataKind::Label && matches!(text, Text::Templated(_));
             if templated_label {
                 out.push(warning(
                     &format!("{applied} && {invalid}"),
-                    &format!(
-                        "{} + {value} + {}",
-                        cel_string(&format!("{prefix}label {key:?} not added: \"")),
-                        cel_string("\" is not a valid label value")
-                    ),
+                    &Warning::InvalidLabelValue {
+                        template: template.name.clone(),
+                        key: key.clone(),
+                        value: HOLE.to_owned(),
+                    }
+                    .message_cel_with(&value),
                 ));
             }
             let added_earlier = earlier.iter().any(|t| {
-                let entries = if field == "labels" {
-                    &t.labels
-                } else {
-                    &t.annotations
+                let entries = match kind {
+                    MetadataKind::Label => &t.labels,
+                    MetadataKind::Annotation => &t.annotations,
                 };
                 entries.iter().any(|(k, _)| k == key)
             });
@@ -193,9 +185,13 @@ fn metadata_warnings(
             };
             out.push(warning(
                 &format!("{applied} && {kept}"),
-                &cel_string(&format!(
-                    "{prefix}{what} {key:?} is already set in the pod; kept the pod's value"
-                )),
+                &Warning::MetadataKept {
+                    template: template.name.clone(),
+                    kind,
+                    key: key.clone(),
+                    holder: Holder::Pod,
+                }
+                .message_cel(),
             ));
         }
     }
@@ -212,7 +208,6 @@ fn app_warnings(
     injected: &BTreeSet<&str>,
     applied: &str,
 ) -> Vec<Value> {
-    let prefix = format!("SidecarTemplate {:?}: ", template.name);
     let mut target = format!("!(c.name in {})", cel_list(injected.iter().copied()));
     if !app.names.is_empty() {
         target.push_str(&format!(
@@ -246,24 +241,26 @@ fn app_warnings(
                 v = cel_string(&item.key),
             );
             let conflicting = format!("object.spec.containers.filter(c, {target} && {differs})");
+            let (template, container, holder) =
+                (template.name.clone(), HOLE.to_owned(), Holder::Pod);
             let message = if field == "env" {
-                (
-                    format!("{prefix}env {:?} of container \"", item.key),
-                    "\" not added: already set (in the pod)",
-                )
+                Warning::EnvKept {
+                    template,
+                    name: item.key.clone(),
+                    container,
+                    holder,
+                }
             } else {
-                (
-                    format!("{prefix}volume mount at {:?} in container \"", item.key),
-                    "\" not added: the path is already mounted (in the pod)",
-                )
+                Warning::MountKept {
+                    template,
+                    path: item.key.clone(),
+                    container,
+                    holder,
+                }
             };
             out.push(warning(
                 &format!("{applied} && size({conflicting}) > 0"),
-                &format!(
-                    "{} + {conflicting}[0].name + {}",
-                    cel_string(&message.0),
-                    cel_string(message.1)
-                ),
+                &message.message_cel_with(&format!("{conflicting}[0].name")),
             ));
         }
     }
@@ -288,15 +285,15 @@ fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Op
             ));
         }
     }
-    let mut selected = selection_conditions(template);
+    let mut selected = selection_cel(template);
     selected.push(format!("({})", named.join(" || ")));
     selected.push(format!("!({present})"));
     Some(json!({
         "expression": at_validation(&format!("!({})", selected.join(" && "))),
-        "messageExpression": cel_string(&format!(
-            "SidecarTemplate {:?} not applied: the pod has a container, init container or volume named like one of the template's; without a webhook to tell a copy from a look-alike, the policy adds nothing of the template to such a pod",
-            template.name
-        )),
+        "messageExpression": Warning::NamedLikeUnderPolicy {
+            template: template.name.clone(),
+        }
+        .message_cel(),
     }))
 }
 

@@ -1,10 +1,12 @@
-//! Label selectors, validated once and matched many times.
+//! Label selectors, validated once and matched many times: in Rust ([`Selector::matches`]) by
+//! `plan` and the census, and as CEL ([`Selector::cel`]) by the compiled policy and its guard.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use serde_json::{Map, Value};
 
+use crate::cel::{cel_list, cel_string};
 use crate::error::FieldError;
 use crate::syntax::{is_label_value, is_qualified_name};
 
@@ -118,6 +120,34 @@ impl Selector {
             .iter()
             .all(|(key, value)| labels.label(key) == Some(value.as_str()))
             && self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// [`Selector::matches`] as a CEL condition over `labels` (a map expression); `true` when
+    /// empty. Terms in canonical order, each the API server's reading of a selector term.
+    pub(crate) fn cel(&self, labels: &str) -> String {
+        let mut terms = Vec::new();
+        for (key, value) in &self.match_labels {
+            let key = cel_string(key);
+            terms.push(format!(
+                "({key} in {labels} && {labels}[{key}] == {})",
+                cel_string(value)
+            ));
+        }
+        for requirement in &self.requirements {
+            let key = cel_string(&requirement.key);
+            let values = cel_list(requirement.values.iter().map(String::as_str));
+            terms.push(match requirement.operator {
+                Operator::In => format!("({key} in {labels} && {labels}[{key}] in {values})"),
+                Operator::NotIn => format!("!({key} in {labels} && {labels}[{key}] in {values})"),
+                Operator::Exists => format!("{key} in {labels}"),
+                Operator::DoesNotExist => format!("!({key} in {labels})"),
+            });
+        }
+        if terms.is_empty() {
+            "true".to_owned()
+        } else {
+            terms.join(" && ")
+        }
     }
 
     /// Whether the selector has no terms (and so selects everything).
