@@ -16,9 +16,10 @@ use injector_api::PodCounts;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::fingerprint::Fingerprint;
-use crate::plan::{NamespaceInfo, injected_entries};
+use crate::plan::NamespaceInfo;
 use crate::rules;
+use crate::rules::record;
+pub use crate::rules::record::Recorded;
 use crate::selector::Labels;
 use crate::template::CompiledTemplate;
 
@@ -79,42 +80,12 @@ impl<'a> PodMeta<'a> {
     }
 }
 
-/// One entry of a Pod's record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Recorded<'a> {
-    /// The template's name.
-    pub name: &'a str,
-    /// The generation it was injected at, when written.
-    pub generation: Option<i64>,
-    /// What it injected, when written (records from before fingerprints have none).
-    pub fingerprint: Option<Fingerprint>,
-}
-
-impl<'a> Recorded<'a> {
-    /// Reads `name@generation#fingerprint` (each part after the name optional).
-    pub fn parse(entry: &'a str) -> Self {
-        let (rest, fingerprint) = match entry.rsplit_once('#') {
-            Some((rest, fingerprint)) => (rest, Fingerprint::parse(fingerprint)),
-            None => (entry, None),
-        };
-        let (name, generation) = match rest.rsplit_once('@') {
-            Some((name, generation)) => (name, generation.parse().ok()),
-            None => (rest, None),
-        };
-        Recorded {
-            name,
-            generation,
-            fingerprint,
-        }
-    }
-}
-
 /// The entries of a Pod's record.
 pub fn recorded<'a>(annotations: &'a (impl Labels + ?Sized)) -> impl Iterator<Item = Recorded<'a>> {
     annotations
         .label(INJECTED_ANNOTATION)
         .into_iter()
-        .flat_map(injected_entries)
+        .flat_map(record::entries)
         .map(Recorded::parse)
 }
 

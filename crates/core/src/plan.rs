@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fmt;
+
 use std::sync::Arc;
 
 use injector_api::FailurePolicy;
@@ -21,6 +21,7 @@ use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, Node, PodFacts};
 use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 pub use crate::rules::SkipReason;
+use crate::rules::record;
 pub use crate::rules::selection::NamespaceInfo;
 use crate::rules::selection::{
     opts_out, pod_wide_skip, unselected_by_namespace, unselected_by_pod,
@@ -54,12 +55,12 @@ impl Applied {
     /// Appends its entry in the `sidecar.dev/injected` annotation to `out`.
     pub fn push_entry(&self, out: &mut String) {
         // Writing into a `String` cannot fail.
-        let _ = write_record_entry(out, &self.name, self.generation, &self.fingerprint);
+        let _ = record::write_entry(out, &self.name, self.generation, &self.fingerprint);
     }
 
     /// An upper bound of the length of its entry.
     pub fn entry_len_bound(&self) -> usize {
-        self.name.len() + RECORD_ENTRY_EXTRA
+        self.name.len() + record::ENTRY_EXTRA
     }
 }
 
@@ -67,27 +68,8 @@ impl std::fmt::Display for Applied {
     /// `name@generation#fingerprint`, its entry in the `sidecar.dev/injected` annotation.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Written with `write_str` only, so that a caller's width or sign flags reach none of it.
-        write_record_entry(f, &self.name, self.generation, &self.fingerprint)
+        record::write_entry(f, &self.name, self.generation, &self.fingerprint)
     }
-}
-
-/// At most the bytes of a record entry besides the name: `@`, a generation (up to 20), `#`
-/// and 16 hex digits.
-const RECORD_ENTRY_EXTRA: usize = 38;
-
-/// Writes `name@generation#fingerprint` to `out`: on every admission (the record, its audit
-/// annotation and the log) straight into the string that holds the record.
-fn write_record_entry(
-    out: &mut impl fmt::Write,
-    name: &str,
-    generation: i64,
-    fingerprint: &Fingerprint,
-) -> fmt::Result {
-    out.write_str(name)?;
-    out.write_char('@')?;
-    out.write_str(itoa::Buffer::new().format(generation))?;
-    out.write_char('#')?;
-    out.write_str(&fingerprint.hex())
 }
 
 /// A template that was not applied, and why.
@@ -590,42 +572,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // about templates not decided here (another webhook entry's, or ones that do not
         // select the Pod) are left as they are, for whoever decides them.
         let claimed = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
-        let mut unrecorded = present;
-        let mut record = String::with_capacity(
-            claimed.len()
-                + unrecorded
-                    .iter()
-                    .map(|t| t.name.len() + RECORD_ENTRY_EXTRA + 1)
-                    .sum::<usize>(),
-        );
-        // Entries are never empty, so a comma goes before each but the first.
-        let separate = |record: &mut String| {
-            if !record.is_empty() {
-                record.push(',');
-            }
-        };
-        let push_template = |record: &mut String, t: &CompiledTemplate| {
-            separate(record);
-            // Writing into a `String` cannot fail.
-            let _ = write_record_entry(record, &t.name, t.generation, &t.fingerprint);
-        };
-        let mut listed: Vec<&str> = Vec::new();
-        for entry in injected_entries(claimed) {
-            let name = entry_name(entry);
-            if listed.contains(&name) {
-                continue;
-            }
-            listed.push(name);
-            if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
-                push_template(&mut record, unrecorded.remove(at));
-            } else if !absent.contains(&name) {
-                separate(&mut record);
-                record.push_str(entry);
-            }
-        }
-        for template in &unrecorded {
-            push_template(&mut record, template);
-        }
+        let record = record::updated(claimed, &present, &absent);
         if claimed != record {
             builder.annotations.set(INJECTED_ANNOTATION, record);
         }
@@ -643,24 +590,6 @@ fn in_application_order(templates: &[Arc<CompiledTemplate>]) -> Vec<&CompiledTem
     ordered.dedup_by(|later, kept| later.name == kept.name);
     ordered.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
     ordered
-}
-
-/// Parses the `sidecar.dev/injected` annotation (`name@generation#fingerprint,...`) into
-/// template names.
-pub fn injected_names(annotation: &str) -> impl Iterator<Item = &str> {
-    injected_entries(annotation).map(entry_name)
-}
-
-fn entry_name(entry: &str) -> &str {
-    entry.rsplit_once('@').map_or(entry, |(name, _)| name)
-}
-
-/// The `name@generation#fingerprint` entries of the `sidecar.dev/injected` annotation.
-pub(crate) fn injected_entries(annotation: &str) -> impl Iterator<Item = &str> {
-    annotation
-        .split(',')
-        .map(str::trim)
-        .filter(|entry| !entry.is_empty())
 }
 
 /// Who put a named item where it is.

@@ -37,7 +37,8 @@ use crate::defaulted::{
     service_account_mount_cel, stored_volume,
 };
 use crate::placeholder::{Node, Part, TemplateString};
-use crate::plan::{Applied, injected_names};
+use crate::plan::Applied;
+use crate::rules::record;
 use crate::rules::selection::{self, ANNOTATIONS, LABELS, NAMESPACE_LABELS, selection_cel};
 use crate::syntax::LABEL_VALUE_PATTERN;
 use crate::template::{AppAdditions, CompiledTemplate, Item, Text};
@@ -987,7 +988,7 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
         .pointer("/metadata/annotations")
         .and_then(|a| a.get(INJECTED_ANNOTATION))
         .and_then(Value::as_str)
-        .map(|record| injected_names(record).collect())
+        .map(|record| record::names(record).collect())
         .unwrap_or_default();
     let expected: BTreeSet<&str> = of_round.iter().map(|t| t.name.as_str()).collect();
     if recorded != expected {
@@ -1830,34 +1831,14 @@ fn map_ops(field: &str, entries: &[(String, Text)], current: &str, labels: bool)
     ops
 }
 
-/// The template name of record entry `e`, as `plan` reads it (before the last `@`).
-const RECORD_ENTRY_NAME: &str =
-    "(e.lastIndexOf(\"@\") >= 0 ? e.substring(0, e.lastIndexOf(\"@\")) : e)";
-
-/// The entries of the Pod's `sidecar.dev/injected`, trimmed, empty ones dropped, as `plan`
-/// reads them.
-fn record_entries() -> String {
-    format!(
-        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
-        cel_string(INJECTED_ANNOTATION)
-    )
-}
-
-/// Writes the template's entry into `sidecar.dev/injected`: in place of an entry naming it,
-/// else at the end, as `plan` keeps entries where they stand.
+/// Writes the template's entry into `sidecar.dev/injected` ([`record::updated_cel`]).
 fn record_op(template: &CompiledTemplate) -> String {
-    let entry = cel_string(&Applied::of(template).to_string());
-    let name = cel_string(&template.name);
-    let entries = record_entries();
-    let record = format!(
-        "({entries}.exists(e, {RECORD_ENTRY_NAME} == {name}) ? {entries}.map(e, {RECORD_ENTRY_NAME} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
-    );
     json_patch(
         &cel_string(&format!(
             "/metadata/annotations/{}",
             pointer_token(INJECTED_ANNOTATION)
         )),
-        &record,
+        &record::updated_cel(template),
     )
 }
 

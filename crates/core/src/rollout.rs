@@ -20,9 +20,8 @@ use injector_api::{
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::lifecycle::Recorded;
 use crate::placeholder::Node;
-use crate::plan::injected_entries;
+use crate::rules::record;
 use crate::template::{CompiledTemplate, Item};
 
 /// Where one workload owning stale or missing Pods stands.
@@ -242,7 +241,7 @@ pub fn in_place_patch(template: &CompiledTemplate, pod: &Pod) -> Option<serde_js
         spec.init_containers.as_deref().unwrap_or_default(),
         true,
     )?;
-    let record = rerecorded(record, template)?;
+    let record = record::rewritten(record, template)?;
     let mut patch = serde_json::json!({
         "metadata": {
             "resourceVersion": pod.metadata.resource_version,
@@ -260,26 +259,6 @@ pub fn in_place_patch(template: &CompiledTemplate, pod: &Pod) -> Option<serde_js
         patch["spec"] = spec_patch.into();
     }
     Some(patch)
-}
-
-/// `record` (a Pod's `sidecar.dev/injected`) with `template`'s entry rewritten to its current
-/// generation and fingerprint; `None` when the record has no entry for it.
-pub fn rerecorded(record: &str, template: &CompiledTemplate) -> Option<String> {
-    let mut found = false;
-    let entries: Vec<String> = injected_entries(record)
-        .map(|entry| {
-            if Recorded::parse(entry).name == template.name {
-                found = true;
-                format!(
-                    "{}@{}#{}",
-                    template.name, template.generation, template.fingerprint
-                )
-            } else {
-                entry.to_owned()
-            }
-        })
-        .collect();
-    found.then(|| entries.join(","))
 }
 
 /// Whether `pod` runs the images `template` sets, every container of it started and the Pod

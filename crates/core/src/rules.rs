@@ -6,10 +6,12 @@
 //! on generated inputs, the CEL one with a CEL interpreter, so the two cannot drift.
 //!
 //! - [`selector`]: label selectors;
+//! - [`record`]: the record `sidecar.dev/injected`, read and written;
 //! - [`selection`]: whether a template selects a Pod (excluded namespaces, the opt-out,
 //!   `OnRequest`, the namespace and pod selectors);
 //! - [`warning`]: what a Pod's author is told, each warning with one text.
 
+pub mod record;
 pub mod selection;
 pub mod selector;
 pub mod warning;

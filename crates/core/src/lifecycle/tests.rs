@@ -6,6 +6,7 @@ use injector_api::SidecarTemplate;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::fingerprint::Fingerprint;
 use crate::template::compile;
 
 fn template(name: &str, spec: Value) -> CompiledTemplate {

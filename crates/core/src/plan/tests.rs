@@ -28,9 +28,3 @@ fn paths_escape_slash_and_tilde_per_rfc_6901() {
     let path = PatchPath::escaped("/spec/containers").then_index(12);
     assert_eq!(path.then_escaped("/-").as_str(), "/spec/containers/12/-");
 }
-
-#[test]
-fn injected_annotation_parses_names() {
-    let names: Vec<_> = injected_names(" a@1, b@2 ,,c,d@e@3").collect();
-    assert_eq!(names, ["a", "b", "c", "d@e"]);
-}

@@ -24,11 +24,11 @@ use injector_api::{FailurePolicy, UpdateStrategyType};
 use serde_json::{Value, json};
 
 use super::{
-    POLICY_API_VERSION, PolicyOptions, RECORD_ENTRY_NAME, cel_list, cel_string, validating_binding,
-    version_hash,
+    POLICY_API_VERSION, PolicyOptions, cel_list, cel_string, validating_binding, version_hash,
 };
 use crate::plan::Applied;
 use crate::rollout::{fixed_field, image_of};
+use crate::rules::record::ENTRY_NAME_CEL;
 use crate::template::{CompiledTemplate, Item};
 
 /// The after-admission policy and its binding.
@@ -111,7 +111,7 @@ pub fn compile_after_admission(
             "matchConditions": [{
                 "name": "carries-a-required-template",
                 "expression": format!(
-                    "{}.exists(e, {RECORD_ENTRY_NAME} in {})",
+                    "{}.exists(e, {ENTRY_NAME_CEL} in {})",
                     record_of("oldObject"),
                     cel_list(names.iter().copied())
                 ),
@@ -151,10 +151,10 @@ fn item_names(template: &CompiledTemplate) -> Vec<&str> {
 fn keeps(template: &CompiledTemplate) -> String {
     let name = cel_string(&template.name);
     let entries =
-        |record: &str| format!("variables.{record}.filter(e, {RECORD_ENTRY_NAME} == {name})");
+        |record: &str| format!("variables.{record}.filter(e, {ENTRY_NAME_CEL} == {name})");
     let names = cel_list(item_names(template).into_iter());
     let mut expression = format!(
-        "!variables.oldRecord.exists(e, {RECORD_ENTRY_NAME} == {name})\n|| ({} == {}\n  && object.spec.containers.filter(c, c.name in {names}) == oldObject.spec.containers.filter(c, c.name in {names})\n  && variables.newInit.filter(c, c.name in {names}) == variables.oldInit.filter(c, c.name in {names}))",
+        "!variables.oldRecord.exists(e, {ENTRY_NAME_CEL} == {name})\n|| ({} == {}\n  && object.spec.containers.filter(c, c.name in {names}) == oldObject.spec.containers.filter(c, c.name in {names})\n  && variables.newInit.filter(c, c.name in {names}) == variables.oldInit.filter(c, c.name in {names}))",
         entries("newRecord"),
         entries("oldRecord"),
     );

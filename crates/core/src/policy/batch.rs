@@ -20,12 +20,13 @@ use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNO
 use injector_api::{FailurePolicy, Injection};
 
 use super::{
-    RECORD_ENTRY_NAME, TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container, pointer_token,
-    presence_conditions_of, proof_round_condition, record_entries, rest_ops, selection_cel,
+    TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container, pointer_token,
+    presence_conditions_of, proof_round_condition, rest_ops, selection_cel,
 };
 use crate::cel::cel_string;
 use crate::placeholder::MetadataKey;
 use crate::plan::Applied;
+use crate::rules::record::{ENTRY_NAME_CEL, entries_cel};
 use crate::template::CompiledTemplate;
 
 /// The bound list of whether each member applies, as the batch's expression names it.
@@ -253,16 +254,15 @@ fn record(members: &[&CompiledTemplate]) -> String {
 
 /// The CEL string of the record after the batch: see [`record`].
 fn record_value(members: &[&CompiledTemplate]) -> String {
-    let entries = record_entries();
+    let entries = entries_cel();
     let mut replaced = "e".to_owned();
     let mut appended = Vec::new();
     for (k, template) in members.iter().enumerate().rev() {
         let entry = cel_string(&Applied::of(template).to_string());
         let name = cel_string(&template.name);
-        replaced =
-            format!("({RECORD_ENTRY_NAME} == {name} && {APPLIES}[{k}] ? {entry} : {replaced})");
+        replaced = format!("({ENTRY_NAME_CEL} == {name} && {APPLIES}[{k}] ? {entry} : {replaced})");
         appended.push(format!(
-            "({APPLIES}[{k}] && !es.exists(e, {RECORD_ENTRY_NAME} == {name}) ? [{entry}] : [])"
+            "({APPLIES}[{k}] && !es.exists(e, {ENTRY_NAME_CEL} == {name}) ? [{entry}] : [])"
         ));
     }
     appended.reverse();
