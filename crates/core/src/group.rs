@@ -12,7 +12,7 @@ pub(crate) mod key;
 
 pub use key::{GroupId, GroupKey};
 
-use crate::selector::Selector;
+use crate::rules::selector::Selector;
 use crate::template::CompiledTemplate;
 
 /// The most webhook entries the groups make before [`merge_past_bound`] merges some: each

@@ -11,7 +11,6 @@
 //! benchmarks drive it directly.
 
 mod cel;
-pub mod defaulted;
 pub mod error;
 pub mod fingerprint;
 pub mod freshness;
@@ -28,7 +27,6 @@ pub mod published;
 pub mod registry;
 pub mod rollout;
 pub mod rules;
-pub use rules::selector;
 pub mod syntax;
 pub mod template;
 pub mod workload;
@@ -41,5 +39,5 @@ pub use plan::{Applied, Denial, NamespaceInfo, Plan, SkipReason, Skipped, plan, 
 pub use pod::{MalformedPod, Pod};
 pub use published::Templates;
 pub use registry::{Registry, Snapshot};
-pub use selector::{Labels, Selector};
+pub use rules::selector::{Labels, Selector};
 pub use template::{CompiledTemplate, compile};

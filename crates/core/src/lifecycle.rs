@@ -20,7 +20,7 @@ use crate::plan::NamespaceInfo;
 use crate::rules;
 use crate::rules::record;
 pub use crate::rules::record::Recorded;
-use crate::selector::Labels;
+use crate::rules::selector::Labels;
 use crate::template::CompiledTemplate;
 
 /// Where a Pod stands with a template that selects it or that it carries.

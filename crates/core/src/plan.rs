@@ -15,19 +15,19 @@ use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
 use crate::fingerprint::Fingerprint;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, Node, PodFacts};
 use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 pub use crate::rules::SkipReason;
+use crate::rules::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
 use crate::rules::record;
 pub use crate::rules::selection::NamespaceInfo;
 use crate::rules::selection::{
     opts_out, pod_wide_skip, unselected_by_namespace, unselected_by_pod,
 };
+use crate::rules::selector::Labels;
 use crate::rules::warning::{Holder, MetadataKind, Warning};
-use crate::selector::Labels;
 use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Item, Text};
 

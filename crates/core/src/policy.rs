@@ -32,12 +32,12 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_object, cel_string};
-use crate::defaulted::{
+use crate::placeholder::{Node, Part, TemplateString};
+use crate::plan::Applied;
+use crate::rules::defaulted::{
     ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, holds_cel,
     service_account_mount_cel, stored_volume,
 };
-use crate::placeholder::{Node, Part, TemplateString};
-use crate::plan::Applied;
 use crate::rules::record;
 use crate::rules::selection::{self, ANNOTATIONS, LABELS, NAMESPACE_LABELS, selection_cel};
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -1200,7 +1200,7 @@ fn init_container_names<'t>(
 
 /// Whether the Pod's `list` holds a container equal to `stored` (the template's `body` as the
 /// API server stored it), up to what the API server adds as the webhook's comparison
-/// (`crate::defaulted`) allows it: the ServiceAccount token's mount, a LimitRange's resources,
+/// (`crate::rules::defaulted`) allows it: the ServiceAccount token's mount, a LimitRange's resources,
 /// `imagePullPolicy: Always` (the AlwaysPullImages plugin) and, on a hostNetwork Pod, each
 /// port's `hostPort`. A native sidecar must also stand before the Pod's own plain init
 /// containers (`template_init`, a CEL list, names those that are templates'), as `plan` asks.
@@ -1301,7 +1301,7 @@ fn container_presence(
 }
 
 /// A CEL condition that `expression` holds `stored` with perhaps more keys in its objects, as
-/// the webhook's comparison reads resources (`crate::defaulted`).
+/// the webhook's comparison reads resources (`crate::rules::defaulted`).
 fn includes(expression: &str, stored: &Value) -> String {
     match stored {
         Value::Object(fields) if !fields.is_empty() => {

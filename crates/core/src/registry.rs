@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::selector::Labels;
+use crate::rules::selector::Labels;
 
 use crate::group::{Group, GroupId, GroupKey, merge_past_bound};
 use crate::template::CompiledTemplate;

@@ -5,12 +5,15 @@
 //! webhook entries' match conditions carry the CEL form. Each rule's tests evaluate both forms
 //! on generated inputs, the CEL one with a CEL interpreter, so the two cannot drift.
 //!
+//! - [`defaulted`]: whether an item of a Pod is a template's, up to what the API server fills
+//!   in;
 //! - [`selector`]: label selectors;
 //! - [`record`]: the record `sidecar.dev/injected`, read and written;
 //! - [`selection`]: whether a template selects a Pod (excluded namespaces, the opt-out,
 //!   `OnRequest`, the namespace and pod selectors);
 //! - [`warning`]: what a Pod's author is told, each warning with one text.
 
+pub mod defaulted;
 pub mod record;
 pub mod selection;
 pub mod selector;

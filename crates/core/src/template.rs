@@ -13,7 +13,7 @@ use crate::error::{FieldError, ValidationErrors};
 use crate::fingerprint::Fingerprint;
 use crate::group::key::{GroupId, GroupKey};
 use crate::placeholder::{Fixed, MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
-use crate::selector::Selector;
+use crate::rules::selector::Selector;
 use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 
 /// The generation recorded for a template that has none (one read from a file).

@@ -6,7 +6,7 @@ use std::fmt;
 use injector_api::FailurePolicy;
 use sha2::{Digest, Sha256};
 
-use crate::selector::Selector;
+use crate::rules::selector::Selector;
 
 /// What templates of one webhook entry share.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

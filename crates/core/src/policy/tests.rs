@@ -383,7 +383,7 @@ fn presence_is_learned_from_the_stored_proof_pod() {
     assert!(agent.contains(r#" || k == "resources")"#), "{agent}");
     // The token's mount is the plugin's, of a volume holding a token, not any mount named
     // like it.
-    let token_mount = crate::defaulted::service_account_mount_cel("m");
+    let token_mount = crate::rules::defaulted::service_account_mount_cel("m");
     assert!(token_mount.contains(
         r#"m.?mountPath.orValue("") == "/var/run/secrets/kubernetes.io/serviceaccount""#
     ));
@@ -1221,7 +1221,7 @@ spec:
 }
 
 /// The presence conditions allow what the API server adds to an injected container as the
-/// webhook's comparison (`crate::defaulted`) does: a hostNetwork Pod's `hostPort`s, a
+/// webhook's comparison (`crate::rules::defaulted`) does: a hostNetwork Pod's `hostPort`s, a
 /// LimitRange's resources beside the template's. The guard refused such Pods.
 #[test]
 fn presence_allows_host_ports_and_limit_range_resources() {

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::selector::Selector;
+use crate::rules::selector::Selector;
 use crate::template::compile;
 
 /// Evaluates `source` (a CEL condition) over the Pod `object` and the namespace.

@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::defaulted::{ItemKind, Surroundings, difference};
+use crate::rules::defaulted::{ItemKind, Surroundings, difference};
 
 /// What a real API server (v1.34 and v1.37) stored for each volume, beside the volume written.
 fn cases() -> Vec<(Value, Value)> {
