@@ -111,7 +111,7 @@ pub fn selects(
     namespace: &NamespaceInfo<'_>,
 ) -> bool {
     rules::selection::selects(
-        template,
+        template.selecting(),
         pod.labels,
         pod.annotations,
         pod.namespace,

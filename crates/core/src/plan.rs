@@ -443,7 +443,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // nothing, so planning the result again finds nothing left to apply.
         let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
         for &template in ordered {
-            match unselected_by_namespace(template, opted_out, namespace) {
+            match unselected_by_namespace(template.selecting(), opted_out, namespace) {
                 Some(reason) => plan.skipped.push(Skipped {
                     name: template.name.clone(),
                     reason,
@@ -572,6 +572,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         // about templates not decided here (another webhook entry's, or ones that do not
         // select the Pod) are left as they are, for whoever decides them.
         let claimed = view.annotation(INJECTED_ANNOTATION).unwrap_or_default();
+        let present: Vec<_> = present.iter().map(|t| t.entry()).collect();
         let record = record::updated(claimed, &present, &absent);
         if claimed != record {
             builder.annotations.set(INJECTED_ANNOTATION, record);
@@ -1052,7 +1053,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             pod: self.view.annotations.as_ref(),
             added: &self.annotations,
         };
-        unselected_by_pod(template, &labels, &annotations)
+        unselected_by_pod(template.selecting(), &labels, &annotations)
     }
 
     /// Applies one template, all or nothing: `Err` lists the conflicts that stop it.

@@ -1458,7 +1458,7 @@ fn mutation(
     selection: bool,
 ) -> String {
     let mut selected = if selection {
-        selection_cel(template)
+        selection_cel(template.selecting())
     } else {
         Vec::new()
     };
@@ -1838,7 +1838,7 @@ fn record_op(template: &CompiledTemplate) -> String {
             "/metadata/annotations/{}",
             pointer_token(INJECTED_ANNOTATION)
         )),
-        &record::updated_cel(template),
+        &record::updated_cel(template.entry()),
     )
 }
 

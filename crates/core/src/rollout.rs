@@ -241,7 +241,7 @@ pub fn in_place_patch(template: &CompiledTemplate, pod: &Pod) -> Option<serde_js
         spec.init_containers.as_deref().unwrap_or_default(),
         true,
     )?;
-    let record = record::rewritten(record, template)?;
+    let record = record::rewritten(record, template.entry())?;
     let mut patch = serde_json::json!({
         "metadata": {
             "resourceVersion": pod.metadata.resource_version,

@@ -13,6 +13,8 @@ use crate::error::{FieldError, ValidationErrors};
 use crate::fingerprint::Fingerprint;
 use crate::group::key::{GroupId, GroupKey};
 use crate::placeholder::{Fixed, MetadataKey, Node, PathStep, Reach, TemplateString, field_path};
+use crate::rules::record::Entry;
+use crate::rules::selection::Selecting;
 use crate::rules::selector::Selector;
 use crate::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 
@@ -98,6 +100,26 @@ impl CompiledTemplate {
     /// The order templates apply in: priority, then name.
     pub fn order_key(&self) -> (i32, &str) {
         (self.priority, &self.name)
+    }
+
+    /// What of it decides whether it selects a Pod.
+    pub fn selecting(&self) -> Selecting<'_> {
+        Selecting {
+            name: &self.name,
+            injection: self.injection,
+            failure_policy: self.failure_policy,
+            namespace_selector: &self.namespace_selector,
+            pod_selector: &self.pod_selector,
+        }
+    }
+
+    /// Its entry in a Pod's record, as it is now.
+    pub fn entry(&self) -> Entry<'_> {
+        Entry {
+            name: &self.name,
+            generation: self.generation,
+            fingerprint: self.fingerprint,
+        }
     }
 }
 

@@ -152,7 +152,7 @@ pub(super) fn mutation(
     for (k, template) in members.iter().enumerate() {
         let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
         let mut conditions = if selection {
-            selection_cel(template)
+            selection_cel(template.selecting())
         } else {
             Vec::new()
         };

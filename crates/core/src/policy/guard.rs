@@ -106,7 +106,7 @@ fn label_adder(compiled: &CompiledPolicy, template: &CompiledTemplate) -> Option
         .webhook_only
         .iter()
         .find(|(t, _)| &t.name == added_by)?;
-    let mut conditions = selection_cel(adder);
+    let mut conditions = selection_cel(adder.selecting());
     conditions.push(template.namespace_selector.cel(NAMESPACE_LABELS));
     conditions.retain(|c| c != "true");
     Some(if conditions.is_empty() {
@@ -382,7 +382,7 @@ fn variable_name(index: usize, n: usize) -> String {
 /// The CEL condition that a Pod passes `rule` of `template`: it is not selected, or it
 /// carries the template.
 fn passes(template: &CompiledTemplate, rule: &GuardRule) -> String {
-    let selected = selection_cel(template);
+    let selected = selection_cel(template.selecting());
     let not_selected = if selected.is_empty() {
         "false".to_owned()
     } else {

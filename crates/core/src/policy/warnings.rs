@@ -88,7 +88,7 @@ fn template_warnings(
     injected: &BTreeSet<&str>,
 ) -> Vec<Value> {
     let selected = {
-        let mut terms = selection_cel(template);
+        let mut terms = selection_cel(template.selecting());
         if terms.is_empty() {
             terms.push("true".to_owned());
         }
@@ -285,7 +285,7 @@ fn conflict_warning(template: &CompiledTemplate, present: Option<&String>) -> Op
             ));
         }
     }
-    let mut selected = selection_cel(template);
+    let mut selected = selection_cel(template.selecting());
     selected.push(format!("({})", named.join(" || ")));
     selected.push(format!("!({present})"));
     Some(json!({

@@ -10,7 +10,6 @@ use injector_api::names::INJECTED_ANNOTATION;
 use super::selection::ANNOTATIONS;
 use crate::cel::cel_string;
 use crate::fingerprint::Fingerprint;
-use crate::template::CompiledTemplate;
 
 /// The entries of a record, trimmed, empty ones dropped.
 pub fn entries(record: &str) -> impl Iterator<Item = &str> {
@@ -72,6 +71,24 @@ impl<'a> Recorded<'a> {
     }
 }
 
+/// A template's entry as it is now (`CompiledTemplate::entry`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry<'t> {
+    /// The template's name.
+    pub name: &'t str,
+    /// Its generation.
+    pub generation: i64,
+    /// What it injects.
+    pub fingerprint: Fingerprint,
+}
+
+impl fmt::Display for Entry<'_> {
+    /// `name@generation#fingerprint`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write_entry(f, self.name, self.generation, &self.fingerprint)
+    }
+}
+
 /// At most the bytes of an entry besides the name: `@`, a generation (up to 20), `#` and 16
 /// hex digits.
 pub const ENTRY_EXTRA: usize = 38;
@@ -97,7 +114,7 @@ pub fn write_entry(
 /// rewritten as that template's now; one of a template of `absent` (selecting the Pod, not in
 /// it) dropped; the rest of `present` after them, in order. Claims about templates not
 /// decided here are left as they are, for whoever decides them.
-pub fn updated(claimed: &str, present: &[&CompiledTemplate], absent: &[&str]) -> String {
+pub fn updated(claimed: &str, present: &[Entry<'_>], absent: &[&str]) -> String {
     let mut unrecorded = present.to_vec();
     let mut record = String::with_capacity(
         claimed.len()
@@ -112,10 +129,10 @@ pub fn updated(claimed: &str, present: &[&CompiledTemplate], absent: &[&str]) ->
             record.push(',');
         }
     };
-    let push_template = |record: &mut String, t: &CompiledTemplate| {
+    let push_template = |record: &mut String, t: &Entry<'_>| {
         separate(record);
         // Writing into a `String` cannot fail.
-        let _ = write_entry(record, &t.name, t.generation, &t.fingerprint);
+        let _ = write_entry(record, t.name, t.generation, &t.fingerprint);
     };
     let mut listed: Vec<&str> = Vec::new();
     for entry in entries(claimed) {
@@ -125,59 +142,46 @@ pub fn updated(claimed: &str, present: &[&CompiledTemplate], absent: &[&str]) ->
         }
         listed.push(name);
         if let Some(at) = unrecorded.iter().position(|t| t.name == name) {
-            push_template(&mut record, unrecorded.remove(at));
+            push_template(&mut record, &unrecorded.remove(at));
         } else if !absent.contains(&name) {
             separate(&mut record);
             record.push_str(entry);
         }
     }
-    for template in &unrecorded {
-        push_template(&mut record, template);
+    for entry in &unrecorded {
+        push_template(&mut record, entry);
     }
     record
 }
 
-/// [`updated`] for one template present, as the policy writes it (a CEL string): its entry
+/// [`updated`] for one template's `entry` present, as the policy writes it (a CEL string): its entry
 /// in place of the entries naming it, else at the end. Unlike `plan`, it keeps a second entry
 /// of a template and a claim of one the policy left to the webhook; the webhook, called for
 /// such a Pod, writes the record `plan` does.
-pub(crate) fn updated_cel(template: &CompiledTemplate) -> String {
-    let entry = cel_string(&entry_of(template));
-    let name = cel_string(&template.name);
+pub(crate) fn updated_cel(entry: Entry<'_>) -> String {
+    let name = cel_string(entry.name);
+    let entry = cel_string(&entry.to_string());
     let entries = entries_cel();
     format!(
         "({entries}.exists(e, {ENTRY_NAME_CEL} == {name}) ? {entries}.map(e, {ENTRY_NAME_CEL} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
     )
 }
 
-/// `record` with `template`'s entries rewritten to its current generation and fingerprint, as
-/// an update in place leaves it; `None` when the record has no entry for it.
-pub fn rewritten(record: &str, template: &CompiledTemplate) -> Option<String> {
+/// `record` with the entries of `entry`'s template rewritten to `entry`, as an update in place
+/// leaves it; `None` when the record has no entry for it.
+pub fn rewritten(record: &str, entry: Entry<'_>) -> Option<String> {
     let mut found = false;
     let entries: Vec<String> = entries(record)
-        .map(|entry| {
-            if entry_name(entry) == template.name {
+        .map(|existing| {
+            if entry_name(existing) == entry.name {
                 found = true;
-                entry_of(template)
+                entry.to_string()
             } else {
-                entry.to_owned()
+                existing.to_owned()
             }
         })
         .collect();
     found.then(|| entries.join(","))
-}
-
-/// The entry of `template` as it is now.
-pub(crate) fn entry_of(template: &CompiledTemplate) -> String {
-    let mut entry = String::with_capacity(template.name.len() + ENTRY_EXTRA);
-    // Writing into a `String` cannot fail.
-    let _ = write_entry(
-        &mut entry,
-        &template.name,
-        template.generation,
-        &template.fingerprint,
-    );
-    entry
 }
 
 #[cfg(test)]

@@ -13,9 +13,8 @@ use injector_api::{FailurePolicy, Injection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
 use super::SkipReason;
-use super::selector::Labels;
+use super::selector::{Labels, Selector};
 use crate::cel::{cel_list, cel_string};
-use crate::template::CompiledTemplate;
 
 /// The Pod's labels, in CEL over the admitted object.
 pub const LABELS: &str = "object.metadata.?labels.orValue({})";
@@ -23,6 +22,21 @@ pub const LABELS: &str = "object.metadata.?labels.orValue({})";
 pub const ANNOTATIONS: &str = "object.metadata.?annotations.orValue({})";
 /// The namespace's labels, in CEL over a policy's `namespaceObject`.
 pub const NAMESPACE_LABELS: &str = "namespaceObject.metadata.?labels.orValue({})";
+
+/// What of a template decides whether it selects a Pod (`CompiledTemplate::selecting`).
+#[derive(Clone, Copy, Debug)]
+pub struct Selecting<'t> {
+    /// The template's name, which an `OnRequest` Pod names.
+    pub name: &'t str,
+    /// `Automatic` or `OnRequest`.
+    pub injection: Injection,
+    /// Required (`Fail`), which a Pod cannot opt out of, or best effort (`Ignore`).
+    pub failure_policy: FailurePolicy,
+    /// Which namespaces' Pods it selects.
+    pub namespace_selector: &'t Selector,
+    /// Which Pods it selects.
+    pub pod_selector: &'t Selector,
+}
 
 /// The namespace a Pod is created in, as far as the caller knows it.
 #[derive(Clone, Copy, Debug)]
@@ -117,7 +131,7 @@ pub fn requests_cel<'a>(annotations: &str, templates: impl IntoIterator<Item = &
 /// out (`opted_out`, of a best-effort template), or the namespace selector does not match
 /// (when the namespace's labels are known).
 pub fn unselected_by_namespace(
-    template: &CompiledTemplate,
+    template: Selecting<'_>,
     opted_out: bool,
     namespace: &NamespaceInfo<'_>,
 ) -> Option<SkipReason> {
@@ -136,14 +150,14 @@ pub fn unselected_by_namespace(
 /// Why `template` does not select a Pod with these labels and annotations, or `None` when it
 /// does: its pod selector, and for an `OnRequest` template the Pod's request.
 pub fn unselected_by_pod(
-    template: &CompiledTemplate,
+    template: Selecting<'_>,
     labels: &(impl Labels + ?Sized),
     annotations: &(impl Labels + ?Sized),
 ) -> Option<SkipReason> {
     if !template.pod_selector.matches(labels) {
         Some(SkipReason::PodNotSelected)
     } else if template.injection == Injection::OnRequest
-        && !requests(annotations.label(TEMPLATES_ANNOTATION), &template.name)
+        && !requests(annotations.label(TEMPLATES_ANNOTATION), template.name)
     {
         Some(SkipReason::NotRequested)
     } else {
@@ -154,7 +168,7 @@ pub fn unselected_by_pod(
 /// Whether `template` selects a Pod with these labels and annotations in `namespace_name`:
 /// every rule above, as admission applies them to the Pod as created.
 pub fn selects(
-    template: &CompiledTemplate,
+    template: Selecting<'_>,
     labels: &(impl Labels + ?Sized),
     annotations: &(impl Labels + ?Sized),
     namespace_name: &str,
@@ -169,13 +183,13 @@ pub fn selects(
 /// [`selects`] as CEL conditions over the admitted Pod and `namespaceObject`, all of which
 /// must hold; those that always hold are left out. The excluded namespaces are not among
 /// them: a policy's binding excludes those ([`namespace_exclusions`]).
-pub(crate) fn selection_cel(template: &CompiledTemplate) -> Vec<String> {
+pub(crate) fn selection_cel(template: Selecting<'_>) -> Vec<String> {
     let mut conditions = vec![
         template.namespace_selector.cel(NAMESPACE_LABELS),
         template.pod_selector.cel(LABELS),
     ];
     if template.injection == Injection::OnRequest {
-        conditions.push(requests_cel(ANNOTATIONS, [template.name.as_str()]));
+        conditions.push(requests_cel(ANNOTATIONS, [template.name]));
     }
     if template.failure_policy == FailurePolicy::Ignore {
         conditions.push(format!("!({})", opts_out_cel(ANNOTATIONS)));

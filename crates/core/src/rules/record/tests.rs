@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::template::compile;
+use crate::template::{CompiledTemplate, compile};
 
 fn template(name: &str, generation: i64) -> CompiledTemplate {
     let source = json!({
@@ -91,8 +91,8 @@ proptest! {
         prop_assume!(once);
         for name in ["agent", "other"] {
             let template = template(name, generation);
-            let rust = updated(&record, &[&template], &[]);
-            match evaluated(&updated_cel(&template), &record) {
+            let rust = updated(&record, &[template.entry()], &[]);
+            match evaluated(&updated_cel(template.entry()), &record) {
                 cel::Value::String(cel) => prop_assert_eq!(&rust, cel.as_str()),
                 other => panic!("{other:?}"),
             }
@@ -112,12 +112,12 @@ fn plan_keeps_entries_in_place_drops_the_absent_and_a_second_entry() {
     let logs = template("logs", 1);
     let record = updated(
         " other@1 , agent@1#00, mesh@3, agent@9,gone@1",
-        &[&logs, &agent],
+        &[logs.entry(), agent.entry()],
         &["gone"],
     );
     assert_eq!(
         record,
-        format!("other@1,{},mesh@3,{}", entry_of(&agent), entry_of(&logs))
+        format!("other@1,{},mesh@3,{}", agent.entry(), logs.entry())
     );
 }
 
@@ -125,8 +125,8 @@ fn plan_keeps_entries_in_place_drops_the_absent_and_a_second_entry() {
 fn an_update_in_place_rewrites_the_templates_entry_only() {
     let agent = template("agent", 2);
     assert_eq!(
-        rewritten("mesh@3, agent@1#00", &agent),
-        Some(format!("mesh@3,{}", entry_of(&agent)))
+        rewritten("mesh@3, agent@1#00", agent.entry()),
+        Some(format!("mesh@3,{}", agent.entry()))
     );
-    assert_eq!(rewritten("mesh@3", &agent), None);
+    assert_eq!(rewritten("mesh@3", agent.entry()), None);
 }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::rules::selector::Selector;
-use crate::template::compile;
+use crate::template::{CompiledTemplate, compile};
 
 /// Evaluates `source` (a CEL condition) over the Pod `object` and the namespace.
 fn cel_holds(source: &str, object: &Value, namespace: &Value) -> bool {
@@ -169,8 +169,8 @@ proptest! {
         namespace_labels in labels(),
     ) {
         let info = NamespaceInfo { name: "team-a", labels: Some(&namespace_labels) };
-        let rust = selects(&template, &pod_labels, &pod_annotations, "team-a", &info);
-        let source = all(&selection_cel(&template));
+        let rust = selects(template.selecting(), &pod_labels, &pod_annotations, "team-a", &info);
+        let source = all(&selection_cel(template.selecting()));
         let object = pod(&pod_labels, &pod_annotations);
         prop_assert_eq!(rust, cel_holds(&source, &object, &namespace(&namespace_labels)), "{}", source);
     }
