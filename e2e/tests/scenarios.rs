@@ -2809,7 +2809,7 @@ fn required_after_admission(env: &mut Env<'_>) -> anyhow::Result<()> {
             injector_core::template::compile(&template).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let pod: k8s_openapi::api::core::v1::Pod =
             serde_json::from_value(cp.get_json("pod", Some(&ns), "kept")?)?;
-        let patch = injector_core::rollout::in_place_patch(&template, &pod)
+        let patch = injector_core::after_admission::rollout::in_place_patch(&template, &pod)
             .context("no in-place patch for the Pod")?;
         let refused = set_image(cp, &ns, "pod/kept", "kept-agent", "busybox:1.37", true)?;
         ensure!(

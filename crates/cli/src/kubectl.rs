@@ -17,7 +17,7 @@ pub mod plumbing;
 pub mod status;
 mod table;
 
-use injector_core::in_force::from_listing;
+use injector_core::registry::in_force::from_listing;
 
 pub(crate) use self::args::plugin_command;
 pub use self::args::{KubectlArgs, PLUGIN_FILE_NAME, is_plugin};

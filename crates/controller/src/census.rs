@@ -1,5 +1,5 @@
 //! The leader's census of Pods: where every Pod stands with each template (current, stale or
-//! missing, [`injector_core::lifecycle`]), for the templates' `status.pods`, the
+//! missing, [`injector_core::after_admission::lifecycle`]), for the templates' `status.pods`, the
 //! `sidecar_injector_template_pods` metric and the event on a template that leaves Pods stale.
 //!
 //! It works from a metadata-only view of Pods and Namespaces (a metadata watch: the API
@@ -39,8 +39,8 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use injector_api::WorkloadRef;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
-use injector_core::lifecycle::{self, PodMeta, TemplateCensus};
-use injector_core::workload::{controller_of, owner_of};
+use injector_core::after_admission::lifecycle::{self, PodMeta, TemplateCensus};
+use injector_core::after_admission::workload::{controller_of, owner_of};
 use injector_core::{Labels, Templates};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use injector_core::lifecycle::Tally;
+use injector_core::after_admission::lifecycle::Tally;
 
 use crate::sync::TemplateCounts;
 

@@ -4,7 +4,7 @@
 //! policy backend (`policy_loop`).
 //!
 //! Each loop is a thin shell around a pure decision ([`crate::sync`], [`crate::certs`],
-//! [`crate::webhook_config`], [`crate::status`], [`injector_core::rollout`]); the API calls
+//! [`crate::webhook_config`], [`crate::status`], [`injector_core::after_admission::rollout`]); the API calls
 //! live in small functions here that the mocked-API-server tests drive directly.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

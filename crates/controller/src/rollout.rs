@@ -3,7 +3,7 @@
 //! `kubectl rollout restart` does (an annotation on the Pod template), each once per version
 //! of what the template injects.
 //!
-//! The decision is [`injector_core::rollout::next_restarts`]; this module finds the workloads
+//! The decision is [`injector_core::after_admission::rollout::next_restarts`]; this module finds the workloads
 //! behind the census's Pods (a ReplicaSet resolves to its Deployment), reads where each one's
 //! rollout stands, asks the API server whether the operator may restart workloads at all
 //! (a `SelfSubjectAccessReview`: the chart grants it only with `rollouts.enabled`), and makes
@@ -17,12 +17,12 @@ use injector_api::{
     DEFAULT_PROGRESS_DEADLINE_SECONDS, RolloutStatus, UpdateStrategyType, WorkloadRef,
 };
 use injector_core::CompiledTemplate;
-use injector_core::lifecycle::{PodState, carried};
-use injector_core::rollout::{
+use injector_core::after_admission::lifecycle::{PodState, carried};
+use injector_core::after_admission::rollout::{
     WorkloadState, in_place_patch, is_ready, max_unavailable, next_restarts, restarted_for,
     restarted_for_entry, states, updated_in_place,
 };
-use injector_core::workload::{Workload, owner_of, restarted_through_its_owner};
+use injector_core::after_admission::workload::{Workload, owner_of, restarted_through_its_owner};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,

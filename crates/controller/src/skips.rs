@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use injector_api::{FailurePolicy, SidecarTemplate, WorkloadRef};
-use injector_core::lifecycle::carried;
+use injector_core::after_admission::lifecycle::carried;
 use injector_core::{NamespaceInfo, SkipReason, Snapshot};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::{Event, EventSeries};

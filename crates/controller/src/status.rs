@@ -26,9 +26,9 @@
 use injector_api::{
     FailurePolicy, LastValid, RolloutStatus, SidecarTemplate, SidecarTemplateStatus, WorkloadRef,
 };
-use injector_core::in_force::Kept;
-use injector_core::lifecycle::Tally;
-use injector_core::rollout::states;
+use injector_core::after_admission::lifecycle::Tally;
+use injector_core::after_admission::rollout::states;
+use injector_core::registry::in_force::Kept;
 use injector_core::{GroupId, ValidationErrors};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -498,7 +498,7 @@ pub enum Counts {
 }
 
 /// Where the Pod counts of a template stand: `in_force` is the generation of it in force for
-/// the generation observed ([`injector_core::in_force::Observed::generation_in_force`]),
+/// the generation observed ([`injector_core::registry::in_force::Observed::generation_in_force`]),
 /// `census` what the leader's latest census counted of it: the generation of it in force
 /// then, with the tally (`Some(None)`: none was in force; `None`: no census yet).
 pub fn counts_for(in_force: Option<i64>, census: Option<Option<(i64, Tally)>>) -> Counts {

@@ -7,7 +7,7 @@
 //! replaced whole, so templates deleted during the gap disappear too.
 //!
 //! A template that becomes invalid leaves the registry, unless it is required: then its last
-//! valid generation stays in force ([`injector_core::in_force`], the rule `kubectl sidecar`
+//! valid generation stays in force ([`injector_core::registry::in_force`], the rule `kubectl sidecar`
 //! applies too). A replica that saw that generation keeps it from its registry; one started
 //! while the template is invalid takes it from the template's `status.lastValid`, which the
 //! leader writes.
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use injector_api::SidecarTemplate;
-use injector_core::in_force::{self, Observed};
+use injector_core::registry::in_force::{self, Observed};
 use injector_core::{Registry, Templates};
 use kube::runtime::watcher::Event;
 

@@ -22,9 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use injector_core::{
-    CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, plan, plan_among, pod_json,
-};
+use injector_core::pod::json as pod_json;
+use injector_core::{CompiledTemplate, NamespaceInfo, Plan, Registry, Snapshot, plan, plan_among};
 use serde_json::{Map, Value, json};
 
 // The templates and the small Pod are built as the integration tests build theirs.

@@ -1,43 +1,37 @@
-//! The pure injection engine: compile and validate `SidecarTemplate`s, keep them in a
-//! registry, select the ones that apply to a Pod, and plan the JSON patch that injects them;
-//! read a Pod from the request's JSON with bounded memory ([`pod_json`]); compile
-//! templates into admission policies ([`policy`]); and decide, from a running Pod's metadata,
-//! where it stands with each template ([`lifecycle`]), which workload is behind it and whether a
-//! rollout would restart that ([`workload`]), and which workloads a rollout restarts next
-//! ([`rollout`]).
+//! The pure injection engine: compile and validate `SidecarTemplate`s ([`template`]), keep them
+//! in a registry ([`registry`]), select the ones that apply to a Pod and plan the JSON patch
+//! that injects them ([`plan`]), each admission rule written once in Rust and in CEL
+//! ([`rules`]); read a Pod from the request's JSON with bounded memory ([`pod::json`]);
+//! compile templates into admission policies ([`policy`]); and, after admission, decide where
+//! a running Pod stands with each template, which workload is behind it and which workloads a
+//! rollout restarts next ([`after_admission`]).
 //!
 //! No I/O lives here: no async runtime, no HTTP, no Kubernetes client. Everything is a function
 //! of its inputs, which is what lets the webhook call it on the hot path and the tests and
 //! benchmarks drive it directly.
 
+pub mod after_admission;
 mod cel;
 pub mod error;
 pub mod fingerprint;
-pub mod freshness;
 pub mod group;
-pub mod in_force;
-pub mod lifecycle;
 pub mod patch;
 pub mod placeholder;
 pub mod plan;
 pub mod pod;
-pub mod pod_json;
 pub mod policy;
-pub mod published;
 pub mod registry;
-pub mod rollout;
 pub mod rules;
 pub mod syntax;
 pub mod template;
-pub mod workload;
 
 pub use error::{FieldError, ValidationErrors};
-pub use freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 pub use group::{Group, GroupId, GroupKey};
 pub use patch::{Patch, PatchValue};
 pub use plan::{Applied, Denial, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among};
 pub use pod::{MalformedPod, Pod};
-pub use published::Templates;
+pub use registry::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
+pub use registry::published::Templates;
 pub use registry::{Registry, Snapshot};
 pub use rules::selector::{Labels, Selector};
 pub use template::{CompiledTemplate, compile};

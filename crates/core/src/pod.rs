@@ -7,8 +7,10 @@
 //! item is compared field for field only with a template's of the same name, so only such an
 //! item is kept whole, as JSON ([`Whole`]); of the others, their name is enough. A Pod comes
 //! from a `serde_json::Value` ([`Pod::from_value`], borrowing it: `render`, tests) or straight
-//! from the request's bytes ([`crate::pod_json`], the webhook), so no whole-Pod `Value` and no
+//! from the request's bytes ([`json`], the webhook), so no whole-Pod `Value` and no
 //! copy of a string without escapes is made on the hot path.
+
+pub mod json;
 
 use std::borrow::Cow;
 

@@ -2,6 +2,13 @@
 //!
 //! The registry is fed by one writer (the controller's watch, or template files) and read
 //! through [`Snapshot`]s: cheap to clone, never locked, rebuilt only when something changed.
+//! Before it: which generation of each template is in force ([`in_force`]); after it: the
+//! cell the controller publishes snapshots into and the webhook reads ([`published`]), with
+//! the template watch's health ([`freshness`]).
+
+pub mod freshness;
+pub mod in_force;
+pub mod published;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! the Pod's shape, when decoding succeeds and when it runs out.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use injector_core::pod_json::{PodJsonError, Whole, allowance, decode};
+use injector_core::pod::json::{PodJsonError, Whole, allowance, decode};
 
 #[global_allocator]
 static ALLOCATOR: dhat::Alloc = dhat::Alloc;

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use injector_api::{FailurePolicy, SidecarTemplate};
-use injector_core::pod_json::{allowance, decode_pod, decode_pod_among};
+use injector_core::pod::json::{allowance, decode_pod, decode_pod_among};
 use injector_core::{
     CompiledTemplate, NamespaceInfo, Plan, Registry, SkipReason, compile, plan, plan_among,
 };

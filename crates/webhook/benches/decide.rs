@@ -10,7 +10,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use injector_core::pod_json;
+use injector_core::pod::json as pod_json;
 use injector_webhook::{Outcome, Target, decide};
 
 mod fixture;

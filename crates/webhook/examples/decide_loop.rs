@@ -4,7 +4,7 @@
 //! BENCHMARKS.md). With mimalloc, as the binary.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use injector_core::pod_json;
+use injector_core::pod::json as pod_json;
 use injector_webhook::{Target, decide};
 
 #[path = "../benches/fixture/mod.rs"]

@@ -5,7 +5,7 @@
 //! * [`tls`] holds the serving certificate behind an atomic pointer and reloads it;
 //! * [`server`] runs the admission and admin servers with their limits and graceful shutdown,
 //!   and reports ready only while the templates can be trusted
-//!   ([`injector_core::freshness`]);
+//!   ([`injector_core::registry::freshness`]);
 //! * [`limits`] bound what one client can make the server do, and its shutdown;
 //! * [`transport`] is the HTTPS transport the admission server runs on (TLS, HTTP/1.1, limits);
 //! * [`metrics`] are the Prometheus metrics.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
-use injector_core::pod_json::{PodJsonError, decode_pod_among};
+use injector_core::pod::json::{PodJsonError, decode_pod_among};
 use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -261,7 +261,7 @@ struct StatusOut {
 const API_VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
 /// Decides one review: `body` is the request's JSON, `snapshot` the templates to answer from,
-/// `allowance` the memory decoding its Pod may take (see [`injector_core::pod_json`]).
+/// `allowance` the memory decoding its Pod may take (see [`injector_core::pod::json`]).
 pub fn decide<'s>(
     body: &[u8],
     target: Target<'s>,

@@ -9,7 +9,7 @@
 //! ready endpoints, the NetworkPolicy in front of the webhook, the policy backend, the templates'
 //! `Ready`; and for a namespace or a Pod, which templates select it, whether it opts out, and
 //! whether Pods carry what the templates in force inject. Every rule of selection and of where
-//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::lifecycle`), and
+//! a Pod stands is the operator's own (`injector_core::plan`, `injector_core::after_admission::lifecycle`), and
 //! so is which groups have no entry (`injector_controller::webhook_config::left_out`): never
 //! restated here.
 //!
@@ -29,7 +29,7 @@ use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION};
 use injector_controller::certs::{CA_CERT_KEY, CLOCK_SKEW_ALLOWANCE, TLS_CERT_KEY};
 use injector_controller::status::{POLICY_SERVED, READY, REASON_NOT_SERVED};
 use injector_controller::webhook_config::{entry_name, left_out};
-use injector_core::lifecycle::{PodMeta, PodState, recorded, selects, standing};
+use injector_core::after_admission::lifecycle::{PodMeta, PodState, recorded, selects, standing};
 use injector_core::rules::selection::{opts_out, pod_wide_skip};
 use injector_core::{CompiledTemplate, NamespaceInfo, Selector, Snapshot};
 use k8s_openapi::api::admissionregistration::v1::{MutatingWebhook, MutatingWebhookConfiguration};
@@ -271,7 +271,7 @@ impl Templates<'_> {
 /// Judges every link from `observed`, for the installation `names`, at `now`.
 pub fn judge(observed: &Observed, names: &Names, now: Timestamp) -> Report {
     let listed: &[SidecarTemplate] = observed.templates.found().map_or(&[], Vec::as_slice);
-    let (in_force, _) = injector_core::in_force::from_listing(listed.iter().cloned());
+    let (in_force, _) = injector_core::registry::in_force::from_listing(listed.iter().cloned());
     let templates = Templates {
         listed,
         in_force,
@@ -1612,7 +1612,7 @@ fn namespace_pods(
         .found()
         .into_iter()
         .flatten()
-        .filter(|p| injector_core::lifecycle::counts(p))
+        .filter(|p| injector_core::after_admission::lifecycle::counts(p))
         .collect();
     let (mut current, mut stale) = (0, 0);
     let (mut missing_required, mut missing_best_effort) = (Vec::new(), Vec::new());

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use injector_api::{SidecarTemplate, WorkloadRef};
-use injector_core::workload::{NotRestartable, WorkloadObject, owner_of};
+use injector_core::after_admission::workload::{NotRestartable, WorkloadObject, owner_of};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::{Namespace, Pod};

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use injector_api::names::INJECTED_ANNOTATION;
-use injector_core::lifecycle::{PodMeta, PodState, Recorded, recorded, standing};
+use injector_core::after_admission::lifecycle::{PodMeta, PodState, Recorded, recorded, standing};
 use injector_core::{CompiledTemplate, NamespaceInfo};
 use serde_json::Value;
 

@@ -1,6 +1,6 @@
 //! `kubectl sidecar status`, without I/O: where every Pod stands with each template in force
-//! (the operator's own decision, [`injector_core::lifecycle`]), the workloads behind the stale
-//! and missing Pods and whether a rollout would restart each ([`injector_core::workload`], the
+//! (the operator's own decision, [`injector_core::after_admission::lifecycle`]), the workloads behind the stale
+//! and missing Pods and whether a rollout would restart each ([`injector_core::after_admission::workload`], the
 //! rules the operator's rollouts follow), and the report as a table or as JSON.
 //!
 //! The counts are taken here, live, from the same Pods and Namespaces the operator's leader
@@ -13,9 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use injector_api::{PodCounts, RolloutStatus, SidecarTemplate, UpdateStrategyType, WorkloadRef};
 use injector_core::Snapshot;
-use injector_core::in_force::Observed;
-use injector_core::lifecycle::{self, PodMeta, PodState, Tally, selectable_namespaces, standing};
-use injector_core::workload::{NotRestartable, Workload, named_by_its_owner, owner_of};
+use injector_core::after_admission::lifecycle::{
+    self, PodMeta, PodState, Tally, selectable_namespaces, standing,
+};
+use injector_core::after_admission::workload::{
+    NotRestartable, Workload, named_by_its_owner, owner_of,
+};
+use injector_core::registry::in_force::Observed;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Serialize, Serializer};
 

@@ -7,7 +7,7 @@ use injector_core::{Registry, compile};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde_json::json;
 
-use injector_core::lifecycle::Tally;
+use injector_core::after_admission::lifecycle::Tally;
 
 use super::*;
 

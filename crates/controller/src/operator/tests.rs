@@ -483,7 +483,7 @@ async fn a_configuration_too_large_for_etcd_is_never_applied_and_what_is_left_ou
         let compiled = compile(template).unwrap();
         operator.observed.lock().unwrap().insert(
             compiled.name.clone(),
-            injector_core::in_force::Observed {
+            injector_core::registry::in_force::Observed {
                 template: Arc::new(template.clone()),
                 outcome: Ok(compiled.group_id.clone()),
                 kept: None,
@@ -571,7 +571,7 @@ fn census_missing_agent() -> Counted {
         },
     }))
     .unwrap();
-    let (snapshot, _) = injector_core::in_force::from_listing([template]);
+    let (snapshot, _) = injector_core::registry::in_force::from_listing([template]);
     let pods = census::PodRecord::of(serde_json::from_value(web_pod_meta()).unwrap()).unwrap();
     let pods: census::PodView = Arc::from([Arc::new(pods)]);
     let (namespaces, mut namespaces_writer) = kube::runtime::reflector::store();

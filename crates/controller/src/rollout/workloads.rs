@@ -2,8 +2,8 @@
 //! `kubectl rollout status` judges it), and the patch that restarts it. Pure.
 
 use injector_api::names::{RESTARTED_AT_ANNOTATION, RESTARTED_FOR_ANNOTATION};
-use injector_core::rollout::with_restarted_for;
-use injector_core::workload::{NotRestartable, WorkloadObject};
+use injector_core::after_admission::rollout::with_restarted_for;
+use injector_core::after_admission::workload::{NotRestartable, WorkloadObject};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::jiff::Timestamp;

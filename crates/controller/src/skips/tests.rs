@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use injector_api::names::INJECTED_ANNOTATION;
-use injector_core::in_force::from_listing;
+use injector_core::registry::in_force::from_listing;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::PartialObjectMeta;
 use serde_json::{Value, json};

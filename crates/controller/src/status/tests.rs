@@ -908,7 +908,7 @@ fn census_of(in_force: &SidecarTemplate, carried: &SidecarTemplate) -> crate::ce
     use kube::core::PartialObjectMeta;
     use std::sync::Arc;
 
-    let (snapshot, _) = injector_core::in_force::from_listing([in_force.clone()]);
+    let (snapshot, _) = injector_core::registry::in_force::from_listing([in_force.clone()]);
     let record = compile(carried).unwrap();
     let record = format!("log-shipper@{}#{}", record.generation, record.fingerprint);
     let pods = crate::census::PodIndex::listed(["a", "b"].into_iter().map(|name| {
@@ -936,7 +936,7 @@ fn composed(
     template: &SidecarTemplate,
     census: Option<&crate::census::Counted>,
 ) -> (SidecarTemplateStatus, Counts) {
-    let (_, observed) = injector_core::in_force::observe(template.clone(), None);
+    let (_, observed) = injector_core::registry::in_force::observe(template.clone(), None);
     let desired = desired_status_kept(template, &observed.outcome, None, at(100));
     let counts = counts_for(
         observed.generation_in_force(),

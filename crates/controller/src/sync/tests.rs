@@ -1,5 +1,5 @@
 use injector_api::FailurePolicy;
-use injector_core::in_force::Kept;
+use injector_core::registry::in_force::Kept;
 
 use super::*;
 

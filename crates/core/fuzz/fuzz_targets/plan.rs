@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
 use injector_api::SidecarTemplate;
-use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan, plan_among, pod_json};
+use injector_core::pod::json as pod_json;
+use injector_core::{CompiledTemplate, NamespaceInfo, compile, plan, plan_among};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -6,7 +6,7 @@
 //! (`sidecar.dev/injected`, of the old object) names a required template in force, and per
 //! such template refuses the update unless the template's containers and init containers and
 //! its record entry are unchanged, or the update is the operator's `InPlace` update to the
-//! template's current version ([`crate::rollout::in_place_patch`]) of a Pod stale only in
+//! template's current version ([`crate::after_admission::rollout::in_place_patch`]) of a Pod stale only in
 //! images: the entry rewritten to the current `name@generation#fingerprint` and the images of
 //! its containers and native sidecars set to the template's, nothing else of them changed.
 //! Whoever makes that update sets exactly the version the operator would, so it is not limited
@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 use super::{
     POLICY_API_VERSION, PolicyOptions, cel_list, cel_string, validating_binding, version_hash,
 };
+use crate::after_admission::rollout::{fixed_field, image_of};
 use crate::plan::Applied;
-use crate::rollout::{fixed_field, image_of};
 use crate::rules::record::ENTRY_NAME_CEL;
 use crate::template::{CompiledTemplate, Item};
 
@@ -167,8 +167,8 @@ fn keeps(template: &CompiledTemplate) -> String {
 }
 
 /// The CEL condition that an UPDATE is the operator's in-place update of a Pod to `template`'s
-/// current version, as [`crate::rollout::in_place_patch`] makes it for a Pod stale only in
-/// images ([`crate::lifecycle::carried`]): the record's one entry for it, of a version whose
+/// current version, as [`crate::after_admission::rollout::in_place_patch`] makes it for a Pod stale only in
+/// images ([`crate::after_admission::lifecycle::carried`]): the record's one entry for it, of a version whose
 /// fingerprint differs from the current one's only in its images half, moves to the current
 /// one, and of the template's containers and native sidecars only the images change, to the
 /// template's (resources too stay, so no `resize` passes); plain init containers stay as they

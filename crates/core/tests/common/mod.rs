@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use injector_core::pod_json::{allowance, decode_pod_among};
+use injector_core::pod::json::{allowance, decode_pod_among};
 use injector_core::{CompiledTemplate, NamespaceInfo, Plan, SkipReason, plan};
 use serde_json::Value;
 

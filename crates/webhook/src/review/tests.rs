@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use injector_core::pod_json::MIN_ALLOWANCE;
+use injector_core::pod::json::MIN_ALLOWANCE;
 use serde_json::{Value, json};
 
 use super::*;

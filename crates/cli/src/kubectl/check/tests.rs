@@ -80,7 +80,7 @@ fn template(name: &str, failure_policy: &str, ready: bool, extra: Value) -> Side
 
 /// The entry names the templates' groups call for.
 fn entries_for(templates: &[SidecarTemplate]) -> Vec<String> {
-    let (in_force, _) = injector_core::in_force::from_listing(templates.iter().cloned());
+    let (in_force, _) = injector_core::registry::in_force::from_listing(templates.iter().cloned());
     in_force
         .groups()
         .iter()
@@ -507,7 +507,7 @@ fn every_group_in_force_has_its_entry_by_the_controllers_rule() {
     kept.metadata.generation = Some(2);
     kept.status.as_mut().unwrap().last_valid = Some(from(json!({"generation": 1, "spec": spec})));
     let templates = vec![kept];
-    let (in_force, _) = injector_core::in_force::from_listing(templates.iter().cloned());
+    let (in_force, _) = injector_core::registry::in_force::from_listing(templates.iter().cloned());
     assert_eq!(
         in_force.templates().len(),
         1,
@@ -943,7 +943,7 @@ fn pod(created: &str, annotations: Value) -> ObjectMeta {
 }
 
 fn record_of(templates: &[SidecarTemplate], name: &str) -> String {
-    let (in_force, _) = injector_core::in_force::from_listing(templates.iter().cloned());
+    let (in_force, _) = injector_core::registry::in_force::from_listing(templates.iter().cloned());
     let t = in_force
         .templates()
         .iter()

@@ -1,14 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use injector_api::names::{INJECTED_ANNOTATION, ROLLOUT_ANNOTATION};
+use injector_core::after_admission::workload::WorkloadObject;
 use injector_core::compile;
-use injector_core::workload::WorkloadObject;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use serde_json::{Value, json};
 
 use super::*;
-use injector_core::in_force::from_listing;
+use injector_core::registry::in_force::from_listing;
 
 /// A template named `agent` selecting `app: web` in namespaces labelled `team: shop`, adding
 /// a container of `image`, at `generation`; with `status` as the operator wrote it.
@@ -167,7 +167,7 @@ fn the_live_count_is_the_operators_census() {
     );
     // The same decision as the operator's leader, on the same Pods.
     let none = BTreeMap::new();
-    let census = injector_core::lifecycle::census(
+    let census = injector_core::after_admission::lifecycle::census(
         snapshot.templates(),
         pods.iter()
             .filter(|p| p.deletion_timestamp.is_none())
@@ -607,8 +607,8 @@ fn as_the_controller_sees(
     snapshot: &Snapshot,
 ) -> (BTreeMap<WorkloadRef, u32>, u32) {
     use injector_controller::rollout::{daemon_set_view, deployment_view, stateful_set_view};
-    use injector_core::rollout::{WorkloadState, next_restarts};
-    use injector_core::workload::restarted_through_its_owner;
+    use injector_core::after_admission::rollout::{WorkloadState, next_restarts};
+    use injector_core::after_admission::workload::restarted_through_its_owner;
     use k8s_openapi::api::core::v1::{Namespace as CoreNamespace, Pod};
     use kube::core::PartialObjectMeta;
     use std::sync::Arc;

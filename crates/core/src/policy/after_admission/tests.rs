@@ -10,7 +10,7 @@ use kube_cel::cel;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::rollout::in_place_patch;
+use crate::after_admission::rollout::in_place_patch;
 use crate::template::compile;
 
 fn template(name: &str, generation: i64, spec: Value) -> Arc<CompiledTemplate> {

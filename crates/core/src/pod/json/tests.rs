@@ -4,7 +4,7 @@ use serde_json::{Value, json};
 
 use super::*;
 
-const TYPICAL_POD: &str = include_str!("../../../../bench/fixtures/typical-pod.json");
+const TYPICAL_POD: &str = include_str!("../../../../../bench/fixtures/typical-pod.json");
 
 fn repeat(item: &str, until: usize) -> String {
     let mut out = String::with_capacity(until + item.len());

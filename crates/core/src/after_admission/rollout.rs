@@ -30,7 +30,7 @@ pub struct WorkloadState {
     /// The workload.
     pub workload: WorkloadRef,
     /// It says itself that a rollout must not restart it (`sidecar.dev/rollout: disabled`,
-    /// `OnDelete`: [`crate::workload::WorkloadObject::not_restartable`]): reported, never
+    /// `OnDelete`: [`crate::after_admission::workload::WorkloadObject::not_restartable`]): reported, never
     /// restarted.
     pub opted_out: bool,
     /// Already restarted for the template's current version.

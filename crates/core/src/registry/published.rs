@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
-use crate::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 use crate::registry::Snapshot;
+use crate::registry::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};
 
 /// What the webhook serves from and the controller publishes to: the template snapshot,
 /// whether it is complete, and whether the watch feeding it is healthy.
