@@ -3,7 +3,8 @@
 //! The webhook and `render` evaluate the Rust form (through `plan`), and so do the census
 //! (`lifecycle`) and the plugin; the compiled policy, its guard, the warnings policy and the
 //! webhook entries' match conditions carry the CEL form. Each rule's tests evaluate both forms
-//! on generated inputs, the CEL one with a CEL interpreter, so the two cannot drift.
+//! on the same inputs (generated ones for the selection and the record), the CEL one with a CEL
+//! interpreter, so the two cannot drift.
 //!
 //! - [`defaulted`]: whether an item of a Pod is a template's, up to what the API server fills
 //!   in;
