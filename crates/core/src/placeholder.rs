@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use serde_json::Value;
 
 use crate::error::FieldError;
-use crate::rules::selector::Labels;
+use crate::labels::Labels;
 
 /// The placeholders a template may use, for error messages and docs.
 pub const KNOWN_PLACEHOLDERS: &str = "pod.name, pod.namespace, pod.serviceAccountName, \

@@ -16,9 +16,11 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::fingerprint::Fingerprint;
+use crate::labels::Labels;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
 use crate::placeholder::{MetadataKey, Node, PodFacts};
 use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
+use crate::registry::KnownTemplates;
 pub use crate::rules::SkipReason;
 use crate::rules::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
 use crate::rules::record;
@@ -26,7 +28,6 @@ pub use crate::rules::selection::NamespaceInfo;
 use crate::rules::selection::{
     opts_out, pod_wide_skip, unselected_by_namespace, unselected_by_pod,
 };
-use crate::rules::selector::Labels;
 use crate::rules::warning::{Holder, MetadataKind, Warning};
 use crate::syntax::is_label_value;
 use crate::template::{CompiledTemplate, Item, Text};
@@ -151,85 +152,6 @@ pub fn plan<'t>(
         templates,
         templates,
     ))
-}
-
-/// Every template in force, as [`plan_among`] looks them up.
-pub trait KnownTemplates {
-    /// Those that add a container or an init container called `name`.
-    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate>;
-
-    /// Whether one adds a volume called `name` (planning then compares the Pod's whole).
-    fn adds_volume(&self, name: &str) -> bool;
-
-    /// Whether one adds an env var called `name` to the Pod's own containers (planning then
-    /// compares the Pod's whole).
-    fn adds_app_env(&self, name: &str) -> bool;
-
-    /// Whether one mounts a volume at `path` in the Pod's own containers (planning then
-    /// compares the Pod's mount there whole).
-    fn adds_app_mount(&self, path: &str) -> bool;
-
-    /// Whether one adds envFrom sources to the Pod's own containers (planning then compares
-    /// the sources the Pod's containers have).
-    fn adds_app_env_from(&self) -> bool;
-}
-
-impl KnownTemplates for [Arc<CompiledTemplate>] {
-    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
-        self.iter().map(Arc::as_ref).filter(move |t| {
-            t.containers
-                .iter()
-                .chain(&t.init_containers)
-                .any(|item| item.key == name)
-        })
-    }
-
-    fn adds_volume(&self, name: &str) -> bool {
-        self.iter()
-            .any(|t| t.volumes.iter().any(|item| item.key == name))
-    }
-
-    fn adds_app_env(&self, name: &str) -> bool {
-        self.iter()
-            .filter_map(|t| t.app.as_ref())
-            .any(|app| app.env.iter().any(|item| item.key == name))
-    }
-
-    fn adds_app_mount(&self, path: &str) -> bool {
-        self.iter()
-            .filter_map(|t| t.app.as_ref())
-            .any(|app| app.volume_mounts.iter().any(|item| item.key == path))
-    }
-
-    fn adds_app_env_from(&self) -> bool {
-        self.iter()
-            .filter_map(|t| t.app.as_ref())
-            .any(|app| !app.env_from.is_empty())
-    }
-}
-
-impl KnownTemplates for crate::registry::Snapshot {
-    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
-        crate::registry::Snapshot::adding_container(self, name)
-            .iter()
-            .map(Arc::as_ref)
-    }
-
-    fn adds_volume(&self, name: &str) -> bool {
-        crate::registry::Snapshot::adds_volume(self, name)
-    }
-
-    fn adds_app_env(&self, name: &str) -> bool {
-        crate::registry::Snapshot::adds_app_env(self, name)
-    }
-
-    fn adds_app_mount(&self, path: &str) -> bool {
-        crate::registry::Snapshot::adds_app_mount(self, path)
-    }
-
-    fn adds_app_env_from(&self) -> bool {
-        crate::registry::Snapshot::adds_app_env_from(self)
-    }
 }
 
 /// [`plan`], where `templates` are some of `known`, every template in force (one webhook

@@ -16,8 +16,8 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value};
 
+use crate::labels::Labels;
 use crate::rules::defaulted::TOKEN_VOLUME_PREFIX;
-use crate::rules::selector::Labels;
 
 /// The Pod is not a Pod: a field the planner needs is missing or of the wrong type.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,7 @@ pub mod published;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::rules::selector::Labels;
+use crate::labels::Labels;
 
 use crate::group::{Group, GroupId, GroupKey, merge_past_bound};
 use crate::template::CompiledTemplate;
@@ -286,6 +286,85 @@ impl Registry {
     /// Whether the registry holds no template.
     pub fn is_empty(&self) -> bool {
         self.templates.is_empty()
+    }
+}
+
+/// Every template in force, as `plan_among` and the Pod decoder look them up.
+pub trait KnownTemplates {
+    /// Those that add a container or an init container called `name`.
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate>;
+
+    /// Whether one adds a volume called `name` (planning then compares the Pod's whole).
+    fn adds_volume(&self, name: &str) -> bool;
+
+    /// Whether one adds an env var called `name` to the Pod's own containers (planning then
+    /// compares the Pod's whole).
+    fn adds_app_env(&self, name: &str) -> bool;
+
+    /// Whether one mounts a volume at `path` in the Pod's own containers (planning then
+    /// compares the Pod's mount there whole).
+    fn adds_app_mount(&self, path: &str) -> bool;
+
+    /// Whether one adds envFrom sources to the Pod's own containers (planning then compares
+    /// the sources the Pod's containers have).
+    fn adds_app_env_from(&self) -> bool;
+}
+
+impl KnownTemplates for [Arc<CompiledTemplate>] {
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
+        self.iter().map(Arc::as_ref).filter(move |t| {
+            t.containers
+                .iter()
+                .chain(&t.init_containers)
+                .any(|item| item.key == name)
+        })
+    }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        self.iter()
+            .any(|t| t.volumes.iter().any(|item| item.key == name))
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| app.env.iter().any(|item| item.key == name))
+    }
+
+    fn adds_app_mount(&self, path: &str) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| app.volume_mounts.iter().any(|item| item.key == path))
+    }
+
+    fn adds_app_env_from(&self) -> bool {
+        self.iter()
+            .filter_map(|t| t.app.as_ref())
+            .any(|app| !app.env_from.is_empty())
+    }
+}
+
+impl KnownTemplates for Snapshot {
+    fn adding_container<'s>(&'s self, name: &str) -> impl Iterator<Item = &'s CompiledTemplate> {
+        Snapshot::adding_container(self, name)
+            .iter()
+            .map(Arc::as_ref)
+    }
+
+    fn adds_volume(&self, name: &str) -> bool {
+        Snapshot::adds_volume(self, name)
+    }
+
+    fn adds_app_env(&self, name: &str) -> bool {
+        Snapshot::adds_app_env(self, name)
+    }
+
+    fn adds_app_mount(&self, path: &str) -> bool {
+        Snapshot::adds_app_mount(self, path)
+    }
+
+    fn adds_app_env_from(&self) -> bool {
+        Snapshot::adds_app_env_from(self)
     }
 }
 

@@ -128,7 +128,7 @@ fn matching_applies_both_selectors() {
 
 #[test]
 fn the_snapshot_answers_what_templates_add_by_name_as_their_list_does() {
-    use injector_core::plan::KnownTemplates;
+    use injector_core::registry::KnownTemplates;
 
     let mut registry = Registry::new();
     registry.apply(t("agent", 1, "web", "Fail"));

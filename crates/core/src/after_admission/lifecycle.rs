@@ -16,11 +16,11 @@ use injector_api::PodCounts;
 use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNOTATION};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::labels::Labels;
 use crate::plan::NamespaceInfo;
 use crate::rules;
 use crate::rules::record;
 pub use crate::rules::record::Recorded;
-use crate::rules::selector::Labels;
 use crate::template::CompiledTemplate;
 
 /// Where a Pod stands with a template that selects it or that it carries.

@@ -31,11 +31,11 @@ use std::mem::size_of;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
-use crate::plan::KnownTemplates;
 use crate::pod::MalformedPod;
 use crate::pod::{
     Container, EnvVar, Mount, Pod, Str, Strings, Volume, holds_service_account_token, name_of,
 };
+use crate::registry::KnownTemplates;
 
 /// The allowance, in bytes of memory per byte of JSON, for decoding a Pod. A real Pod takes a
 /// small fraction of it; a `Value` kept whole costs 10–30 times its JSON and is charged about

@@ -13,8 +13,9 @@ use injector_api::{FailurePolicy, Injection};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
 use super::SkipReason;
-use super::selector::{Labels, Selector};
+use super::selector::Selector;
 use crate::cel::{cel_list, cel_string};
+use crate::labels::Labels;
 
 /// The Pod's labels, in CEL over the admitted object.
 pub const LABELS: &str = "object.metadata.?labels.orValue({})";

@@ -4,36 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
-use serde_json::{Map, Value};
 
 use crate::cel::{cel_list, cel_string};
 use crate::error::FieldError;
+use crate::labels::Labels;
 use crate::syntax::{is_label_value, is_qualified_name};
-
-/// Anything that can answer "what is the value of label `key`?".
-pub trait Labels {
-    /// The value of `key`, if the label is set.
-    fn label(&self, key: &str) -> Option<&str>;
-}
-
-impl Labels for BTreeMap<String, String> {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.get(key).map(String::as_str)
-    }
-}
-
-/// Labels as they appear in a Pod's JSON (`metadata.labels`); non-string values never match.
-impl Labels for Map<String, Value> {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.get(key).and_then(Value::as_str)
-    }
-}
-
-impl<T: Labels> Labels for Option<&T> {
-    fn label(&self, key: &str) -> Option<&str> {
-        self.and_then(|labels| labels.label(key))
-    }
-}
 
 /// A set-based requirement's operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
