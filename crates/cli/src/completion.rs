@@ -133,82 +133,130 @@ pub fn complete(command: &clap::Command, words: &[String]) -> Completions {
         Some((current, typed)) => (current.as_str(), typed),
         None => ("", words),
     };
-
-    let mut at = &command;
-    let mut value_of: Option<&Arg> = None;
-    let mut positionals = 0;
-    let mut only_positionals = false;
-    let mut kubeconfig = None;
+    let mut line = Typed::new(&command);
     for word in typed {
-        if let Some(arg) = value_of.take() {
-            if arg.get_id() == "kubeconfig" {
-                kubeconfig = Some(word.as_str());
-            }
-            continue;
+        line.read(word);
+    }
+    line.complete(current)
+}
+
+/// Where the words typed before the one completed leave the command line.
+struct Typed<'c, 'w> {
+    /// The (sub)command they reached.
+    at: &'c clap::Command,
+    /// The flag whose value comes next.
+    value_of: Option<&'c Arg>,
+    /// How many positional arguments were typed.
+    positionals: usize,
+    /// Whether `--` was typed: only positional arguments follow.
+    only_positionals: bool,
+    /// The file `--kubeconfig` named.
+    kubeconfig: Option<&'w str>,
+}
+
+impl<'c, 'w> Typed<'c, 'w> {
+    /// Nothing typed yet after `command`'s name.
+    fn new(command: &'c clap::Command) -> Self {
+        Typed {
+            at: command,
+            value_of: None,
+            positionals: 0,
+            only_positionals: false,
+            kubeconfig: None,
         }
-        if !only_positionals && word == "--" {
-            only_positionals = true;
-        } else if let Some(long) = word.strip_prefix("--").filter(|_| !only_positionals) {
-            match long.split_once('=') {
-                Some(("kubeconfig", file)) => kubeconfig = Some(file),
-                Some(_) => {}
-                None => {
-                    value_of = at
-                        .get_arguments()
-                        .find(|arg| arg.get_long() == Some(long))
-                        .filter(|arg| arg.get_action().takes_values());
-                }
+    }
+
+    /// Reads the next word typed: a flag's value, `--`, a long flag, short flags, a
+    /// subcommand or a positional argument.
+    fn read(&mut self, word: &'w str) {
+        if let Some(arg) = self.value_of.take() {
+            if arg.get_id() == "kubeconfig" {
+                self.kubeconfig = Some(word);
             }
+            return;
+        }
+        if !self.only_positionals && word == "--" {
+            self.only_positionals = true;
+        } else if let Some(long) = word.strip_prefix("--").filter(|_| !self.only_positionals) {
+            self.read_long(long);
         } else if let Some(shorts) = word
             .strip_prefix('-')
-            .filter(|shorts| !only_positionals && !shorts.is_empty())
+            .filter(|shorts| !self.only_positionals && !shorts.is_empty())
         {
-            // `-o json` or `-ojson`: the first letter that takes a value takes the rest of the
-            // word, or the next word when it is the last letter.
-            for (at_byte, letter) in shorts.char_indices() {
-                let Some(arg) = at
-                    .get_arguments()
-                    .find(|arg| arg.get_short() == Some(letter))
-                else {
-                    continue;
-                };
-                if arg.get_action().takes_values() {
-                    if at_byte + letter.len_utf8() == shorts.len() {
-                        value_of = Some(arg);
-                    }
-                    break;
-                }
-            }
-        } else if let Some(sub) = at
+            self.read_shorts(shorts);
+        } else if let Some(sub) = self
+            .at
             .find_subcommand(word)
-            .filter(|_| !only_positionals && positionals == 0)
+            .filter(|_| !self.only_positionals && self.positionals == 0)
         {
-            at = sub;
+            self.at = sub;
         } else {
-            positionals += 1;
+            self.positionals += 1;
         }
     }
 
-    if let Some(arg) = value_of {
-        return values(arg, current, kubeconfig);
+    /// Reads `--long` or `--long=value`.
+    fn read_long(&mut self, long: &'w str) {
+        match long.split_once('=') {
+            Some(("kubeconfig", file)) => self.kubeconfig = Some(file),
+            Some(_) => {}
+            None => {
+                self.value_of = self
+                    .at
+                    .get_arguments()
+                    .find(|arg| arg.get_long() == Some(long))
+                    .filter(|arg| arg.get_action().takes_values());
+            }
+        }
     }
-    if current.starts_with('-') && !only_positionals {
-        let flags = at
-            .get_arguments()
-            .filter(|arg| !arg.is_hide_set())
-            .filter_map(|arg| Some((format!("--{}", arg.get_long()?), describe(arg.get_help()))));
-        return starting_with(current, flags);
+
+    /// Reads `-abc`: `-o json` or `-ojson`: the first letter that takes a value takes the rest
+    /// of the word, or the next word when it is the last letter.
+    fn read_shorts(&mut self, shorts: &str) {
+        for (at_byte, letter) in shorts.char_indices() {
+            let Some(arg) = self
+                .at
+                .get_arguments()
+                .find(|arg| arg.get_short() == Some(letter))
+            else {
+                continue;
+            };
+            if arg.get_action().takes_values() {
+                if at_byte + letter.len_utf8() == shorts.len() {
+                    self.value_of = Some(arg);
+                }
+                break;
+            }
+        }
     }
-    if at.has_subcommands() && positionals == 0 && !only_positionals {
-        let subcommands = at
-            .get_subcommands()
-            .filter(|sub| !sub.is_hide_set())
-            .map(|sub| (sub.get_name().to_owned(), describe(sub.get_about())));
-        return starting_with(current, subcommands);
-    }
-    match at.get_positionals().nth(positionals) {
-        Some(arg) => values(arg, current, kubeconfig),
-        None => Completions::none(NO_FILE_COMP),
+
+    /// The candidates for `current`, the word being completed, where the line stands: a
+    /// flag's value, a flag, a subcommand, or a positional argument's value.
+    fn complete(self, current: &str) -> Completions {
+        let at = self.at;
+        if let Some(arg) = self.value_of {
+            return values(arg, current, self.kubeconfig);
+        }
+        if current.starts_with('-') && !self.only_positionals {
+            let flags = at
+                .get_arguments()
+                .filter(|arg| !arg.is_hide_set())
+                .filter_map(|arg| {
+                    Some((format!("--{}", arg.get_long()?), describe(arg.get_help())))
+                });
+            return starting_with(current, flags);
+        }
+        if at.has_subcommands() && self.positionals == 0 && !self.only_positionals {
+            let subcommands = at
+                .get_subcommands()
+                .filter(|sub| !sub.is_hide_set())
+                .map(|sub| (sub.get_name().to_owned(), describe(sub.get_about())));
+            return starting_with(current, subcommands);
+        }
+        match at.get_positionals().nth(self.positionals) {
+            Some(arg) => values(arg, current, self.kubeconfig),
+            None => Completions::none(NO_FILE_COMP),
+        }
     }
 }
 

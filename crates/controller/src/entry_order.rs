@@ -63,11 +63,41 @@ fn added_keys(group: &Group) -> BTreeSet<&str> {
 /// The order of `snapshot`'s groups for the webhook configuration: see the module doc.
 pub fn entry_order(snapshot: &Snapshot) -> EntryOrder<'_> {
     let groups: Vec<&Arc<Group>> = snapshot.groups().iter().collect();
+    let before = dependencies(&groups);
+    if !before.iter().flatten().any(|&edge| edge) {
+        return EntryOrder {
+            groups,
+            cycles: Vec::new(),
+        };
+    }
+    let components = Components::of(&before);
+    let mut ordered = Vec::with_capacity(groups.len());
+    let mut cycles = Vec::new();
+    for c in components.in_order(&before) {
+        let members = &components.members[c];
+        if members.len() > 1 {
+            let mut names: Vec<String> = members
+                .iter()
+                .flat_map(|&g| groups[g].templates.iter().map(|t| t.name.clone()))
+                .collect();
+            names.sort();
+            cycles.push(names);
+        }
+        ordered.extend(members.iter().map(|&g| groups[g]));
+    }
+    EntryOrder {
+        groups: ordered,
+        cycles,
+    }
+}
+
+/// `before[i][j]`: group `i` must be called before group `j` (it adds a label key that `j`'s
+/// pod selector mentions).
+fn dependencies(groups: &[&Arc<Group>]) -> Vec<Vec<bool>> {
     let n = groups.len();
-    // before[i][j]: group i must be called before group j.
     let added: Vec<BTreeSet<&str>> = groups.iter().map(|g| added_keys(g)).collect();
     let selected: Vec<BTreeSet<String>> = groups.iter().map(|g| selector_keys(g)).collect();
-    let before: Vec<Vec<bool>> = (0..n)
+    (0..n)
         .map(|i| {
             (0..n)
                 .map(|j| {
@@ -78,70 +108,71 @@ pub fn entry_order(snapshot: &Snapshot) -> EntryOrder<'_> {
                 })
                 .collect()
         })
-        .collect();
-    if !before.iter().flatten().any(|&edge| edge) {
-        return EntryOrder {
-            groups,
-            cycles: Vec::new(),
-        };
-    }
-    let reach = reachability(&before);
-    // Components: groups that reach each other are one (a cycle), the others alone. The
-    // snapshot's order is by (priority, id), so a group's index is its rank.
-    let mut component = vec![usize::MAX; n];
-    let mut members: Vec<Vec<usize>> = Vec::new();
-    for i in 0..n {
-        if component[i] != usize::MAX {
-            continue;
-        }
-        let id = members.len();
-        let together: Vec<usize> = (i..n)
-            .filter(|&j| j == i || (reach[i][j] && reach[j][i]))
-            .collect();
-        for &j in &together {
-            component[j] = id;
-        }
-        members.push(together);
-    }
-    // Kahn's algorithm on the components, the lowest-ranked ready component first (a
-    // component's rank is its first member's, the lowest).
-    let count = members.len();
-    let mut incoming = vec![0usize; count];
-    let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); count];
-    for i in 0..n {
-        for j in 0..n {
-            let (a, b) = (component[i], component[j]);
-            if before[i][j] && a != b && edges[a].insert(b) {
-                incoming[b] += 1;
+        .collect()
+}
+
+/// The groups in components: groups that reach each other are one (a cycle), the others
+/// alone. The snapshot's order is by (priority, id), so a group's index is its rank.
+struct Components {
+    /// Each group's component.
+    of: Vec<usize>,
+    /// Each component's groups, by rank.
+    members: Vec<Vec<usize>>,
+}
+
+impl Components {
+    /// The components of the groups whose dependencies are `before`.
+    fn of(before: &[Vec<bool>]) -> Self {
+        let n = before.len();
+        let reach = reachability(before);
+        let mut of = vec![usize::MAX; n];
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        for i in 0..n {
+            if of[i] != usize::MAX {
+                continue;
             }
-        }
-    }
-    let mut ready: BinaryHeap<Reverse<(usize, usize)>> = (0..count)
-        .filter(|&c| incoming[c] == 0)
-        .map(|c| Reverse((members[c][0], c)))
-        .collect();
-    let mut ordered = Vec::with_capacity(n);
-    let mut cycles = Vec::new();
-    while let Some(Reverse((_, c))) = ready.pop() {
-        if members[c].len() > 1 {
-            let mut names: Vec<String> = members[c]
-                .iter()
-                .flat_map(|&g| groups[g].templates.iter().map(|t| t.name.clone()))
+            let id = members.len();
+            let together: Vec<usize> = (i..n)
+                .filter(|&j| j == i || (reach[i][j] && reach[j][i]))
                 .collect();
-            names.sort();
-            cycles.push(names);
+            for &j in &together {
+                of[j] = id;
+            }
+            members.push(together);
         }
-        ordered.extend(members[c].iter().map(|&g| groups[g]));
-        for &next in &edges[c] {
-            incoming[next] -= 1;
-            if incoming[next] == 0 {
-                ready.push(Reverse((members[next][0], next)));
+        Components { of, members }
+    }
+
+    /// The components in the order their entries go: Kahn's algorithm on the dependencies
+    /// `before` between their groups, the lowest-ranked ready component first (a component's
+    /// rank is its first member's, the lowest).
+    fn in_order(&self, before: &[Vec<bool>]) -> Vec<usize> {
+        let count = self.members.len();
+        let mut incoming = vec![0usize; count];
+        let mut edges: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); count];
+        for (i, row) in before.iter().enumerate() {
+            for (j, &edge) in row.iter().enumerate() {
+                let (a, b) = (self.of[i], self.of[j]);
+                if edge && a != b && edges[a].insert(b) {
+                    incoming[b] += 1;
+                }
             }
         }
-    }
-    EntryOrder {
-        groups: ordered,
-        cycles,
+        let mut ready: BinaryHeap<Reverse<(usize, usize)>> = (0..count)
+            .filter(|&c| incoming[c] == 0)
+            .map(|c| Reverse((self.members[c][0], c)))
+            .collect();
+        let mut order = Vec::with_capacity(count);
+        while let Some(Reverse((_, c))) = ready.pop() {
+            order.push(c);
+            for &next in &edges[c] {
+                incoming[next] -= 1;
+                if incoming[next] == 0 {
+                    ready.push(Reverse((self.members[next][0], next)));
+                }
+            }
+        }
+        order
     }
 }
 

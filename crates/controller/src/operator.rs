@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
-use injector_api::SidecarTemplate;
+use injector_api::{SidecarTemplate, SidecarTemplateStatus};
+use injector_core::registry::in_force::Observed;
 use injector_core::{GroupId, Templates};
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -337,6 +338,57 @@ async fn sleep_until_some(at: Option<Instant>) {
     }
 }
 
+/// The watches and channels that wake the configuration loop.
+struct ConfigurationTriggers {
+    /// The configuration in the cluster, to repair it.
+    drift: futures::stream::BoxStream<
+        'static,
+        Result<Event<MutatingWebhookConfiguration>, watcher::Error>,
+    >,
+    ca: watch::Receiver<Option<String>>,
+    policy: watch::Receiver<Option<Arc<PolicyState>>>,
+    leading: watch::Receiver<bool>,
+}
+
+/// What woke the configuration loop.
+enum Trigger {
+    /// Stop, or the election or the watch ended.
+    Stop,
+    /// Nothing to act on.
+    Ignored,
+    /// Something the configuration is made from, or what the cluster holds, may have changed.
+    Changed,
+    /// A retry's delay passed.
+    RetryDue,
+}
+
+/// What the configuration loop remembers between rounds.
+struct ConfigurationState {
+    /// What this replica last applied (`None`: apply again).
+    last_applied: Option<MutatingWebhookConfiguration>,
+    /// The presence conditions of the policy in force when the API server refused the skip
+    /// conditions made from them (an expression past its cost budget, say): entries then
+    /// call the webhook for every Pod, as without a policy, rather than fail every apply.
+    skip_refused: Option<BTreeMap<String, String>>,
+    /// The latest watch event not acted on yet (`Some(None)`: deleted).
+    observed: Option<Option<MutatingWebhookConfiguration>>,
+    retry: DefaultBackoff,
+    /// When a pending retry is due; other triggers wait for it.
+    retry_at: Option<Instant>,
+}
+
+impl Default for ConfigurationState {
+    fn default() -> Self {
+        Self {
+            last_applied: None,
+            skip_refused: None,
+            observed: None,
+            retry: retry_backoff(),
+            retry_at: None,
+        }
+    }
+}
+
 /// What the configuration loop works from.
 struct Desired {
     /// The configuration to apply.
@@ -619,11 +671,7 @@ impl Operator {
             self.templates.snapshot()
         };
         let present = if skip_served {
-            self.policy_state
-                .borrow()
-                .as_ref()
-                .map(|state| state.present.clone())
-                .unwrap_or_default()
+            self.policy_present()
         } else {
             BTreeMap::new()
         };
@@ -678,121 +726,177 @@ impl Operator {
         let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.options.webhook.name));
-        let mut drift = watcher::watcher(api.clone(), config)
-            .default_backoff()
-            .boxed();
-        let mut ca = self.ca_bundle.subscribe();
-        let mut policy = self.policy_state.subscribe();
-        let mut leading = self.leading.clone();
-        let mut last_applied: Option<MutatingWebhookConfiguration> = None;
-        // Whether the API server refused the skip conditions of the policy in force (an
-        // expression past its cost budget, say): entries then call the webhook for every Pod,
-        // as without a policy, rather than fail every apply.
-        let mut skip_refused: Option<BTreeMap<String, String>> = None;
-        // The latest watch event not acted on yet (`Some(None)`: deleted).
-        let mut observed: Option<Option<MutatingWebhookConfiguration>> = None;
-        let mut retry = retry_backoff();
-        let mut retry_at: Option<Instant> = None;
+        let mut triggers = ConfigurationTriggers {
+            drift: watcher::watcher(api.clone(), config)
+                .default_backoff()
+                .boxed(),
+            ca: self.ca_bundle.subscribe(),
+            policy: self.policy_state.subscribe(),
+            leading: self.leading.clone(),
+        };
+        let mut state = ConfigurationState::default();
         loop {
-            let mut due = false;
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = self.templates_changed.notified() => {}
-                _ = ca.changed() => {}
-                _ = policy.changed() => {}
-                changed = Self::leadership_changed(&mut leading, "webhook configuration") => {
-                    if !changed {
-                        return;
-                    }
-                    last_applied = None;
-                }
-                _ = tokio::time::sleep(RESYNC) => last_applied = None,
-                () = sleep_until_some(retry_at) => {
-                    retry_at = None;
-                    due = true;
-                }
-                event = drift.next() => match event {
-                    Some(Ok(Event::Apply(actual) | Event::InitApply(actual))) => observed = Some(Some(actual)),
-                    Some(Ok(Event::Delete(_))) => observed = Some(None),
-                    Some(Ok(_)) => continue,
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "watching the webhook configuration failed; retrying");
-                        continue;
-                    }
-                    None => return,
-                },
-            }
-            if retry_at.is_some() || !self.is_leader() {
-                continue;
-            }
-            let present = self
-                .policy_state
-                .borrow()
-                .as_ref()
-                .map(|state| state.present.clone())
-                .unwrap_or_default();
-            let skip_served = skip_refused.as_ref() != Some(&present);
-            let Some(Desired {
-                configuration: desired,
-                ca: desired_ca,
-                left_out,
-            }) = self.desired_configuration(skip_served)
-            else {
-                continue;
+            let due = match self
+                .next_configuration_trigger(&mut triggers, &mut state, &stop)
+                .await
+            {
+                Trigger::Stop => return,
+                Trigger::Ignored => continue,
+                Trigger::Changed => false,
+                Trigger::RetryDue => true,
             };
-            self.note_left_out(left_out);
-            let fight = overwritten(last_applied.as_ref(), observed.as_ref().map(Option::as_ref));
-            if fight && !due {
-                let delay = next_delay(&mut retry);
-                tracing::warn!(name = %self.options.webhook.name, retry_in = ?delay, "someone else keeps changing the webhook configuration; restoring it after a delay");
-                retry_at = Some(Instant::now() + delay);
+            if state.retry_at.is_some() || !self.is_leader() {
                 continue;
             }
-            let reason = configuration_change(
-                &desired,
-                observed.take().as_ref().map(Option::as_ref),
-                last_applied.as_ref(),
-            );
-            let Some(reason) = reason else {
-                // Nothing to apply: the configuration in the cluster is the desired one, so it
-                // carries the desired caBundle wherever an entry needs one (with no entry, a
-                // new CA needs no apply at all, and its Secret must not wait for one).
+            self.configuration_round(&api, &mut state, due).await;
+        }
+    }
+
+    /// Waits for what wakes [`Self::configuration_loop`], and notes in `state` what it says of
+    /// the configuration: leadership changes and resyncs forget what was applied, a watch event
+    /// is what the cluster holds now.
+    async fn next_configuration_trigger(
+        &self,
+        triggers: &mut ConfigurationTriggers,
+        state: &mut ConfigurationState,
+        stop: &CancellationToken,
+    ) -> Trigger {
+        tokio::select! {
+            _ = stop.cancelled() => Trigger::Stop,
+            _ = self.templates_changed.notified() => Trigger::Changed,
+            _ = triggers.ca.changed() => Trigger::Changed,
+            _ = triggers.policy.changed() => Trigger::Changed,
+            changed = Self::leadership_changed(&mut triggers.leading, "webhook configuration") => {
+                if !changed {
+                    return Trigger::Stop;
+                }
+                state.last_applied = None;
+                Trigger::Changed
+            }
+            _ = tokio::time::sleep(RESYNC) => {
+                state.last_applied = None;
+                Trigger::Changed
+            }
+            () = sleep_until_some(state.retry_at) => {
+                state.retry_at = None;
+                Trigger::RetryDue
+            }
+            event = triggers.drift.next() => match event {
+                Some(Ok(Event::Apply(actual) | Event::InitApply(actual))) => {
+                    state.observed = Some(Some(actual));
+                    Trigger::Changed
+                }
+                Some(Ok(Event::Delete(_))) => {
+                    state.observed = Some(None);
+                    Trigger::Changed
+                }
+                Some(Ok(_)) => Trigger::Ignored,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watching the webhook configuration failed; retrying");
+                    Trigger::Ignored
+                }
+                None => Trigger::Stop,
+            },
+        }
+    }
+
+    /// One round of [`Self::configuration_loop`]: applies the configuration the templates call
+    /// for when it is not the one in the cluster. A repair that fights another writer waits a
+    /// growing delay first, unless that delay is what is `due` now.
+    async fn configuration_round(
+        &self,
+        api: &Api<MutatingWebhookConfiguration>,
+        state: &mut ConfigurationState,
+        due: bool,
+    ) {
+        let present = self.policy_present();
+        let skip_served = state.skip_refused.as_ref() != Some(&present);
+        let Some(Desired {
+            configuration: desired,
+            ca: desired_ca,
+            left_out,
+        }) = self.desired_configuration(skip_served)
+        else {
+            return;
+        };
+        self.note_left_out(left_out);
+        let fight = overwritten(
+            state.last_applied.as_ref(),
+            state.observed.as_ref().map(Option::as_ref),
+        );
+        if fight && !due {
+            let delay = next_delay(&mut state.retry);
+            tracing::warn!(name = %self.options.webhook.name, retry_in = ?delay, "someone else keeps changing the webhook configuration; restoring it after a delay");
+            state.retry_at = Some(Instant::now() + delay);
+            return;
+        }
+        let reason = configuration_change(
+            &desired,
+            state.observed.take().as_ref().map(Option::as_ref),
+            state.last_applied.as_ref(),
+        );
+        let Some(reason) = reason else {
+            // Nothing to apply: the configuration in the cluster is the desired one, so it
+            // carries the desired caBundle wherever an entry needs one (with no entry, a
+            // new CA needs no apply at all, and its Secret must not wait for one).
+            self.applied_ca.send_replace(Some(desired_ca));
+            return;
+        };
+        tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
+        self.report_entry_cycles();
+        let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
+        match apply_configuration(api, &desired).await {
+            Ok(()) => {
+                self.metrics.record_reconcile("webhook_configuration", true);
+                tracing::info!(name = %self.options.webhook.name, entries, "webhook configuration applied");
+                state.last_applied = Some(desired);
                 self.applied_ca.send_replace(Some(desired_ca));
-                continue;
-            };
-            tracing::info!(name = %self.options.webhook.name, %reason, "applying the webhook configuration");
-            self.report_entry_cycles();
-            let entries = desired.webhooks.as_ref().map_or(0, Vec::len);
-            match apply_configuration(&api, &desired).await {
-                Ok(()) => {
-                    self.metrics.record_reconcile("webhook_configuration", true);
-                    tracing::info!(name = %self.options.webhook.name, entries, "webhook configuration applied");
-                    last_applied = Some(desired);
-                    self.applied_ca.send_replace(Some(desired_ca));
-                    if !fight {
-                        retry.reset();
-                    }
+                if !fight {
+                    state.retry.reset();
                 }
-                Err(OperatorError::Kube(kube::Error::Api(response)))
-                    if response.code == 422 && skip_served && !present.is_empty() =>
-                {
-                    self.metrics
-                        .record_reconcile("webhook_configuration", false);
-                    tracing::error!(message = %response.message, "the API server refused the conditions that skip Pods the policy served; the webhook entries call the webhook for every Pod they select instead");
-                    skip_refused = Some(present);
-                    last_applied = None;
-                    retry_at = Some(Instant::now());
-                }
-                Err(error) => {
-                    self.metrics
-                        .record_reconcile("webhook_configuration", false);
-                    let delay = next_delay(&mut retry);
-                    tracing::warn!(%error, retry_in = ?delay, "applying the webhook configuration failed; retrying");
-                    last_applied = None;
-                    retry_at = Some(Instant::now() + delay);
-                }
+            }
+            Err(error) => self.configuration_failed(state, error, skip_served, present),
+        }
+    }
+
+    /// After a failed apply of a configuration (whose entries skip the Pods the policy served,
+    /// with `skip_served`, by its `present` conditions): when the API server refused those
+    /// conditions, the entries go without them, at once; otherwise the apply is tried again
+    /// after a growing delay.
+    fn configuration_failed(
+        &self,
+        state: &mut ConfigurationState,
+        error: OperatorError,
+        skip_served: bool,
+        present: BTreeMap<String, String>,
+    ) {
+        self.metrics
+            .record_reconcile("webhook_configuration", false);
+        state.last_applied = None;
+        match error {
+            OperatorError::Kube(kube::Error::Api(response))
+                if response.code == 422 && skip_served && !present.is_empty() =>
+            {
+                tracing::error!(message = %response.message, "the API server refused the conditions that skip Pods the policy served; the webhook entries call the webhook for every Pod they select instead");
+                state.skip_refused = Some(present);
+                state.retry_at = Some(Instant::now());
+            }
+            error => {
+                let delay = next_delay(&mut state.retry);
+                tracing::warn!(%error, retry_in = ?delay, "applying the webhook configuration failed; retrying");
+                state.retry_at = Some(Instant::now() + delay);
             }
         }
+    }
+
+    /// The presence conditions of the policy in force (the Pods it provably served), empty
+    /// when there is none.
+    fn policy_present(&self) -> BTreeMap<String, String> {
+        self.policy_state
+            .borrow()
+            .as_ref()
+            .map(|state| state.present.clone())
+            .unwrap_or_default()
     }
 
     /// Logs every dependency cycle among the templates' groups (their entries cannot all
@@ -1093,155 +1197,11 @@ impl Operator {
     async fn status_loop(self: Arc<Self>, stop: CancellationToken) {
         let api: Api<SidecarTemplate> = Api::all(self.client.clone());
         let recorder = self.recorder();
-        let mut evented: BTreeSet<(String, i64)> = BTreeSet::new();
-        let mut stale_evented: BTreeSet<(String, i64)> = BTreeSet::new();
+        let mut events = StatusEvents::default();
         let mut leading = self.leading.clone();
         let mut retry = retry_backoff();
         loop {
-            let mut failed = false;
-            if self.is_leader() {
-                let work: Vec<_> = self
-                    .observed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .values()
-                    .cloned()
-                    .collect();
-                let not_served = self
-                    .not_served
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clone();
-                // The entry that serves each template: its own group's, or a merged one.
-                let snapshot = self.templates.snapshot();
-                let serving: HashMap<&str, &GroupId> = snapshot
-                    .groups()
-                    .iter()
-                    .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
-                    .collect();
-                let census = self.census.borrow().clone();
-                let rollouts = self.rollouts.borrow().clone();
-                let policy_state = self.policy_state.borrow().clone();
-                for mut observed in work {
-                    let name = observed.template.metadata.name.clone().unwrap_or_default();
-                    if let Some(&served) = serving.get(name.as_str()) {
-                        if let Ok(group) = &mut observed.outcome {
-                            group.clone_from(served);
-                        }
-                        if let Some(kept) = &mut observed.kept {
-                            kept.group.clone_from(served);
-                        }
-                    }
-                    let template = &observed.template;
-                    let outcome = observed.outcome.as_ref().map(|_| ()).map_err(Clone::clone);
-                    let policy_only = self.options.backend == Backend::Policy;
-                    let not_injected = (policy_only && outcome.is_ok())
-                        .then(|| {
-                            crate::status::not_injected_by_policy(
-                                policy_state.as_deref(),
-                                &name,
-                                template.spec.failure_policy == injector_api::FailurePolicy::Fail,
-                            )
-                        })
-                        .flatten();
-                    let unserved = outcome.is_ok() && not_served.contains(&name);
-                    let mut desired = if let Some(why) = &not_injected {
-                        crate::status::desired_status_not_served(template, why, now())
-                    } else if unserved {
-                        crate::status::desired_status_not_served(template, &not_served_why(), now())
-                    } else {
-                        crate::status::desired_status_kept(
-                            template,
-                            &observed.outcome,
-                            observed.kept.as_ref(),
-                            now(),
-                        )
-                    };
-                    // The counts and observedGeneration from one census of this generation.
-                    let counts = crate::status::counts_for(
-                        observed.generation_in_force(),
-                        census.as_ref().map(|counted| counted.of(&name)),
-                    );
-                    desired = crate::status::with_counts(template, desired, counts);
-                    if let Some(rollouts) = &rollouts {
-                        desired = crate::status::with_rollout(
-                            template,
-                            desired,
-                            rollouts.get(&name),
-                            now(),
-                        );
-                    }
-                    if outcome.is_ok() && !unserved {
-                        desired = crate::status::with_policy(
-                            template,
-                            desired,
-                            policy_state.as_deref(),
-                            !policy_only,
-                            now(),
-                        );
-                        if let Some(state) = policy_state.as_deref().filter(|_| policy_only)
-                            && not_injected.is_none()
-                        {
-                            desired = crate::status::in_use_by_policy(desired, &state.policy);
-                        }
-                    }
-                    if crate::status::needs_update(template.status.as_ref(), &desired) {
-                        match crate::status::write_status(&api, &name, &desired).await {
-                            Ok(()) => self.metrics.record_reconcile("status", true),
-                            Err(error) => {
-                                failed = true;
-                                self.metrics.record_reconcile("status", false);
-                                tracing::warn!(template = %name, %error, "writing template status failed");
-                            }
-                        }
-                    }
-                    let key = (
-                        name.clone(),
-                        template.metadata.generation.unwrap_or_default(),
-                    );
-                    if let Counts::Counted(tally) = counts
-                        && tally.stale > 0
-                        && !stale_evented.contains(&key)
-                    {
-                        match crate::status::record_stale(&recorder, template, tally).await {
-                            Ok(()) => {
-                                stale_evented.insert(key.clone());
-                            }
-                            Err(error) => {
-                                failed = true;
-                                tracing::warn!(template = %name, %error, "recording the template's event failed")
-                            }
-                        }
-                    }
-                    if (outcome.is_err() || unserved) && !evented.contains(&key) {
-                        let published = match (&outcome, &observed.kept) {
-                            (Ok(()), _) => {
-                                crate::status::record_not_served(
-                                    &recorder,
-                                    template,
-                                    &not_served_why(),
-                                )
-                                .await
-                            }
-                            (Err(errors), Some(kept)) => {
-                                crate::status::record_kept(&recorder, template, errors, kept).await
-                            }
-                            (Err(errors), None) => {
-                                crate::status::record_invalid(&recorder, template, errors).await
-                            }
-                        };
-                        match published {
-                            Ok(()) => {
-                                evented.insert(key);
-                            }
-                            Err(error) => {
-                                failed = true;
-                                tracing::warn!(template = %name, %error, "recording the template's event failed")
-                            }
-                        }
-                    }
-                }
-            }
+            let failed = self.is_leader() && self.status_round(&api, &recorder, &mut events).await;
             let wait = if failed {
                 next_delay(&mut retry).max(STATUS_PERIOD)
             } else {
@@ -1254,6 +1214,268 @@ impl Operator {
                 changed = Self::leadership_changed(&mut leading, "status") => if !changed { return },
             }
         }
+    }
+
+    /// One round of [`Self::status_loop`]: every observed template's status brought to the one
+    /// wanted, and the events it calls for published; `true` when a write failed.
+    async fn status_round(
+        &self,
+        api: &Api<SidecarTemplate>,
+        recorder: &Recorder,
+        events: &mut StatusEvents,
+    ) -> bool {
+        let work: Vec<_> = self
+            .observed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let inputs = self.status_inputs();
+        let serving = serving_groups(&inputs.snapshot);
+        let mut failed = false;
+        for mut observed in work {
+            let name = observed.template.metadata.name.clone().unwrap_or_default();
+            name_serving_group(&mut observed, &serving, &name);
+            let wanted = inputs.wanted_status(&observed, &name);
+            failed |= self
+                .write_wanted_status(api, &name, &observed.template, &wanted.desired)
+                .await;
+            failed |= events.publish(recorder, &observed, &name, &wanted).await;
+        }
+        failed
+    }
+
+    /// What a status round reads once, for every template, from the other loops.
+    fn status_inputs(&self) -> StatusInputs {
+        let not_served = self
+            .not_served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        StatusInputs {
+            not_served,
+            snapshot: self.templates.snapshot(),
+            census: self.census.borrow().clone(),
+            rollouts: self.rollouts.borrow().clone(),
+            policy_state: self.policy_state.borrow().clone(),
+            policy_only: self.options.backend == Backend::Policy,
+        }
+    }
+
+    /// Writes `desired` as the status of the template `name` unless `template` has it already;
+    /// `true` when the write failed.
+    async fn write_wanted_status(
+        &self,
+        api: &Api<SidecarTemplate>,
+        name: &str,
+        template: &SidecarTemplate,
+        desired: &SidecarTemplateStatus,
+    ) -> bool {
+        if !crate::status::needs_update(template.status.as_ref(), desired) {
+            return false;
+        }
+        match crate::status::write_status(api, name, desired).await {
+            Ok(()) => {
+                self.metrics.record_reconcile("status", true);
+                false
+            }
+            Err(error) => {
+                self.metrics.record_reconcile("status", false);
+                tracing::warn!(template = %name, %error, "writing template status failed");
+                true
+            }
+        }
+    }
+}
+
+/// What one round of the status loop reads once and applies to every template.
+struct StatusInputs {
+    /// The valid templates the configuration has no entry for.
+    not_served: BTreeSet<String>,
+    /// The templates in force.
+    snapshot: Arc<injector_core::Snapshot>,
+    /// The latest Pod census.
+    census: Option<Counted>,
+    /// The latest rollout decisions.
+    rollouts: Option<Arc<Rollouts>>,
+    /// Where the policy backend stands.
+    policy_state: Option<Arc<PolicyState>>,
+    /// Whether templates are served by the policy alone (the `policy` backend).
+    policy_only: bool,
+}
+
+/// The status a template should have, and what its events are decided from.
+struct WantedStatus {
+    desired: SidecarTemplateStatus,
+    /// Its Pods, counted against the generation in force.
+    counts: Counts,
+    /// Whether it is valid but has no webhook entry.
+    unserved: bool,
+}
+
+impl StatusInputs {
+    /// The status `observed` (the template `name`) should have: why it is not served or its
+    /// validation outcome, then its counts, its rollout and where the policy stands with it.
+    fn wanted_status(&self, observed: &Observed, name: &str) -> WantedStatus {
+        let template = &observed.template;
+        let valid = observed.outcome.is_ok();
+        let not_injected = (self.policy_only && valid)
+            .then(|| {
+                crate::status::not_injected_by_policy(
+                    self.policy_state.as_deref(),
+                    name,
+                    template.spec.failure_policy == injector_api::FailurePolicy::Fail,
+                )
+            })
+            .flatten();
+        let unserved = valid && self.not_served.contains(name);
+        let mut desired = if let Some(why) = &not_injected {
+            crate::status::desired_status_not_served(template, why, now())
+        } else if unserved {
+            crate::status::desired_status_not_served(template, &not_served_why(), now())
+        } else {
+            crate::status::desired_status_kept(
+                template,
+                &observed.outcome,
+                observed.kept.as_ref(),
+                now(),
+            )
+        };
+        // The counts and observedGeneration from one census of this generation.
+        let counts = crate::status::counts_for(
+            observed.generation_in_force(),
+            self.census.as_ref().map(|counted| counted.of(name)),
+        );
+        desired = crate::status::with_counts(template, desired, counts);
+        if let Some(rollouts) = &self.rollouts {
+            desired = crate::status::with_rollout(template, desired, rollouts.get(name), now());
+        }
+        if valid && !unserved {
+            desired = self.with_policy(template, desired, not_injected.is_none());
+        }
+        WantedStatus {
+            desired,
+            counts,
+            unserved,
+        }
+    }
+
+    /// `desired` with where the policy backend stands with `template`, a served one; with the
+    /// `policy` backend and `injected` (the policy injects it), naming the policy in use.
+    fn with_policy(
+        &self,
+        template: &SidecarTemplate,
+        desired: SidecarTemplateStatus,
+        injected: bool,
+    ) -> SidecarTemplateStatus {
+        let mut desired = crate::status::with_policy(
+            template,
+            desired,
+            self.policy_state.as_deref(),
+            !self.policy_only,
+            now(),
+        );
+        if let Some(state) = self.policy_state.as_deref().filter(|_| self.policy_only)
+            && injected
+        {
+            desired = crate::status::in_use_by_policy(desired, &state.policy);
+        }
+        desired
+    }
+}
+
+/// The group whose entry serves each template of `snapshot`: its own group's, or a merged one.
+fn serving_groups(snapshot: &injector_core::Snapshot) -> HashMap<&str, &GroupId> {
+    snapshot
+        .groups()
+        .iter()
+        .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
+        .collect()
+}
+
+/// Points `observed` (the template `name`), and the generation kept for it, at the group whose
+/// entry serves it now ([`serving_groups`]), so that its status names that entry.
+fn name_serving_group(observed: &mut Observed, serving: &HashMap<&str, &GroupId>, name: &str) {
+    let Some(&served) = serving.get(name) else {
+        return;
+    };
+    if let Ok(group) = &mut observed.outcome {
+        group.clone_from(served);
+    }
+    if let Some(kept) = &mut observed.kept {
+        kept.group.clone_from(served);
+    }
+}
+
+/// The events the status loop published, by template name and generation: each is published
+/// once for a generation.
+#[derive(Default)]
+struct StatusEvents {
+    /// `Invalid`, `InvalidGenerationKept` or `NotServed`.
+    problems: BTreeSet<(String, i64)>,
+    /// `PodsStale`.
+    stale: BTreeSet<(String, i64)>,
+}
+
+impl StatusEvents {
+    /// Publishes the events `observed` (the template `name`) calls for that were not published
+    /// for its generation yet: `PodsStale` when its Pods carry an earlier version, and a
+    /// warning when it is invalid or not served; `true` when a publish failed (it is tried
+    /// again next round).
+    async fn publish(
+        &mut self,
+        recorder: &Recorder,
+        observed: &Observed,
+        name: &str,
+        wanted: &WantedStatus,
+    ) -> bool {
+        let template = &observed.template;
+        let key = (
+            name.to_owned(),
+            template.metadata.generation.unwrap_or_default(),
+        );
+        let mut failed = false;
+        if let Counts::Counted(tally) = wanted.counts
+            && tally.stale > 0
+            && !self.stale.contains(&key)
+        {
+            match crate::status::record_stale(recorder, template, tally).await {
+                Ok(()) => {
+                    self.stale.insert(key.clone());
+                }
+                Err(error) => {
+                    failed = true;
+                    tracing::warn!(template = %name, %error, "recording the template's event failed")
+                }
+            }
+        }
+        if (observed.outcome.is_err() || wanted.unserved) && !self.problems.contains(&key) {
+            match record_problem(recorder, observed).await {
+                Ok(()) => {
+                    self.problems.insert(key);
+                }
+                Err(error) => {
+                    failed = true;
+                    tracing::warn!(template = %name, %error, "recording the template's event failed")
+                }
+            }
+        }
+        failed
+    }
+}
+
+/// Publishes the warning event of a template that is invalid (`Invalid`, or
+/// `InvalidGenerationKept` when its last valid generation stays), or valid with no entry
+/// (`NotServed`).
+async fn record_problem(recorder: &Recorder, observed: &Observed) -> Result<(), kube::Error> {
+    let template = &observed.template;
+    match (&observed.outcome, &observed.kept) {
+        (Ok(_), _) => crate::status::record_not_served(recorder, template, &not_served_why()).await,
+        (Err(errors), Some(kept)) => {
+            crate::status::record_kept(recorder, template, errors, kept).await
+        }
+        (Err(errors), None) => crate::status::record_invalid(recorder, template, errors).await,
     }
 }
 

@@ -86,6 +86,30 @@ struct Plan {
     in_place: InPlaceRound,
 }
 
+/// Where the workloads behind a template stand, read for its restarts.
+#[derive(Default)]
+struct Behind {
+    /// What the decision reads of each one still there.
+    states: Vec<WorkloadState>,
+    /// Each one still there, as read.
+    views: HashMap<WorkloadRef, WorkloadView>,
+    /// The ones restarted for the template's version whose rollout has not completed.
+    still_restarting: BTreeSet<WorkloadRef>,
+    /// Its stale and missing Pods without a restartable owner (or whose workload is gone).
+    not_restartable: u32,
+}
+
+/// Why `template`'s rollout halts when its Pod `pod`, updated in place, was not Ready in time.
+fn halted_message(template: &CompiledTemplate, pod: &str) -> String {
+    let seconds = template
+        .update_strategy
+        .progress_deadline_seconds
+        .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS);
+    format!(
+        "pod {pod} was not Ready with its new images {seconds}s after they were set; nothing more is updated until it is or the template changes"
+    )
+}
+
 /// A Pod updated in place and not done yet.
 #[derive(Clone, Debug)]
 struct InFlight {
@@ -93,6 +117,84 @@ struct InFlight {
     workload: WorkloadRef,
     /// When it was patched.
     since: Instant,
+}
+
+/// Where a template's updates in place stand while a round goes through its candidates.
+struct InPlaceUpdates {
+    /// The Pods updated and not done yet (`namespace`, `name`).
+    in_flight: BTreeMap<(String, String), InFlight>,
+    /// How many of its Pods may be not Ready at once (`maxUnavailable`)...
+    budget: usize,
+    /// ...and how many are: those in flight, and the stale ones found not Ready.
+    unavailable: usize,
+    /// The workloads with a Pod in flight: one of a workload at a time.
+    busy: BTreeSet<WorkloadRef>,
+    /// Whether each workload looked at opted out of restarts.
+    opted_out: HashMap<WorkloadRef, bool>,
+    result: InPlaceRound,
+}
+
+impl InPlaceUpdates {
+    /// Whether a Pod of `workload` may be updated now: no Pod is stuck, the budget of Pods
+    /// not Ready is not spent, and no other Pod of `workload` is in flight.
+    fn may_start(&self, workload: &WorkloadRef) -> bool {
+        self.result.stuck.is_none()
+            && self.unavailable < self.budget
+            && !self.busy.contains(workload)
+    }
+
+    /// Notes the Pod `key` of `workload`, just patched, as in flight.
+    fn started(&mut self, key: (String, String), workload: WorkloadRef) {
+        self.busy.insert(workload.clone());
+        self.in_flight.insert(
+            key,
+            InFlight {
+                workload,
+                since: Instant::now(),
+            },
+        );
+        self.unavailable += 1;
+    }
+}
+
+/// The Pods of `pods` that carry an earlier version of `template` differing only in images
+/// and are not being deleted, by namespace and name.
+fn in_place_candidates<'a>(
+    template: &CompiledTemplate,
+    pods: &'a [Arc<PodRecord>],
+) -> Vec<&'a PodRecord> {
+    let mut candidates: Vec<&PodRecord> = pods
+        .iter()
+        .filter(|pod| !pod.deleting)
+        .filter(|pod| carried(template, &pod.meta()) == Some(PodState::Stale { in_place: true }))
+        .map(AsRef::as_ref)
+        .collect();
+    candidates.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    candidates
+}
+
+/// Sets the images of `template` on the Pod `name` with `patch` ([`in_place_patch`]);
+/// `false` when that failed (it is tried again next round).
+async fn patch_images(
+    api: &Api<Pod>,
+    template: &CompiledTemplate,
+    namespace: &str,
+    name: &str,
+    patch: serde_json::Value,
+) -> bool {
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(template = %template.name, pod = %name, %namespace, "images updated in place");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(template = %template.name, pod = %name, %namespace, %error, "updating a Pod's images failed; trying again next round");
+            false
+        }
+    }
 }
 
 /// What updating a template's Pods in place did this round.
@@ -269,23 +371,68 @@ impl RolloutDriver {
         round: &mut Round,
         on_restart: &mut impl FnMut(&CompiledTemplate, &WorkloadRef),
     ) -> RolloutStatus {
+        let mut behind = self
+            .workloads_behind(template, plan.workloads, plan.not_restartable, round)
+            .await;
+        let strategy = &template.update_strategy;
+        let decision = next_restarts(strategy, &behind.states, behind.not_restartable);
+        let mut status = decision.status;
+        // A Pod updated in place that never came back halts the rollout like a workload.
+        let halted = plan
+            .in_place
+            .stuck
+            .as_ref()
+            .map(|pod| halted_message(template, pod));
+        if halted.is_none() {
+            for workload in decision.restart {
+                self.restart_for(
+                    template,
+                    workload,
+                    &mut behind,
+                    round,
+                    &mut status,
+                    on_restart,
+                )
+                .await;
+            }
+        }
+        self.restarted
+            .insert(template.name.clone(), behind.still_restarting);
+        if let Some(message) = halted {
+            status.state = states::HALTED.to_owned();
+            status.message = Some(message);
+        } else if !plan.in_place.updating.is_empty() && status.state == states::COMPLETE {
+            status.state = states::PROGRESSING.to_owned();
+        }
+        status.updating = plan.in_place.updating;
+        status
+    }
+
+    /// Where each workload behind `template` stands: those of its plan (`workloads`, with
+    /// `not_restartable` Pods left over), and those restarted for its version whose rollout
+    /// has not completed (they keep their slot even when none of their Pods is stale any
+    /// more).
+    async fn workloads_behind(
+        &mut self,
+        template: &CompiledTemplate,
+        mut workloads: BTreeMap<WorkloadRef, u32>,
+        not_restartable: u32,
+        round: &mut Round,
+    ) -> Behind {
         let entry = restarted_for_entry(&template.name, &template.fingerprint.to_string());
-        let mut workloads = plan.workloads;
-        // A workload restarted for this version keeps its slot until its rollout completes,
-        // even when none of its Pods is stale any more.
         for workload in self.restarted.get(&template.name).into_iter().flatten() {
             workloads.entry(workload.clone()).or_insert(0);
         }
-        let mut states = Vec::new();
-        let mut views = HashMap::new();
-        let mut still_restarting = BTreeSet::new();
-        let mut not_restartable = plan.not_restartable;
+        let mut behind = Behind {
+            not_restartable,
+            ..Behind::default()
+        };
         for (workload, pods) in workloads {
             let view = match self.view(&workload).await {
                 Ok(Some(view)) => view,
                 // Gone: nothing restarts it (NotRestartable::Gone), and its Pods go with it.
                 Ok(None) => {
-                    not_restartable += pods;
+                    behind.not_restartable += pods;
                     continue;
                 }
                 Err(error) => {
@@ -296,12 +443,12 @@ impl RolloutDriver {
             let restarted = restarted_for(view.restarted_for.as_deref(), &entry);
             let restarting = restarted && !view.complete;
             if restarting {
-                still_restarting.insert(workload.clone());
+                behind.still_restarting.insert(workload.clone());
             }
             let key = (template.name.clone(), workload.clone());
             let since_progress = self.since_progress(&key, &view, restarting);
             round.seen.insert(key);
-            states.push(WorkloadState {
+            behind.states.push(WorkloadState {
                 workload: workload.clone(),
                 opted_out: view.not_restartable.is_some(),
                 restarted,
@@ -309,62 +456,48 @@ impl RolloutDriver {
                 since_progress,
                 pods,
             });
-            views.insert(workload, view);
+            behind.views.insert(workload, view);
         }
-        let strategy = &template.update_strategy;
-        let decision = next_restarts(strategy, &states, not_restartable);
-        let mut status = decision.status;
-        // A Pod updated in place that never came back halts the rollout like a workload.
-        let halted = plan.in_place.stuck.as_ref().map(|pod| {
-            let seconds = strategy
-                .progress_deadline_seconds
-                .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS);
-            format!(
-                "pod {pod} was not Ready with its new images {seconds}s after they were set; nothing more is updated until it is or the template changes"
-            )
-        });
-        let restarts = if halted.is_some() {
-            Vec::new()
-        } else {
-            decision.restart
+        behind
+    }
+
+    /// Restarts `workload`, which the decision for `template` chose, with the entries of every
+    /// template it is behind for, unless another template restarted it this round; a restart
+    /// that failed leaves it waiting in `status`, for the next round.
+    async fn restart_for(
+        &mut self,
+        template: &CompiledTemplate,
+        workload: WorkloadRef,
+        behind: &mut Behind,
+        round: &mut Round,
+        status: &mut RolloutStatus,
+        on_restart: &mut impl FnMut(&CompiledTemplate, &WorkloadRef),
+    ) {
+        let Some(view) = behind.views.get(&workload) else {
+            return;
         };
-        for workload in restarts {
-            let Some(view) = views.get(&workload) else {
-                continue;
-            };
-            let entries = round.wanted_by.get(&workload).cloned().unwrap_or_default();
-            if round.restarted.contains(&workload) {
-                // Restarted this round for another template, with this one's entry too.
-                continue;
+        let entries = round.wanted_by.get(&workload).cloned().unwrap_or_default();
+        if round.restarted.contains(&workload) {
+            // Restarted this round for another template, with this one's entry too.
+            return;
+        }
+        match self.restart(&workload, view, &entries).await {
+            Ok(()) => {
+                tracing::info!(template = %template.name, %workload, "restarted for the template's new version");
+                round.restarted.insert(workload.clone());
+                self.progress.insert(
+                    (template.name.clone(), workload.clone()),
+                    (view.progress, Instant::now()),
+                );
+                behind.still_restarting.insert(workload.clone());
+                on_restart(template, &workload);
             }
-            match self.restart(&workload, view, &entries).await {
-                Ok(()) => {
-                    tracing::info!(template = %template.name, %workload, "restarted for the template's new version");
-                    round.restarted.insert(workload.clone());
-                    self.progress.insert(
-                        (template.name.clone(), workload.clone()),
-                        (view.progress, Instant::now()),
-                    );
-                    still_restarting.insert(workload.clone());
-                    on_restart(template, &workload);
-                }
-                Err(error) => {
-                    tracing::warn!(template = %template.name, %workload, %error, "restarting a workload failed; trying again next round");
-                    status.restarting.retain(|w| w != &workload);
-                    status.waiting += 1;
-                }
+            Err(error) => {
+                tracing::warn!(template = %template.name, %workload, %error, "restarting a workload failed; trying again next round");
+                status.restarting.retain(|w| w != &workload);
+                status.waiting += 1;
             }
         }
-        self.restarted
-            .insert(template.name.clone(), still_restarting);
-        if let Some(message) = halted {
-            status.state = states::HALTED.to_owned();
-            status.message = Some(message);
-        } else if !plan.in_place.updating.is_empty() && status.state == states::COMPLETE {
-            status.state = states::PROGRESSING.to_owned();
-        }
-        status.updating = plan.in_place.updating;
-        status
     }
 
     /// `InPlace`: the Pods of `pods` that carry an earlier version of `template` differing only
@@ -380,14 +513,48 @@ impl RolloutDriver {
         round: &mut Round,
     ) -> InPlaceRound {
         let strategy = &template.update_strategy;
+        let mut result = InPlaceRound::default();
+        let in_flight = self.still_in_flight(template, &mut result).await;
+        let budget = max_unavailable(strategy.max_unavailable.as_ref(), carrying) as usize;
+        let mut updates = InPlaceUpdates {
+            unavailable: in_flight.len(),
+            busy: in_flight.values().map(|f| f.workload.clone()).collect(),
+            in_flight,
+            budget,
+            opted_out: HashMap::new(),
+            result,
+        };
+        for candidate in in_place_candidates(template, pods) {
+            self.consider_in_place(template, candidate, &mut updates, round)
+                .await;
+        }
+        let InPlaceUpdates {
+            in_flight,
+            mut result,
+            ..
+        } = updates;
+        result.updating = in_flight
+            .keys()
+            .map(|(namespace, name)| format!("{namespace}/{name}"))
+            .collect();
+        self.in_flight.insert(template.name.clone(), in_flight);
+        result
+    }
+
+    /// The Pods `template` updated in place that are still in flight: those done (new images
+    /// running, Ready) or gone are not. One past the progress deadline is `result`'s `stuck`.
+    async fn still_in_flight(
+        &mut self,
+        template: &CompiledTemplate,
+        result: &mut InPlaceRound,
+    ) -> BTreeMap<(String, String), InFlight> {
         let deadline = Duration::from_secs(u64::from(
-            strategy
+            template
+                .update_strategy
                 .progress_deadline_seconds
                 .unwrap_or(DEFAULT_PROGRESS_DEADLINE_SECONDS),
         ));
-        let mut result = InPlaceRound::default();
-        let mut in_flight = self.in_flight.remove(&template.name).unwrap_or_default();
-        // Done (new images running, Ready) or gone: no longer in flight.
+        let in_flight = self.in_flight.remove(&template.name).unwrap_or_default();
         let mut still = BTreeMap::new();
         for ((namespace, name), flight) in in_flight {
             let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
@@ -408,103 +575,84 @@ impl RolloutDriver {
                 still.insert((namespace, name), flight);
             }
         }
-        in_flight = still;
-        let budget = max_unavailable(strategy.max_unavailable.as_ref(), carrying) as usize;
-        let mut unavailable = in_flight.len();
-        let mut busy: BTreeSet<WorkloadRef> =
-            in_flight.values().map(|f| f.workload.clone()).collect();
-        let mut candidates: Vec<&PodRecord> = pods
-            .iter()
-            .filter(|pod| !pod.deleting)
-            .filter(|pod| {
-                carried(template, &pod.meta()) == Some(PodState::Stale { in_place: true })
-            })
-            .map(AsRef::as_ref)
-            .collect();
-        candidates.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
-        let mut opted_out: HashMap<WorkloadRef, bool> = HashMap::new();
-        for candidate in candidates {
-            let (namespace, name) = (&*candidate.namespace, &*candidate.name);
-            let key = (namespace.to_owned(), name.to_owned());
-            round.candidates.insert(key.clone());
-            if in_flight.contains_key(&key) {
-                continue;
-            }
-            let owner = candidate.workload().cloned();
-            // Bare Pods, Jobs' and opted-out workloads' Pods are never touched.
-            let Some(workload) = self.workload_of(owner.as_ref(), round).await else {
-                result.not_restartable += 1;
-                continue;
-            };
-            let out = match opted_out.get(&workload) {
-                Some(out) => *out,
-                None => {
-                    let out = match self.view(&workload).await {
-                        Ok(Some(view)) => view.not_restartable.is_some(),
-                        Ok(None) | Err(_) => true,
-                    };
-                    opted_out.insert(workload.clone(), out);
-                    out
-                }
-            };
-            if out {
-                result.not_restartable += 1;
-                continue;
-            }
-            let version = candidate.resource_version.to_string();
-            if self.not_in_place.get(&key) == Some(&version) {
-                result.fallback.push(owner);
-                continue;
-            }
-            if result.stuck.is_some() || unavailable >= budget || busy.contains(&workload) {
-                continue;
-            }
-            let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-            let pod = match api.get_opt(name).await {
-                Ok(Some(pod)) => pod,
-                Ok(None) => continue,
-                Err(error) => {
-                    tracing::warn!(pod = %name, %namespace, %error, "reading a Pod to update in place failed");
-                    continue;
-                }
-            };
-            if !is_ready(&pod) {
-                // Not Ready already: it counts against the budget, and waits.
-                unavailable += 1;
-                continue;
-            }
-            let Some(patch) = in_place_patch(template, &pod) else {
-                self.not_in_place.insert(key, version);
-                result.fallback.push(owner);
-                continue;
-            };
-            match api
-                .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(template = %template.name, pod = %name, %namespace, "images updated in place");
-                    busy.insert(workload.clone());
-                    in_flight.insert(
-                        key,
-                        InFlight {
-                            workload,
-                            since: Instant::now(),
-                        },
-                    );
-                    unavailable += 1;
-                }
-                Err(error) => {
-                    tracing::warn!(template = %template.name, pod = %name, %namespace, %error, "updating a Pod's images failed; trying again next round");
-                }
-            }
+        still
+    }
+
+    /// Updates `candidate`, a Pod stale only in images, in place when it may be: a Pod of a
+    /// restartable workload that has not opted out and has no other Pod in flight, within the
+    /// budget of Pods not Ready, and Ready itself. One that cannot be updated in place is
+    /// restarted instead (`fallback`).
+    async fn consider_in_place(
+        &mut self,
+        template: &CompiledTemplate,
+        candidate: &PodRecord,
+        updates: &mut InPlaceUpdates,
+        round: &mut Round,
+    ) {
+        let (namespace, name) = (&*candidate.namespace, &*candidate.name);
+        let key = (namespace.to_owned(), name.to_owned());
+        round.candidates.insert(key.clone());
+        if updates.in_flight.contains_key(&key) {
+            return;
         }
-        result.updating = in_flight
-            .keys()
-            .map(|(namespace, name)| format!("{namespace}/{name}"))
-            .collect();
-        self.in_flight.insert(template.name.clone(), in_flight);
-        result
+        let owner = candidate.workload().cloned();
+        // Bare Pods, Jobs' and opted-out workloads' Pods are never touched.
+        let Some(workload) = self.workload_of(owner.as_ref(), round).await else {
+            updates.result.not_restartable += 1;
+            return;
+        };
+        if self.opted_out(&workload, &mut updates.opted_out).await {
+            updates.result.not_restartable += 1;
+            return;
+        }
+        let version = candidate.resource_version.to_string();
+        if self.not_in_place.get(&key) == Some(&version) {
+            updates.result.fallback.push(owner);
+            return;
+        }
+        if !updates.may_start(&workload) {
+            return;
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let pod = match api.get_opt(name).await {
+            Ok(Some(pod)) => pod,
+            Ok(None) => return,
+            Err(error) => {
+                tracing::warn!(pod = %name, %namespace, %error, "reading a Pod to update in place failed");
+                return;
+            }
+        };
+        if !is_ready(&pod) {
+            // Not Ready already: it counts against the budget, and waits.
+            updates.unavailable += 1;
+            return;
+        }
+        let Some(patch) = in_place_patch(template, &pod) else {
+            self.not_in_place.insert(key, version);
+            updates.result.fallback.push(owner);
+            return;
+        };
+        if patch_images(&api, template, namespace, name, patch).await {
+            updates.started(key, workload);
+        }
+    }
+
+    /// Whether `workload` opted out of restarts (or cannot be read), asked once a template's
+    /// round and kept in `known`.
+    async fn opted_out(
+        &self,
+        workload: &WorkloadRef,
+        known: &mut HashMap<WorkloadRef, bool>,
+    ) -> bool {
+        if let Some(out) = known.get(workload) {
+            return *out;
+        }
+        let out = match self.view(workload).await {
+            Ok(Some(view)) => view.not_restartable.is_some(),
+            Ok(None) | Err(_) => true,
+        };
+        known.insert(workload.clone(), out);
+        out
     }
 
     /// How long since a template's restart of a workload last made progress (zero when it is

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use injector_api::FailurePolicy;
 use injector_core::group::policy_of_id;
 use injector_core::pod::json::{PodJsonError, decode_pod_among};
-use injector_core::{Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Snapshot, plan_among};
+use injector_core::{
+    Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -220,6 +222,30 @@ enum Verdict {
 }
 
 impl ResponseOut {
+    /// The response of an answer: denied with `denial`, else allowed with `patched` (recording
+    /// `applied_record` in the audit annotation), else allowed unchanged. A denial wins over a
+    /// patch, should an answer ever hold both.
+    fn new(
+        denial: Option<StatusOut>,
+        patched: Option<Vec<u8>>,
+        warnings: Vec<String>,
+        applied_record: &str,
+    ) -> Self {
+        let (verdict, audit_annotations) = match (denial, patched) {
+            (Some(status), _) => (Verdict::Denied(status), BTreeMap::new()),
+            (None, Some(patched)) => (
+                Verdict::Patched(patched),
+                BTreeMap::from([(AUDIT_ANNOTATION.into(), applied_record.to_owned())]),
+            ),
+            (None, None) => (Verdict::Allowed, BTreeMap::new()),
+        };
+        ResponseOut {
+            verdict,
+            warnings,
+            audit_annotations,
+        }
+    }
+
     /// The AdmissionReview holding this response, opened by `head`.
     fn write(self, head: ResponseHead<'_>) -> Result<Vec<u8>, serde_json::Error> {
         let mut out = match self.verdict {
@@ -271,38 +297,14 @@ pub fn decide<'s>(
     let route = Route::resolve(target, snapshot);
     let review = serde_json::from_slice::<ReviewIn>(body)
         .map_err(|e| BadReview(format!("the body is not a valid AdmissionReview: {e}")))?;
-    let api_version = API_VERSIONS
-        .into_iter()
-        .find(|v| *v == review.api_version)
-        .ok_or_else(|| {
-            BadReview(format!(
-                "apiVersion {:?} is not supported; use admission.k8s.io/v1 or v1beta1",
-                review.api_version
-            ))
-        })?;
-    if review.kind != "AdmissionReview" {
-        return Err(BadReview(format!(
-            "kind {:?} is not AdmissionReview",
-            review.kind
-        )));
-    }
-    let request = review
-        .request
-        .ok_or_else(|| BadReview("the AdmissionReview has no request".into()))?;
-    if request.uid.is_empty() {
-        return Err(BadReview("request.uid is missing".into()));
-    }
+    let (api_version, request) = review.into_request()?;
 
     let namespace = request.namespace.as_deref().unwrap_or_default().to_owned();
     let head = ResponseHead {
         api_version,
         uid: &request.uid,
     };
-    let is_pod_create = request.kind.group.is_empty()
-        && request.kind.kind == "Pod"
-        && request.operation == "CREATE"
-        && request.sub_resource.as_deref().is_none_or(str::is_empty);
-    let answer = if is_pod_create {
+    let answer = if request.is_pod_create() {
         answer_pod(request.object, route, snapshot, &namespace, allowance, head)
     } else {
         Answer::allowed(Outcome::Ignored)
@@ -314,20 +316,12 @@ pub fn decide<'s>(
         .unwrap_or_default();
 
     let applied_record = record_of(&answer.applied);
-    // A denial wins over a patch, should an answer ever hold both.
-    let (verdict, audit_annotations) = match (answer.denial, answer.patched) {
-        (Some(status), _) => (Verdict::Denied(status), BTreeMap::new()),
-        (None, Some(patched)) => (
-            Verdict::Patched(patched),
-            BTreeMap::from([(AUDIT_ANNOTATION.into(), applied_record.clone())]),
-        ),
-        (None, None) => (Verdict::Allowed, BTreeMap::new()),
-    };
-    let response = ResponseOut {
-        verdict,
-        warnings: answer.warnings,
-        audit_annotations,
-    };
+    let response = ResponseOut::new(
+        answer.denial,
+        answer.patched,
+        answer.warnings,
+        &applied_record,
+    );
     let warnings = response.warnings.len();
     let body = response
         .write(head)
@@ -344,6 +338,46 @@ pub fn decide<'s>(
         warnings,
         denied_by: answer.denied_by,
     })
+}
+
+impl<'a> ReviewIn<'a> {
+    /// The supported API version of the review and its request; `Err` when it is not an
+    /// AdmissionReview this webhook can answer.
+    fn into_request(self) -> Result<(&'static str, RequestIn<'a>), BadReview> {
+        let api_version = API_VERSIONS
+            .into_iter()
+            .find(|v| *v == self.api_version)
+            .ok_or_else(|| {
+                BadReview(format!(
+                    "apiVersion {:?} is not supported; use admission.k8s.io/v1 or v1beta1",
+                    self.api_version
+                ))
+            })?;
+        if self.kind != "AdmissionReview" {
+            return Err(BadReview(format!(
+                "kind {:?} is not AdmissionReview",
+                self.kind
+            )));
+        }
+        let request = self
+            .request
+            .ok_or_else(|| BadReview("the AdmissionReview has no request".into()))?;
+        if request.uid.is_empty() {
+            return Err(BadReview("request.uid is missing".into()));
+        }
+        Ok((api_version, request))
+    }
+}
+
+impl RequestIn<'_> {
+    /// Whether it asks to create a Pod (not one of its subresources): the only request
+    /// answered from the templates.
+    fn is_pod_create(&self) -> bool {
+        self.kind.group.is_empty()
+            && self.kind.kind == "Pod"
+            && self.operation == "CREATE"
+            && self.sub_resource.as_deref().is_none_or(str::is_empty)
+    }
 }
 
 /// What answering a Pod CREATE decided, before it is encoded.
@@ -406,6 +440,8 @@ fn record_of(applied: &[Applied]) -> String {
     record
 }
 
+/// The answer to a Pod CREATE, routed by `route`: refused when its group is unknown and
+/// required, or its Pod (`object`) cannot be read within `allowance`; else from its plan.
 fn answer_pod(
     object: Option<&RawValue>,
     route: Route<'_>,
@@ -438,15 +474,24 @@ fn answer_pod(
         Some(raw) if raw.get() == "null" => return missing(),
         Some(raw) => decode_pod_among(raw.get(), allowance, snapshot),
     };
-    let pod = match decoded {
-        Ok(pod) => pod,
+    match decoded {
+        Ok(pod) => answer_planned(pod, group, snapshot, namespace, head),
         Err(error @ PodJsonError::TooComplex { .. }) => {
-            return Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"));
+            Answer::denied(Outcome::Denied, 413, format!("sidecar-injector: {error}"))
         }
-        Err(error) => {
-            return Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}"));
-        }
-    };
+        Err(error) => Answer::denied(Outcome::Denied, 400, format!("sidecar-injector: {error}")),
+    }
+}
+
+/// The answer to the Pod CREATE of `pod`, from its plan with the templates of `group` (every
+/// template whose pod selector matches it, without one).
+fn answer_planned(
+    pod: Pod<'_>,
+    group: Option<&Group>,
+    snapshot: &Snapshot,
+    namespace: &str,
+    head: ResponseHead<'_>,
+) -> Answer {
     let matched;
     let templates: &[Arc<CompiledTemplate>] = match group {
         Some(group) => &group.templates,

@@ -175,42 +175,12 @@ async fn admission(
 ) -> Result<Response<Body>, Infallible> {
     let started = std::time::Instant::now();
     let path = request.uri().path().to_owned();
-    if target_of(&path).is_none() {
-        return Ok(text(
-            StatusCode::NOT_FOUND,
-            format!("no such path {path:?}: POST AdmissionReviews to /mutate or /mutate/<group>"),
-        ));
-    }
-    if request.method() != Method::POST {
-        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "use POST");
-        response
-            .headers_mut()
-            .insert(ALLOW, HeaderValue::from_static("POST"));
-        return Ok(response);
-    }
-    let is_json = request
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return Ok(text(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "Content-Type must be application/json",
-        ));
+    if let Some(refused) = refusal(&request, &path) {
+        return Ok(refused);
     }
     let limit = webhook.limits.max_body_bytes;
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let expected = match declared {
-        Some(n) if n > limit as u64 => return Ok(too_large(limit)),
-        Some(n) => usize::try_from(n).unwrap_or(limit),
-        // Chunked: it may be as large as allowed.
-        None => limit,
+    let Some(expected) = expected_body_bytes(&request, limit) else {
+        return Ok(too_large(limit));
     };
     let Some(reservation) = webhook.reserve(expected).await else {
         webhook.metrics.record_busy();
@@ -220,28 +190,9 @@ async fn admission(
         ));
     };
     let body = Limited::new(request.into_body(), expected);
-    let read = read_body(body, expected);
-    let bytes = match tokio::time::timeout(webhook.limits.request_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(error))
-            if error
-                .downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return Ok(too_large(limit));
-        }
-        Ok(Err(error)) => {
-            return Ok(text(
-                StatusCode::BAD_REQUEST,
-                format!("cannot read the body: {error}"),
-            ));
-        }
-        Err(_) => {
-            return Ok(text(
-                StatusCode::REQUEST_TIMEOUT,
-                "the body was not received in time",
-            ));
-        }
+    let bytes = match read_in_time(body, expected, limit, webhook.limits.request_timeout).await {
+        Ok(bytes) => bytes,
+        Err(refused) => return Ok(*refused),
     };
     webhook.metrics.record_body(bytes.len());
     let large = match &webhook.large {
@@ -256,6 +207,19 @@ async fn admission(
             ));
         }
     };
+    Ok(respond_on(&large, webhook, bytes, path, reservation, started).await)
+}
+
+/// [`respond`] on the thread for large requests (`large`), the memory `reservation` held until
+/// it has answered.
+async fn respond_on(
+    large: &std::sync::mpsc::Sender<Job>,
+    webhook: Arc<Webhook>,
+    bytes: Vec<u8>,
+    path: String,
+    reservation: Reservation,
+    started: std::time::Instant,
+) -> Response<Body> {
     let (answer, answered) = tokio::sync::oneshot::channel();
     let job = Box::new(move || {
         let response = respond(&webhook, &bytes, &path, reservation.allowance, started);
@@ -265,12 +229,90 @@ async fn admission(
     if large.send(job).is_err() {
         tracing::error!("the thread deciding large requests has stopped");
     }
-    Ok(answered.await.unwrap_or_else(|_| {
+    answered.await.unwrap_or_else(|_| {
         text(
             StatusCode::INTERNAL_SERVER_ERROR,
             "answering the request failed",
         )
-    }))
+    })
+}
+
+/// The answer to a request that is no AdmissionReview, before its body is read: a path other
+/// than the admission paths, a method other than POST, a body other than JSON; `None` when
+/// it may be one.
+fn refusal(request: &Request<Incoming>, path: &str) -> Option<Response<Body>> {
+    if target_of(path).is_none() {
+        return Some(text(
+            StatusCode::NOT_FOUND,
+            format!("no such path {path:?}: POST AdmissionReviews to /mutate or /mutate/<group>"),
+        ));
+    }
+    if request.method() != Method::POST {
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        response
+            .headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("POST"));
+        return Some(response);
+    }
+    let is_json = request
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if !is_json {
+        return Some(text(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json",
+        ));
+    }
+    None
+}
+
+/// How large `request`'s body may be, for the memory reserved for it: its declared length,
+/// or `limit` when it declares none (chunked); `None` when it declares more than `limit`.
+fn expected_body_bytes(request: &Request<Incoming>, limit: usize) -> Option<usize> {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => None,
+        Some(n) => Some(usize::try_from(n).unwrap_or(limit)),
+        // Chunked: it may be as large as allowed.
+        None => Some(limit),
+    }
+}
+
+/// Reads `body` (`expected` bytes, at most `limit`) within `timeout`; `Err` with the answer
+/// (boxed: it is large, and rare) when it is too large, cannot be read, or is not received
+/// in time.
+async fn read_in_time(
+    body: Limited<Incoming>,
+    expected: usize,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Vec<u8>, Box<Response<Body>>> {
+    let refused = match tokio::time::timeout(timeout, read_body(body, expected)).await {
+        Ok(Ok(bytes)) => return Ok(bytes),
+        Ok(Err(error))
+            if error
+                .downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            too_large(limit)
+        }
+        Ok(Err(error)) => text(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the body: {error}"),
+        ),
+        Err(_) => text(
+            StatusCode::REQUEST_TIMEOUT,
+            "the body was not received in time",
+        ),
+    };
+    Err(Box::new(refused))
 }
 
 /// Bodies from this size on are decided on the one thread for large requests: decoding one

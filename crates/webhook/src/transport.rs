@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +16,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -44,58 +45,21 @@ where
     A: Fn() + Clone + Send + 'static,
 {
     let tls = crate::tls::server_config(certificates).map_err(std::io::Error::other)?;
-    let acceptor = TlsAcceptor::from(tls);
+    let service = Connection {
+        acceptor: TlsAcceptor::from(tls),
+        handler,
+        on_handshake_failure,
+        handshake_timeout: limits.handshake_timeout,
+        header_read_timeout: limits.header_read_timeout,
+    };
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
-    let (handshake_timeout, header_read_timeout) =
-        (limits.handshake_timeout, limits.header_read_timeout);
-    loop {
-        let permit = tokio::select! {
-            _ = stop.cancelled() => break,
-            permit = Arc::clone(&connections).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
-        };
-        let (stream, peer) = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let acceptor = acceptor.clone();
-        let handler = handler.clone();
-        let on_handshake_failure = on_handshake_failure.clone();
+    while let Some((permit, stream, peer)) = accept(&listener, &connections, &stop).await {
+        let service = service.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(error)) => {
-                    on_handshake_failure();
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    on_handshake_failure();
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let connection = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(tls), service_fn(handler));
-            if let Err(error) = watcher.watch(connection).await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
-            }
+            service.serve(stream, peer, watcher).await;
         });
     }
     drop(listener);
@@ -110,6 +74,77 @@ where
         );
     }
     Ok(())
+}
+
+/// The next connection on `listener`, with its place among the `connections` allowed (taken
+/// before accepting, so that past the cap connections wait in the listen backlog); `None`
+/// once `stop` is cancelled.
+async fn accept(
+    listener: &TcpListener,
+    connections: &Arc<Semaphore>,
+    stop: &CancellationToken,
+) -> Option<(OwnedSemaphorePermit, TcpStream, SocketAddr)> {
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => return None,
+            permit = Arc::clone(connections).acquire_owned() => permit.ok()?,
+        };
+        tokio::select! {
+            _ = stop.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => return Some((permit, stream, peer)),
+                Err(error) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+/// What serving one connection takes; each connection gets a clone.
+#[derive(Clone)]
+struct Connection<H, A> {
+    acceptor: TlsAcceptor,
+    handler: H,
+    on_handshake_failure: A,
+    handshake_timeout: Duration,
+    header_read_timeout: Duration,
+}
+
+impl<H, F, A> Connection<H, A>
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+    A: Fn() + Clone + Send + 'static,
+{
+    /// The TLS handshake with `peer` (within its timeout), then HTTP/1.1 with keep-alive until
+    /// the client closes or the graceful shutdown `watcher` ends it.
+    async fn serve(self, stream: TcpStream, peer: SocketAddr, watcher: Watcher) {
+        let handshake = self.acceptor.accept(stream);
+        let tls = match tokio::time::timeout(self.handshake_timeout, handshake).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(error)) => {
+                (self.on_handshake_failure)();
+                tracing::debug!(%peer, %error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                (self.on_handshake_failure)();
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        };
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_read_timeout)
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(tls), service_fn(self.handler));
+        if let Err(error) = watcher.watch(connection).await {
+            tracing::debug!(%peer, %error, "connection ended with an error");
+        }
+    }
 }
 
 /// Reads `body` into one buffer of the `expected` size. Each chunk is copied and let go at

@@ -82,71 +82,20 @@ pub fn reconcile(
     if names.is_empty() {
         return Err(CertError::NoNames);
     }
-    let mut reasons = Vec::new();
     let Some(existing) = existing else {
-        reasons.push("no certificates yet: generated a CA and a serving certificate".to_owned());
-        let ca = new_ca(now, lifetimes)?;
-        let serving = issue_serving(&ca, names, now, lifetimes.serving)?;
-        return Ok(Reconciled {
-            bundle: CertificateBundle {
-                ca,
-                previous_ca_cert_pem: None,
-                serving,
-            },
-            changed: true,
-            reasons,
-        });
+        return first_bundle(names, lifetimes, now);
     };
-
     let signer = match assess_ca(existing, lifetimes, now) {
         Ok(signer) => signer,
-        Err(CaReplacement { reason, keep_old }) => {
-            reasons.push(reason);
-            if let Some(previous) = &existing.previous_ca_cert_pem
-                && single_cert(PREVIOUS_CA_CERT_KEY, previous)
-                    .is_ok_and(|info| !info.validity.is_expired(now))
-            {
-                reasons.push(
-                    "the older previous CA is no longer published (only one previous CA is kept)"
-                        .to_owned(),
-                );
-            }
-            let ca = new_ca(now, lifetimes)?;
-            let serving = issue_serving(&ca, names, now, lifetimes.serving)?;
-            reasons.push("issued a serving certificate from the new CA".to_owned());
-            if keep_old {
-                reasons.push("the old CA stays in the caBundle until it expires".to_owned());
-            }
-            return Ok(Reconciled {
-                bundle: CertificateBundle {
-                    ca,
-                    previous_ca_cert_pem: keep_old.then(|| existing.ca.cert_pem.clone()),
-                    serving,
-                },
-                changed: true,
-                reasons,
-            });
-        }
+        Err(replacement) => return rotate_ca(existing, replacement, names, lifetimes, now),
     };
 
+    let mut reasons = Vec::new();
     let mut bundle = existing.clone();
-    if let Some(previous) = &existing.previous_ca_cert_pem {
-        match single_cert(PREVIOUS_CA_CERT_KEY, previous) {
-            Ok(info) if info.validity.is_expired(now) => {
-                reasons.push(format!(
-                    "dropped the previous CA: it expired at {}",
-                    display_time(info.validity.not_after)
-                ));
-                bundle.previous_ca_cert_pem = None;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                reasons.push(format!("dropped the previous CA: {e}"));
-                bundle.previous_ca_cert_pem = None;
-            }
-        }
+    if let Some(reason) = previous_ca_problem(existing, now) {
+        reasons.push(format!("dropped the previous CA: {reason}"));
+        bundle.previous_ca_cert_pem = None;
     }
-
     if let Some(reason) = serving_problem(existing, &signer.info, names, lifetimes, now) {
         reasons.push(format!("{reason}: issued a new serving certificate"));
         bundle.serving = issue_serving(&existing.ca, names, now, lifetimes.serving)?;
@@ -157,6 +106,77 @@ pub fn reconcile(
         bundle,
         reasons,
     })
+}
+
+/// A new CA and a serving certificate issued by it, where there were no certificates.
+fn first_bundle(
+    names: &ServingNames,
+    lifetimes: &Lifetimes,
+    now: SystemTime,
+) -> Result<Reconciled, CertError> {
+    let ca = new_ca(now, lifetimes)?;
+    let serving = issue_serving(&ca, names, now, lifetimes.serving)?;
+    Ok(Reconciled {
+        bundle: CertificateBundle {
+            ca,
+            previous_ca_cert_pem: None,
+            serving,
+        },
+        changed: true,
+        reasons: vec!["no certificates yet: generated a CA and a serving certificate".to_owned()],
+    })
+}
+
+/// A new CA in place of `existing`'s, which `replacement` says why it is replaced (and
+/// whether it stays as the previous CA, in place of any older one), and a serving certificate
+/// issued by the new CA.
+fn rotate_ca(
+    existing: &CertificateBundle,
+    replacement: CaReplacement,
+    names: &ServingNames,
+    lifetimes: &Lifetimes,
+    now: SystemTime,
+) -> Result<Reconciled, CertError> {
+    let CaReplacement { reason, keep_old } = replacement;
+    let mut reasons = vec![reason];
+    if let Some(previous) = &existing.previous_ca_cert_pem
+        && single_cert(PREVIOUS_CA_CERT_KEY, previous)
+            .is_ok_and(|info| !info.validity.is_expired(now))
+    {
+        reasons.push(
+            "the older previous CA is no longer published (only one previous CA is kept)"
+                .to_owned(),
+        );
+    }
+    let ca = new_ca(now, lifetimes)?;
+    let serving = issue_serving(&ca, names, now, lifetimes.serving)?;
+    reasons.push("issued a serving certificate from the new CA".to_owned());
+    if keep_old {
+        reasons.push("the old CA stays in the caBundle until it expires".to_owned());
+    }
+    Ok(Reconciled {
+        bundle: CertificateBundle {
+            ca,
+            previous_ca_cert_pem: keep_old.then(|| existing.ca.cert_pem.clone()),
+            serving,
+        },
+        changed: true,
+        reasons,
+    })
+}
+
+/// Why the previous CA of `existing` is dropped at `now`: it expired, or cannot be parsed;
+/// `None` when there is none or it stays.
+fn previous_ca_problem(existing: &CertificateBundle, now: SystemTime) -> Option<String> {
+    let previous = existing.previous_ca_cert_pem.as_ref()?;
+    match single_cert(PREVIOUS_CA_CERT_KEY, previous) {
+        Ok(info) if info.validity.is_expired(now) => Some(format!(
+            "it expired at {}",
+            display_time(info.validity.not_after)
+        )),
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
 }
 
 /// The earliest moment at which [`reconcile`] would change `bundle` (for unchanged serving

@@ -106,6 +106,32 @@ impl PolicyTerm {
     }
 }
 
+impl PolicyTerm {
+    /// Whether a round has work with `snapshot`: it is not the one compiled last, the last
+    /// round failed, or a [`RESYNC`] passed since the cluster was brought in line (then what
+    /// this term applied is forgotten, to apply it again).
+    fn due(&mut self, snapshot: &Arc<injector_core::Snapshot>) -> bool {
+        let unchanged = self
+            .snapshot
+            .as_ref()
+            .is_some_and(|seen| Arc::ptr_eq(seen, snapshot));
+        let resync = self.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
+        if resync {
+            self.applied = None;
+            self.guard_applied = None;
+        }
+        !unchanged || self.failure.is_some() || resync
+    }
+
+    /// Notes that the round brought the cluster in line, and publishes where the backend
+    /// stands.
+    fn settle(&mut self, state: &watch::Sender<Option<Arc<PolicyState>>>, policy: &str) {
+        self.failure = None;
+        self.settled_at = Some(Instant::now());
+        self.publish(state, policy);
+    }
+}
+
 impl Operator {
     /// Leader: with the `auto` and `policy` backends, the templates a policy can express are
     /// compiled into one MutatingAdmissionPolicy (`injector_core::policy`), proven with a dry
@@ -167,22 +193,83 @@ impl Operator {
         term: &mut PolicyTerm,
     ) -> Result<(), PolicyBackendError> {
         let backend = self.options.backend;
-        if backend == Backend::Webhook && !term.removed {
-            policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
-            if policy_backend::remove(&self.client, &options.name).await?
-                | policy_backend::remove_guard(&self.client, &options.name).await?
-            {
-                tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy and its guard are removed");
-            }
-            term.removed = true;
+        self.remove_unused(options, term).await?;
+        let served = self.served_policies(term).await?;
+        if served.validating {
+            self.after_admission_round(options, &mut term.after_admission)
+                .await;
         }
-        if backend == Backend::Auto && !term.removed {
-            // Behind the webhook a guard is not needed: the webhook refuses what it would.
-            if policy_backend::remove_guard(&self.client, &options.name).await? {
-                tracing::info!(policy = %options.name, "the auto backend is chosen: the guard is removed");
-            }
-            term.removed = true;
+        if backend == Backend::Webhook {
+            self.policy_state
+                .send_if_modified(|state| state.take().is_some());
+            return Ok(());
         }
+        let snapshot = self.templates.snapshot();
+        if !term.due(&snapshot) {
+            return Ok(());
+        }
+        term.snapshot = Some(Arc::clone(&snapshot));
+        let guarding = backend == Backend::Policy && served.validating;
+        if !served.mutating {
+            if guarding {
+                let rules = guard_rules(snapshot.templates(), None, &BTreeMap::new());
+                self.put_guard(options, term, rules).await?;
+            }
+            term.settle(&self.policy_state, &options.name);
+            return Ok(());
+        }
+        let compiled = compile_policy(snapshot.templates(), options);
+        term.webhook_only = compiled
+            .webhook_only
+            .iter()
+            .map(|(t, why)| (t.name.clone(), (why.reason(), why.to_string())))
+            .collect();
+        let serving: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
+        if !self
+            .put_policy(options, term, &snapshot, &compiled, guarding)
+            .await?
+        {
+            return Ok(());
+        }
+        term.serving = serving;
+        term.settle(&self.policy_state, &options.name);
+        Ok(())
+    }
+
+    /// Once a term, removes what the backend chosen does not use: with `webhook`, the policy,
+    /// its warnings and the guard; with `auto`, the guard (behind the webhook it is not
+    /// needed: the webhook refuses what it would).
+    async fn remove_unused(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+    ) -> Result<(), PolicyBackendError> {
+        if term.removed {
+            return Ok(());
+        }
+        match self.options.backend {
+            Backend::Webhook => {
+                policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
+                if policy_backend::remove(&self.client, &options.name).await?
+                    | policy_backend::remove_guard(&self.client, &options.name).await?
+                {
+                    tracing::info!(policy = %options.name, "the webhook backend is chosen: the policy and its guard are removed");
+                }
+            }
+            Backend::Auto => {
+                if policy_backend::remove_guard(&self.client, &options.name).await? {
+                    tracing::info!(policy = %options.name, "the auto backend is chosen: the guard is removed");
+                }
+            }
+            Backend::Policy => return Ok(()),
+        }
+        term.removed = true;
+        Ok(())
+    }
+
+    /// Which admission policies the API server serves: asked again at each [`RESYNC`], and
+    /// logged when that changed.
+    async fn served_policies(&self, term: &mut PolicyTerm) -> Result<Served, PolicyBackendError> {
         if term.served.is_none() || term.discovered.is_none_or(|at| at.elapsed() > RESYNC) {
             let served = policy_backend::served_policies(&self.client).await?;
             if term.served != Some(served) {
@@ -195,50 +282,23 @@ impl Operator {
             term.served = Some(served);
             term.discovered = Some(Instant::now());
         }
-        let served = term.served.unwrap_or_default();
-        if served.validating {
-            self.after_admission_round(options, &mut term.after_admission)
-                .await;
-        }
-        if backend == Backend::Webhook {
-            self.policy_state
-                .send_if_modified(|state| state.take().is_some());
-            return Ok(());
-        }
-        let snapshot = self.templates.snapshot();
-        let unchanged = term
-            .snapshot
-            .as_ref()
-            .is_some_and(|seen| Arc::ptr_eq(seen, &snapshot));
-        let resync = term.settled_at.is_none_or(|at| at.elapsed() > RESYNC);
-        if resync {
-            term.applied = None;
-            term.guard_applied = None;
-        }
-        if unchanged && term.failure.is_none() && !resync {
-            return Ok(());
-        }
-        term.snapshot = Some(Arc::clone(&snapshot));
-        let guarding = backend == Backend::Policy && served.validating;
-        if !served.mutating {
-            if guarding {
-                let rules = guard_rules(snapshot.templates(), None, &BTreeMap::new());
-                self.put_guard(options, term, rules).await?;
-            }
-            term.settled_at = Some(Instant::now());
-            term.failure = None;
-            term.publish(&self.policy_state, &options.name);
-            return Ok(());
-        }
-        let compiled = compile_policy(snapshot.templates(), options);
-        term.webhook_only = compiled
-            .webhook_only
-            .iter()
-            .map(|(t, why)| (t.name.clone(), (why.reason(), why.to_string())))
-            .collect();
-        let serving: BTreeSet<String> = compiled.served.iter().map(|t| t.name.clone()).collect();
+        Ok(term.served.unwrap_or_default())
+    }
+
+    /// Puts `compiled`, the policy of `snapshot`, in force: removes the policy when no template
+    /// can be served by one, proves and applies one that changed ([`Self::change_policy`]),
+    /// and with `guarding` puts the guard following it in force. `false` when the templates
+    /// changed during the proof: the next round compiles again.
+    async fn put_policy(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        snapshot: &Arc<injector_core::Snapshot>,
+        compiled: &CompiledPolicy,
+        guarding: bool,
+    ) -> Result<bool, PolicyBackendError> {
         if compiled.policy.is_none() {
-            if served.validating {
+            if term.served.is_some_and(|s| s.validating) {
                 policy_backend::put_warnings(&self.client, &options.name, None, None).await?;
             }
             if policy_backend::remove(&self.client, &options.name).await? {
@@ -247,25 +307,18 @@ impl Operator {
             term.applied = None;
             term.present.clear();
             if guarding {
-                let rules = guard_rules(snapshot.templates(), Some(&compiled), &term.present);
+                let rules = guard_rules(snapshot.templates(), Some(compiled), &term.present);
                 self.put_guard(options, term, rules).await?;
             }
         } else if term.applied.as_deref() != Some(compiled.hash.as_str()) {
-            if !self
-                .change_policy(options, term, &snapshot, &compiled, guarding)
-                .await?
-            {
-                return Ok(());
-            }
+            return self
+                .change_policy(options, term, snapshot, compiled, guarding)
+                .await;
         } else if guarding && term.guard_applied.is_none() {
-            let rules = guard_rules(snapshot.templates(), Some(&compiled), &term.present);
+            let rules = guard_rules(snapshot.templates(), Some(compiled), &term.present);
             self.put_guard(options, term, rules).await?;
         }
-        term.serving = serving;
-        term.failure = None;
-        term.settled_at = Some(Instant::now());
-        term.publish(&self.policy_state, &options.name);
-        Ok(())
+        Ok(true)
     }
 
     /// Proves `compiled` and puts it in force; with `guarding`, the guard for the change goes in
@@ -285,39 +338,15 @@ impl Operator {
         if guarding {
             // Before the proof: a required template the policy in force does not inject is
             // refused from now on, never admitted without its sidecar while it is proven.
-            let in_force = match term.guard.take() {
-                Some(in_force) => in_force,
-                None => policy_backend::read_guard_in_force(&self.client, &options.name).await?,
-            };
+            let in_force = self.guard_in_force(options, term).await?;
             let unproven = unserved_rules(snapshot.templates(), &term.serving, NOT_PROVEN);
             self.keep_guard(options, term, &unproven, in_force, false)
                 .await?;
             term.publish(&self.policy_state, &options.name);
         }
-        let proven = match policy_backend::prove(&self.client, compiled, namespace, owner).await {
-            Ok(proven) => proven,
-            Err(error) => {
-                if guarding
-                    && let PolicyBackendError::Proof(why) = &error
-                    && let Some(in_force) = term.guard.take()
-                {
-                    // The policy in force stays: the guard keeps what it injects, and refuses
-                    // the rest saying why.
-                    let failed = unserved_rules(
-                        snapshot.templates(),
-                        &term.serving,
-                        &format!("the injection backend is policy, and its proof failed: {why}"),
-                    );
-                    if let Err(guard_error) = self
-                        .keep_guard(options, term, &failed, in_force, true)
-                        .await
-                    {
-                        tracing::warn!(policy = %options.name, error = %guard_error, "the guard saying why the proof failed is not in force; the one before it stays");
-                    }
-                }
-                return Err(error);
-            }
-        };
+        let proven = self
+            .prove(options, term, snapshot, compiled, guarding)
+            .await?;
         // The proof takes a second or two: a policy compiled from templates that changed
         // meanwhile would put back what the webhook already stopped injecting. The next
         // round compiles the new ones.
@@ -329,32 +358,7 @@ impl Operator {
         let present = presence_conditions(compiled, &proven);
         let rules = guard_rules(snapshot.templates(), Some(compiled), &present);
         if guarding {
-            // Until the API server runs the new policy, a Pod may get either version: the
-            // guard in between accepts both. A new leader read the guard in force, which its
-            // predecessor may have left for another version, before the proof.
-            let in_force = match term.guard.take() {
-                Some(in_force) => in_force,
-                None => policy_backend::read_guard_in_force(&self.client, &options.name).await?,
-            };
-            let target = compile_guard(options, &rules, None).map(|g| g.passes);
-            if target.as_ref() != Some(&in_force)
-                && let Some(between) = compile_guard(options, &rules, Some(&in_force))
-                && term.guard_applied.as_deref() != Some(between.hash.as_str())
-            {
-                let result = policy_backend::apply_guard_and_confirm(
-                    &self.client,
-                    &between,
-                    namespace,
-                    owner,
-                )
-                .await;
-                // Applied or not, the guard in force may now be the one in between.
-                term.guard_applied = None;
-                result?;
-                term.guard = Some(between.passes);
-            } else {
-                term.guard = Some(in_force);
-            }
+            self.guard_between(options, term, &rules).await?;
         }
         policy_backend::apply_and_confirm(&self.client, compiled, namespace, owner).await?;
         if !Arc::ptr_eq(&self.templates.snapshot(), snapshot) {
@@ -374,6 +378,87 @@ impl Operator {
         tracing::info!(policy = %options.name, hash = %compiled.hash, recognised = term.present.len(), took = ?started.elapsed(), templates = %compiled.served.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(","), "the policy was proven and applied");
         self.metrics.record_reconcile("policy", true);
         Ok(true)
+    }
+
+    /// The guard in force: as this term last knew it, or read (a new leader's, or after an
+    /// apply that left it unknown).
+    async fn guard_in_force(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+    ) -> Result<GuardConditions, PolicyBackendError> {
+        match term.guard.take() {
+            Some(in_force) => Ok(in_force),
+            None => policy_backend::read_guard_in_force(&self.client, &options.name).await,
+        }
+    }
+
+    /// Proves `compiled` with a dry run; what the API server answered for each template. With
+    /// `guarding`, a failed proof leaves the policy in force, and the guard keeps what it
+    /// injects and refuses the rest saying why.
+    async fn prove(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        snapshot: &Arc<injector_core::Snapshot>,
+        compiled: &CompiledPolicy,
+        guarding: bool,
+    ) -> Result<Vec<serde_json::Value>, PolicyBackendError> {
+        let owner = self.options.webhook.owner.as_ref();
+        let proof = policy_backend::prove(&self.client, compiled, &self.options.namespace, owner);
+        let error = match proof.await {
+            Ok(proven) => return Ok(proven),
+            Err(error) => error,
+        };
+        if guarding
+            && let PolicyBackendError::Proof(why) = &error
+            && let Some(in_force) = term.guard.take()
+        {
+            let failed = unserved_rules(
+                snapshot.templates(),
+                &term.serving,
+                &format!("the injection backend is policy, and its proof failed: {why}"),
+            );
+            if let Err(guard_error) = self
+                .keep_guard(options, term, &failed, in_force, true)
+                .await
+            {
+                tracing::warn!(policy = %options.name, error = %guard_error, "the guard saying why the proof failed is not in force; the one before it stays");
+            }
+        }
+        Err(error)
+    }
+
+    /// Until the API server runs the new policy, a Pod may get either version: puts in force
+    /// the guard in between, which accepts both (the guard in force, which a new leader's
+    /// predecessor may have left for another version, and the one for `rules`), unless it is.
+    async fn guard_between(
+        &self,
+        options: &PolicyOptions,
+        term: &mut PolicyTerm,
+        rules: &[(Arc<CompiledTemplate>, GuardRule)],
+    ) -> Result<(), PolicyBackendError> {
+        let in_force = self.guard_in_force(options, term).await?;
+        let target = compile_guard(options, rules, None).map(|g| g.passes);
+        if target.as_ref() != Some(&in_force)
+            && let Some(between) = compile_guard(options, rules, Some(&in_force))
+            && term.guard_applied.as_deref() != Some(between.hash.as_str())
+        {
+            let result = policy_backend::apply_guard_and_confirm(
+                &self.client,
+                &between,
+                &self.options.namespace,
+                self.options.webhook.owner.as_ref(),
+            )
+            .await;
+            // Applied or not, the guard in force may now be the one in between.
+            term.guard_applied = None;
+            result?;
+            term.guard = Some(between.passes);
+        } else {
+            term.guard = Some(in_force);
+        }
+        Ok(())
     }
 
     /// Puts the after-admission policy for the required templates in force (removes it when
