@@ -51,3 +51,28 @@ pub(crate) fn cel_list<'a>(items: impl Iterator<Item = &'a str>) -> String {
 pub(crate) fn cel_string(text: &str) -> String {
     serde_json::to_string(text).unwrap_or_else(|_| "\"\"".to_owned())
 }
+
+/// CEL evaluated as the API server would, for the tests that hold a rule's CEL form against
+/// its Rust form.
+#[cfg(test)]
+pub(crate) mod testing {
+    use kube_cel::KubeCelExt as _;
+    use kube_cel::cel;
+    use serde_json::Value;
+
+    /// `source` evaluated with the Kubernetes CEL libraries over `variables`; panics, naming
+    /// the expression, when it does not parse or evaluate.
+    pub(crate) fn evaluate(source: &str, variables: &[(&str, &Value)]) -> cel::Value {
+        let program = cel::parser::Parser::new()
+            .enable_optional_syntax(true)
+            .parse(source)
+            .unwrap_or_else(|e| panic!("{source}: {e:?}"));
+        let mut context = cel::Context::default().with_all();
+        for (name, value) in variables {
+            context.add_variable(*name, (*value).clone()).unwrap();
+        }
+        context
+            .resolve(&program)
+            .unwrap_or_else(|e| panic!("{source}: {e:?}"))
+    }
+}

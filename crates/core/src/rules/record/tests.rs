@@ -3,12 +3,12 @@
 //! writes, and the after-admission policy reads the names `plan` and the census read.
 
 use injector_api::SidecarTemplate;
-use kube_cel::KubeCelExt as _;
 use kube_cel::cel;
 use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
+use crate::cel::testing::evaluate;
 use crate::template::{CompiledTemplate, compile};
 
 fn template(name: &str, generation: i64) -> CompiledTemplate {
@@ -24,16 +24,8 @@ fn template(name: &str, generation: i64) -> CompiledTemplate {
 
 /// `source` evaluated over a Pod whose record is `record`.
 fn evaluated(source: &str, record: &str) -> cel::Value {
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = cel::Context::default().with_all();
     let object = json!({"metadata": {"annotations": {INJECTED_ANNOTATION: record}}});
-    context.add_variable("object", object).unwrap();
-    context
-        .resolve(&program)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"))
+    evaluate(source, &[("object", &object)])
 }
 
 fn strings(value: cel::Value) -> Vec<String> {

@@ -8,28 +8,22 @@ use std::collections::BTreeMap;
 use injector_api::SidecarTemplate;
 use injector_api::names::{INJECT_ANNOTATION, INJECTION_DISABLED, INJECTION_LABEL};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube_cel::KubeCelExt as _;
 use kube_cel::cel;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
+use crate::cel::testing::evaluate;
 use crate::rules::selector::Selector;
 use crate::template::{CompiledTemplate, compile};
 
 /// Evaluates `source` (a CEL condition) over the Pod `object` and the namespace.
 fn cel_holds(source: &str, object: &Value, namespace: &Value) -> bool {
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = cel::Context::default().with_all();
-    context.add_variable("object", object.clone()).unwrap();
-    context
-        .add_variable("namespaceObject", namespace.clone())
-        .unwrap();
-    match context.resolve(&program) {
-        Ok(cel::Value::Bool(verdict)) => verdict,
+    match evaluate(
+        source,
+        &[("object", object), ("namespaceObject", namespace)],
+    ) {
+        cel::Value::Bool(verdict) => verdict,
         other => panic!("{source}: {other:?}"),
     }
 }

@@ -1,18 +1,14 @@
 //! Each warning's CEL text, evaluated by a CEL interpreter, is its Rust text: the warnings
 //! policy tells a Pod's author what the webhook would have.
 
-use kube_cel::KubeCelExt as _;
 use kube_cel::cel;
 
 use super::*;
+use crate::cel::testing::evaluate;
 
 fn evaluated(source: &str) -> String {
-    let program = cel::parser::Parser::new()
-        .parse(source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let context = cel::Context::default().with_all();
-    match context.resolve(&program) {
-        Ok(cel::Value::String(text)) => text.to_string(),
+    match evaluate(source, &[]) {
+        cel::Value::String(text) => text.to_string(),
         other => panic!("{source}: {other:?}"),
     }
 }
