@@ -27,3 +27,4 @@ pub mod skips;
 pub mod status;
 pub mod sync;
 pub mod webhook_config;
+pub mod world;

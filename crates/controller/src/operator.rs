@@ -4,17 +4,18 @@
 //! policy backend (`policy_loop`).
 //!
 //! Each loop is a thin shell around a pure decision ([`crate::sync`], [`crate::certs`],
-//! [`crate::webhook_config`], [`crate::status`], [`injector_core::after_admission::rollout`]); the API calls
-//! live in small functions here that the mocked-API-server tests drive directly.
+//! [`crate::world`] for the webhook configuration and the templates' statuses,
+//! [`injector_core::after_admission::rollout`]); the loops feed the observations
+//! (`Operator::world` gathers them) and the API calls live in small functions here that the
+//! mocked-API-server tests drive directly.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
 use injector_api::{SidecarTemplate, SidecarTemplateStatus};
-use injector_core::registry::in_force::Observed;
-use injector_core::{GroupId, Templates};
+use injector_core::Templates;
 use injector_webhook::CertificateStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -42,6 +43,7 @@ use crate::skips::{self, SkipKey, SkipLog};
 use crate::status::{Counts, PolicyState};
 use crate::sync::{ObservedTemplates, TemplateSync};
 use crate::webhook_config::{self, WebhookConfigOptions};
+use crate::world::{Configuration, Problem, TemplateStatus, World, not_served_why};
 
 /// How often the leader re-checks what it owns even when nothing happened.
 const RESYNC: Duration = Duration::from_secs(60);
@@ -366,10 +368,6 @@ enum Trigger {
 struct ConfigurationState {
     /// What this replica last applied (`None`: apply again).
     last_applied: Option<MutatingWebhookConfiguration>,
-    /// The presence conditions of the policy in force when the API server refused the skip
-    /// conditions made from them (an expression past its cost budget, say): entries then
-    /// call the webhook for every Pod, as without a policy, rather than fail every apply.
-    skip_refused: Option<BTreeMap<String, String>>,
     /// The latest watch event not acted on yet (`Some(None)`: deleted).
     observed: Option<Option<MutatingWebhookConfiguration>>,
     retry: DefaultBackoff,
@@ -381,31 +379,11 @@ impl Default for ConfigurationState {
     fn default() -> Self {
         Self {
             last_applied: None,
-            skip_refused: None,
             observed: None,
             retry: retry_backoff(),
             retry_at: None,
         }
     }
-}
-
-/// What the configuration loop works from.
-struct Desired {
-    /// The configuration to apply.
-    configuration: MutatingWebhookConfiguration,
-    /// The caBundle it carries.
-    ca: String,
-    /// The valid templates it has no entry for.
-    left_out: BTreeSet<String>,
-}
-
-/// Why a template in [`Operator::not_served`] has no entry, for its status and event.
-fn not_served_why() -> String {
-    format!(
-        "its webhook entry would take the configuration past {} bytes (too many, or too large, \
-         distinct selectors across templates)",
-        webhook_config::MAX_CONFIGURATION_BYTES
-    )
 }
 
 /// The shared state of the operator's loops.
@@ -421,7 +399,12 @@ pub struct Operator {
     secret_deleted: Notify,
     /// The caBundle the configuration should carry.
     ca_bundle: watch::Sender<Option<String>>,
-    /// The valid templates the configuration has no entry for (it would not fit with them).
+    /// The policy's presence conditions the API server refused in the webhook entries (an
+    /// expression past its cost budget, say): entries then call the webhook for every Pod,
+    /// as without a policy, rather than fail every apply.
+    skip_refused: watch::Sender<Option<BTreeMap<String, String>>>,
+    /// The valid templates the configuration last applied has no entry for, to log and count
+    /// a change.
     not_served: Mutex<BTreeSet<String>>,
     /// The caBundle of the configuration this replica last applied: the certificate loop waits
     /// for a new CA to be there before it writes the Secret.
@@ -460,6 +443,7 @@ impl Operator {
             templates_changed: Notify::new(),
             secret_deleted: Notify::new(),
             ca_bundle: watch::channel(None).0,
+            skip_refused: watch::channel(None).0,
             not_served: Mutex::new(BTreeSet::new()),
             applied_ca: watch::channel(None).0,
             census: watch::channel(None).0,
@@ -654,42 +638,28 @@ impl Operator {
         }
     }
 
-    /// The configuration the templates and the caBundle call for; `None` before there is a
-    /// caBundle, or while the registry is not synced (an entry list built from a partial
-    /// registry would drop entries).
-    ///
-    /// With `skip_served`, entries skip the Pods the policy in force provably served. With the
-    /// `policy` backend the configuration has no entry: the webhook is not called.
-    fn desired_configuration(&self, skip_served: bool) -> Option<Desired> {
-        let ca = self.ca_bundle.borrow().clone()?;
-        if !self.templates.is_synced() {
-            return None;
+    /// What this replica observed, in one value the leader's writers derive their output from.
+    /// The template list counts as synced only once the registry is (a configuration built
+    /// from a partial registry would drop entries).
+    fn world(&self) -> World<'_> {
+        World {
+            webhook: &self.options.webhook,
+            backend: self.options.backend,
+            templates: self
+                .observed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned()
+                .collect(),
+            snapshot: self.templates.snapshot(),
+            synced: self.templates.is_synced(),
+            ca: self.ca_bundle.borrow().clone(),
+            census: self.census.borrow().clone(),
+            rollouts: self.rollouts.borrow().clone(),
+            policy: self.policy_state.borrow().clone(),
+            skip_refused: self.skip_refused.borrow().clone(),
         }
-        let snapshot = if self.options.backend == Backend::Policy {
-            Arc::new(injector_core::Snapshot::default())
-        } else {
-            self.templates.snapshot()
-        };
-        let present = if skip_served {
-            self.policy_present()
-        } else {
-            BTreeMap::new()
-        };
-        let configuration = webhook_config::desired_configuration_with_policy(
-            &snapshot,
-            &self.options.webhook,
-            ca.as_bytes(),
-            &present,
-        );
-        let left_out = webhook_config::left_out(&snapshot, &configuration)
-            .into_iter()
-            .flat_map(|group| group.templates.iter().map(|t| t.name.clone()))
-            .collect();
-        Some(Desired {
-            configuration,
-            ca,
-            left_out,
-        })
     }
 
     /// Records which templates have no webhook entry, for the status loop and the metric, and
@@ -809,13 +779,12 @@ impl Operator {
         state: &mut ConfigurationState,
         due: bool,
     ) {
-        let present = self.policy_present();
-        let skip_served = state.skip_refused.as_ref() != Some(&present);
-        let Some(Desired {
+        let Some(Configuration {
             configuration: desired,
             ca: desired_ca,
             left_out,
-        }) = self.desired_configuration(skip_served)
+            skips,
+        }) = self.world().configuration()
         else {
             return;
         };
@@ -855,30 +824,28 @@ impl Operator {
                     state.retry.reset();
                 }
             }
-            Err(error) => self.configuration_failed(state, error, skip_served, present),
+            Err(error) => self.configuration_failed(state, error, skips),
         }
     }
 
-    /// After a failed apply of a configuration (whose entries skip the Pods the policy served,
-    /// with `skip_served`, by its `present` conditions): when the API server refused those
-    /// conditions, the entries go without them, at once; otherwise the apply is tried again
-    /// after a growing delay.
+    /// After a failed apply of a configuration (whose entries skip the Pods the policy served
+    /// by the conditions `skips`): when the API server refused those conditions, the entries
+    /// go without them, at once; otherwise the apply is tried again after a growing delay.
     fn configuration_failed(
         &self,
         state: &mut ConfigurationState,
         error: OperatorError,
-        skip_served: bool,
-        present: BTreeMap<String, String>,
+        skips: BTreeMap<String, String>,
     ) {
         self.metrics
             .record_reconcile("webhook_configuration", false);
         state.last_applied = None;
         match error {
             OperatorError::Kube(kube::Error::Api(response))
-                if response.code == 422 && skip_served && !present.is_empty() =>
+                if response.code == 422 && !skips.is_empty() =>
             {
                 tracing::error!(message = %response.message, "the API server refused the conditions that skip Pods the policy served; the webhook entries call the webhook for every Pod they select instead");
-                state.skip_refused = Some(present);
+                self.skip_refused.send_replace(Some(skips));
                 state.retry_at = Some(Instant::now());
             }
             error => {
@@ -887,16 +854,6 @@ impl Operator {
                 state.retry_at = Some(Instant::now() + delay);
             }
         }
-    }
-
-    /// The presence conditions of the policy in force (the Pods it provably served), empty
-    /// when there is none.
-    fn policy_present(&self) -> BTreeMap<String, String> {
-        self.policy_state
-            .borrow()
-            .as_ref()
-            .map(|state| state.present.clone())
-            .unwrap_or_default()
     }
 
     /// Logs every dependency cycle among the templates' groups (their entries cannot all
@@ -1217,50 +1174,23 @@ impl Operator {
     }
 
     /// One round of [`Self::status_loop`]: every observed template's status brought to the one
-    /// wanted, and the events it calls for published; `true` when a write failed.
+    /// the world wants, and the events it calls for published; `true` when a write failed.
     async fn status_round(
         &self,
         api: &Api<SidecarTemplate>,
         recorder: &Recorder,
         events: &mut StatusEvents,
     ) -> bool {
-        let work: Vec<_> = self
-            .observed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect();
-        let inputs = self.status_inputs();
-        let serving = serving_groups(&inputs.snapshot);
+        let statuses = self.world().statuses(&now());
         let mut failed = false;
-        for mut observed in work {
-            let name = observed.template.metadata.name.clone().unwrap_or_default();
-            name_serving_group(&mut observed, &serving, &name);
-            let wanted = inputs.wanted_status(&observed, &name);
+        for wanted in &statuses {
+            let template = &wanted.observed.template;
             failed |= self
-                .write_wanted_status(api, &name, &observed.template, &wanted.desired)
+                .write_wanted_status(api, &wanted.name, template, &wanted.desired)
                 .await;
-            failed |= events.publish(recorder, &observed, &name, &wanted).await;
+            failed |= events.publish(recorder, wanted).await;
         }
         failed
-    }
-
-    /// What a status round reads once, for every template, from the other loops.
-    fn status_inputs(&self) -> StatusInputs {
-        let not_served = self
-            .not_served
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        StatusInputs {
-            not_served,
-            snapshot: self.templates.snapshot(),
-            census: self.census.borrow().clone(),
-            rollouts: self.rollouts.borrow().clone(),
-            policy_state: self.policy_state.borrow().clone(),
-            policy_only: self.options.backend == Backend::Policy,
-        }
     }
 
     /// Writes `desired` as the status of the template `name` unless `template` has it already;
@@ -1289,125 +1219,6 @@ impl Operator {
     }
 }
 
-/// What one round of the status loop reads once and applies to every template.
-struct StatusInputs {
-    /// The valid templates the configuration has no entry for.
-    not_served: BTreeSet<String>,
-    /// The templates in force.
-    snapshot: Arc<injector_core::Snapshot>,
-    /// The latest Pod census.
-    census: Option<Counted>,
-    /// The latest rollout decisions.
-    rollouts: Option<Arc<Rollouts>>,
-    /// Where the policy backend stands.
-    policy_state: Option<Arc<PolicyState>>,
-    /// Whether templates are served by the policy alone (the `policy` backend).
-    policy_only: bool,
-}
-
-/// The status a template should have, and what its events are decided from.
-struct WantedStatus {
-    desired: SidecarTemplateStatus,
-    /// Its Pods, counted against the generation in force.
-    counts: Counts,
-    /// Whether it is valid but has no webhook entry.
-    unserved: bool,
-}
-
-impl StatusInputs {
-    /// The status `observed` (the template `name`) should have: why it is not served or its
-    /// validation outcome, then its counts, its rollout and where the policy stands with it.
-    fn wanted_status(&self, observed: &Observed, name: &str) -> WantedStatus {
-        let template = &observed.template;
-        let valid = observed.outcome.is_ok();
-        let not_injected = (self.policy_only && valid)
-            .then(|| {
-                crate::status::not_injected_by_policy(
-                    self.policy_state.as_deref(),
-                    name,
-                    template.spec.failure_policy == injector_api::FailurePolicy::Fail,
-                )
-            })
-            .flatten();
-        let unserved = valid && self.not_served.contains(name);
-        let mut desired = if let Some(why) = &not_injected {
-            crate::status::desired_status_not_served(template, why, now())
-        } else if unserved {
-            crate::status::desired_status_not_served(template, &not_served_why(), now())
-        } else {
-            crate::status::desired_status_kept(
-                template,
-                &observed.outcome,
-                observed.kept.as_ref(),
-                now(),
-            )
-        };
-        // The counts and observedGeneration from one census of this generation.
-        let counts = crate::status::counts_for(
-            observed.generation_in_force(),
-            self.census.as_ref().map(|counted| counted.of(name)),
-        );
-        desired = crate::status::with_counts(template, desired, counts);
-        if let Some(rollouts) = &self.rollouts {
-            desired = crate::status::with_rollout(template, desired, rollouts.get(name), now());
-        }
-        if valid && !unserved {
-            desired = self.with_policy(template, desired, not_injected.is_none());
-        }
-        WantedStatus {
-            desired,
-            counts,
-            unserved,
-        }
-    }
-
-    /// `desired` with where the policy backend stands with `template`, a served one; with the
-    /// `policy` backend and `injected` (the policy injects it), naming the policy in use.
-    fn with_policy(
-        &self,
-        template: &SidecarTemplate,
-        desired: SidecarTemplateStatus,
-        injected: bool,
-    ) -> SidecarTemplateStatus {
-        let mut desired = crate::status::with_policy(
-            template,
-            desired,
-            self.policy_state.as_deref(),
-            !self.policy_only,
-            now(),
-        );
-        if let Some(state) = self.policy_state.as_deref().filter(|_| self.policy_only)
-            && injected
-        {
-            desired = crate::status::in_use_by_policy(desired, &state.policy);
-        }
-        desired
-    }
-}
-
-/// The group whose entry serves each template of `snapshot`: its own group's, or a merged one.
-fn serving_groups(snapshot: &injector_core::Snapshot) -> HashMap<&str, &GroupId> {
-    snapshot
-        .groups()
-        .iter()
-        .flat_map(|g| g.templates.iter().map(move |t| (t.name.as_str(), &g.id)))
-        .collect()
-}
-
-/// Points `observed` (the template `name`), and the generation kept for it, at the group whose
-/// entry serves it now ([`serving_groups`]), so that its status names that entry.
-fn name_serving_group(observed: &mut Observed, serving: &HashMap<&str, &GroupId>, name: &str) {
-    let Some(&served) = serving.get(name) else {
-        return;
-    };
-    if let Ok(group) = &mut observed.outcome {
-        group.clone_from(served);
-    }
-    if let Some(kept) = &mut observed.kept {
-        kept.group.clone_from(served);
-    }
-}
-
 /// The events the status loop published, by template name and generation: each is published
 /// once for a generation.
 #[derive(Default)]
@@ -1419,22 +1230,14 @@ struct StatusEvents {
 }
 
 impl StatusEvents {
-    /// Publishes the events `observed` (the template `name`) calls for that were not published
-    /// for its generation yet: `PodsStale` when its Pods carry an earlier version, and a
-    /// warning when it is invalid or not served; `true` when a publish failed (it is tried
-    /// again next round).
-    async fn publish(
-        &mut self,
-        recorder: &Recorder,
-        observed: &Observed,
-        name: &str,
-        wanted: &WantedStatus,
-    ) -> bool {
-        let template = &observed.template;
-        let key = (
-            name.to_owned(),
-            template.metadata.generation.unwrap_or_default(),
-        );
+    /// Publishes the events `wanted` calls for that were not published for its template's
+    /// generation yet: `PodsStale` when its Pods carry an earlier version, and a warning when
+    /// it is invalid or not served; `true` when a publish failed (it is tried again next
+    /// round).
+    async fn publish(&mut self, recorder: &Recorder, wanted: &TemplateStatus) -> bool {
+        let template = &wanted.observed.template;
+        let name = &wanted.name;
+        let key = (name.clone(), wanted.generation());
         let mut failed = false;
         if let Counts::Counted(tally) = wanted.counts
             && tally.stale > 0
@@ -1450,8 +1253,10 @@ impl StatusEvents {
                 }
             }
         }
-        if (observed.outcome.is_err() || wanted.unserved) && !self.problems.contains(&key) {
-            match record_problem(recorder, observed).await {
+        if let Some(problem) = wanted.problem()
+            && !self.problems.contains(&key)
+        {
+            match record_problem(recorder, template, problem).await {
                 Ok(()) => {
                     self.problems.insert(key);
                 }
@@ -1465,17 +1270,20 @@ impl StatusEvents {
     }
 }
 
-/// Publishes the warning event of a template that is invalid (`Invalid`, or
-/// `InvalidGenerationKept` when its last valid generation stays), or valid with no entry
-/// (`NotServed`).
-async fn record_problem(recorder: &Recorder, observed: &Observed) -> Result<(), kube::Error> {
-    let template = &observed.template;
-    match (&observed.outcome, &observed.kept) {
-        (Ok(_), _) => crate::status::record_not_served(recorder, template, &not_served_why()).await,
-        (Err(errors), Some(kept)) => {
+/// Publishes the warning event of `template`'s `problem`.
+async fn record_problem(
+    recorder: &Recorder,
+    template: &SidecarTemplate,
+    problem: Problem<'_>,
+) -> Result<(), kube::Error> {
+    match problem {
+        Problem::NotServed => {
+            crate::status::record_not_served(recorder, template, &not_served_why()).await
+        }
+        Problem::InvalidKept(errors, kept) => {
             crate::status::record_kept(recorder, template, errors, kept).await
         }
-        (Err(errors), None) => crate::status::record_invalid(recorder, template, errors).await,
+        Problem::Invalid(errors) => crate::status::record_invalid(recorder, template, errors).await,
     }
 }
 

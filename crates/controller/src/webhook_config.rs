@@ -14,7 +14,7 @@
 //! applied; where a MutatingAdmissionPolicy serves templates, an entry skips the Pods it
 //! provably served ([`desired_configuration_with_policy`]).
 //!
-//! [`drifted`] (and [`drift`], which says what differs) compares a desired configuration with
+//! [`drift`] (which says what differs) compares a desired configuration with
 //! the one in the cluster on the fields the operator owns only, ignoring what the API server
 //! defaults and what other field managers add: it tells the controller whether someone edited
 //! its configuration and it should apply again.

@@ -412,6 +412,56 @@ async fn a_failing_apply_is_retried_with_growing_delays() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn entries_go_without_the_skip_conditions_the_api_server_refuses_and_try_a_new_policys() {
+    // The API server refuses any entry carrying a presence condition (past its cost budget).
+    let (client, calls) = fake_api(|call, _| {
+        if call.is(Method::GET, CONFIGURATIONS_PATH) {
+            configurations(call, &[])
+        } else if call.is(Method::PATCH, CONFIGURATIONS_PATH) {
+            if call.body.to_string().contains("served-by-policy") {
+                failure(StatusCode::UNPROCESSABLE_ENTITY, "Invalid")
+            } else {
+                ok(&call.body)
+            }
+        } else {
+            panic!("unexpected {call:?}")
+        }
+    });
+    let (operator, _leader) = ready_operator(client);
+    let policy = |condition: &str| PolicyState {
+        policy: "sidecar-injector".into(),
+        available: true,
+        served: BTreeSet::from(["agent".to_owned()]),
+        present: BTreeMap::from([("agent".to_owned(), condition.to_owned())]),
+        ..PolicyState::default()
+    };
+    operator
+        .policy_state
+        .send_replace(Some(Arc::new(policy("'served-by-policy' != ''"))));
+    let stop = CancellationToken::new();
+    tokio::spawn(Arc::clone(&operator).configuration_loop(stop.clone()));
+
+    let applies = wait_for_calls(&calls, 2, |c| c.is(Method::PATCH, CONFIGURATIONS_PATH)).await;
+    assert!(applies[0].body.to_string().contains("served-by-policy"));
+    // Refused: applied again at once, without them.
+    assert!(!applies[1].body.to_string().contains("served-by-policy"));
+    assert_eq!(applies[1].at, applies[0].at);
+    assert_eq!(
+        operator.world().configuration().unwrap().skips,
+        BTreeMap::new()
+    );
+
+    // A new policy's conditions are tried again.
+    operator
+        .policy_state
+        .send_replace(Some(Arc::new(policy("'served-by-policy-2' != ''"))));
+    let applies = wait_for_calls(&calls, 4, |c| c.is(Method::PATCH, CONFIGURATIONS_PATH)).await;
+    assert!(applies[2].body.to_string().contains("served-by-policy-2"));
+    assert!(!applies[3].body.to_string().contains("served-by-policy"));
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
 async fn repairing_a_configuration_another_writer_keeps_changing_backs_off() {
     // What the other writer keeps putting back: our configuration with a changed policy.
     let desired = webhook_config::desired_configuration(

@@ -40,7 +40,7 @@ fn snapshot_of(templates: &[SidecarTemplate]) -> Arc<Snapshot> {
     registry.snapshot()
 }
 
-fn service_options() -> WebhookConfigOptions {
+pub(crate) fn service_options() -> WebhookConfigOptions {
     WebhookConfigOptions::new(
         "sidecar-injector",
         Endpoint::Service {
