@@ -10,7 +10,7 @@
 //! mocked-API-server tests drive directly.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use futures::{StreamExt, TryStreamExt};
@@ -368,6 +368,8 @@ enum Trigger {
 struct ConfigurationState {
     /// What this replica last applied (`None`: apply again).
     last_applied: Option<MutatingWebhookConfiguration>,
+    /// The valid templates the configuration has no entry for, as last noted.
+    left_out: BTreeSet<String>,
     /// The latest watch event not acted on yet (`Some(None)`: deleted).
     observed: Option<Option<MutatingWebhookConfiguration>>,
     retry: DefaultBackoff,
@@ -379,6 +381,7 @@ impl Default for ConfigurationState {
     fn default() -> Self {
         Self {
             last_applied: None,
+            left_out: BTreeSet::new(),
             observed: None,
             retry: retry_backoff(),
             retry_at: None,
@@ -403,9 +406,6 @@ pub struct Operator {
     /// expression past its cost budget, say): entries then call the webhook for every Pod,
     /// as without a policy, rather than fail every apply.
     skip_refused: watch::Sender<Option<BTreeMap<String, String>>>,
-    /// The valid templates the configuration last applied has no entry for, to log and count
-    /// a change.
-    not_served: Mutex<BTreeSet<String>>,
     /// The caBundle of the configuration this replica last applied: the certificate loop waits
     /// for a new CA to be there before it writes the Secret.
     applied_ca: watch::Sender<Option<String>>,
@@ -444,7 +444,6 @@ impl Operator {
             secret_deleted: Notify::new(),
             ca_bundle: watch::channel(None).0,
             skip_refused: watch::channel(None).0,
-            not_served: Mutex::new(BTreeSet::new()),
             applied_ca: watch::channel(None).0,
             census: watch::channel(None).0,
             rollouts: watch::channel(None).0,
@@ -662,13 +661,9 @@ impl Operator {
         }
     }
 
-    /// Records which templates have no webhook entry, for the status loop and the metric, and
-    /// logs a change.
-    fn note_left_out(&self, left_out: BTreeSet<String>) {
-        let mut not_served = self
-            .not_served
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    /// Notes in `not_served` which templates have no webhook entry, setting the metric and
+    /// logging a change (their statuses say so too, derived from the same world).
+    fn note_left_out(&self, not_served: &mut BTreeSet<String>, left_out: BTreeSet<String>) {
         if *not_served == left_out {
             return;
         }
@@ -788,7 +783,7 @@ impl Operator {
         else {
             return;
         };
-        self.note_left_out(left_out);
+        self.note_left_out(&mut state.left_out, left_out);
         let fight = overwritten(
             state.last_applied.as_ref(),
             state.observed.as_ref().map(Option::as_ref),
