@@ -12,7 +12,13 @@ use kube::client::Body;
 use prometheus_client::registry::Registry as MetricsRegistry;
 use serde_json::{Value, json};
 
+use std::collections::BTreeSet;
+use std::time::SystemTime;
+
 use super::*;
+use crate::census;
+use crate::skips::{self, SkipKey};
+use crate::webhook_config;
 use crate::webhook_config::{Endpoint, WebhookConfigOptions};
 
 type Reply = tower_test::mock::SendResponse<Response<Body>>;
