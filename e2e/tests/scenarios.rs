@@ -2805,8 +2805,7 @@ fn required_after_admission(env: &mut Env<'_>) -> anyhow::Result<()> {
         wait_dry_run_image(cp, &ns, &[("app", "kept")], "kept-agent", "busybox:1.37")?;
         let template: injector_api::SidecarTemplate =
             serde_json::from_value(cp.get_json("sidecartemplate", None, "e2e-kept")?)?;
-        let template =
-            injector_core::template::compile(&template).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let template = injector_core::compile(&template).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         let pod: k8s_openapi::api::core::v1::Pod =
             serde_json::from_value(cp.get_json("pod", Some(&ns), "kept")?)?;
         let patch = injector_core::after_admission::rollout::in_place_patch(&template, &pod)

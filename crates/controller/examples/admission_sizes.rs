@@ -24,7 +24,7 @@ use injector_core::policy::{
     guard_rules, longest_expression, presence_conditions, proof_round_pod,
 };
 use injector_core::registry::Registry;
-use injector_core::template::{CompiledTemplate, compile};
+use injector_core::{CompiledTemplate, compile};
 use serde_json::{Value, json};
 
 /// One template: a sidecar with ten env vars, probes, resources and a port, in group `group`.

@@ -279,7 +279,7 @@ pub fn entry_name(group_id: &GroupId) -> String {
 }
 
 /// The configuration the operator wants in the cluster: one entry per selector group of
-/// `snapshot` (at most [`MAX_GROUPS`](injector_core::group::MAX_GROUPS) unless their namespace
+/// `snapshot` (at most [`MAX_GROUPS`](injector_core::MAX_GROUPS) unless their namespace
 /// selectors differ: the snapshot merges the others), in [`entry_order`], each trusting
 /// `ca_bundle_pem` (one or more PEM certificates; during a CA rotation, the old and the new CA).
 /// An empty bundle leaves `caBundle` out, so the API server falls back to its system trust

@@ -15,7 +15,7 @@ pub use key::{GroupId, GroupKey};
 use crate::rules::selector::Selector;
 use crate::template::CompiledTemplate;
 
-/// The most webhook entries the groups make before [`merge_past_bound`] merges some: each
+/// The most webhook entries the groups make before `merge_past_bound` merges some: each
 /// entry is another call the API server may make for one Pod, and another caBundle in an
 /// object that must stay well under what etcd accepts.
 pub const MAX_GROUPS: usize = 64;

@@ -1,4 +1,4 @@
-//! The pure injection engine: compile and validate `SidecarTemplate`s ([`template`]), keep them
+//! The pure injection engine: compile and validate `SidecarTemplate`s (`template`), keep them
 //! in a registry ([`registry`]), select the ones that apply to a Pod and plan the JSON patch
 //! that injects them ([`plan`]), each admission rule written once in Rust and in CEL
 //! ([`rules`]); read a Pod from the request's JSON with bounded memory ([`pod::json`]);
@@ -12,24 +12,25 @@
 
 pub mod after_admission;
 mod cel;
-pub mod error;
-pub mod fingerprint;
-pub mod group;
-pub mod labels;
-pub mod patch;
-pub mod placeholder;
-pub mod plan;
+mod error;
+mod fingerprint;
+mod group;
+mod labels;
+mod patch;
+mod placeholder;
+mod plan;
 pub mod pod;
 pub mod policy;
 pub mod registry;
 pub mod rules;
 pub mod syntax;
-pub mod template;
+mod template;
 
 pub use error::{FieldError, ValidationErrors};
-pub use group::{Group, GroupId, GroupKey};
+pub use group::{Group, GroupId, GroupKey, MAX_GROUPS, policy_of_id};
 pub use labels::Labels;
 pub use patch::{Patch, PatchValue};
+pub use placeholder::PodFacts;
 pub use plan::{Applied, Denial, NamespaceInfo, Plan, SkipReason, Skipped, plan, plan_among};
 pub use pod::{MalformedPod, Pod};
 pub use registry::freshness::{DEFAULT_WATCH_GRACE, WatchHealth};

@@ -31,7 +31,7 @@ pub enum PatchValue<'t> {
     /// An object with something made for this Pod inside.
     Object(Vec<(&'t str, PatchValue<'t>)>),
     /// An array or an object of a template with its strings with placeholders rendered for
-    /// this Pod, in the order [`Node::render_texts`] gives them.
+    /// this Pod, in the order `Node::render_texts` gives them.
     Rendered(&'t Node, Vec<String>),
 }
 
@@ -541,7 +541,7 @@ impl Patch<'_> {
     }
 
     /// Appends the base64 of the patch's JSON (of [`Patch::to_json`]) to `out`, copying each
-    /// fixed part's own base64 (see [`Base64Out`]).
+    /// fixed part's own base64 (see `Base64Out`).
     pub fn write_base64(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         let mut sink = Base64Out::new(out);
         self.write_json(&mut sink)?;

@@ -5,7 +5,7 @@
 //! name): the API server runs the mutations of one policy in order, each seeing the result of
 //! the one before, but orders separate policies arbitrarily, so every template the policy
 //! serves lives in the one policy. Consecutive templates that read and write nothing of each
-//! other's share one mutation ([`batch`]): the API server re-encodes the whole Pod after each.
+//! other's share one mutation (`batch`): the API server re-encodes the whole Pod after each.
 //! A template's part is a CEL expression that evaluates to `[]`
 //! unless the template selects the Pod (namespace and pod selectors, `OnRequest`, the opt-out)
 //! and none of its containers, init containers and volumes is in the Pod yet. So a mutation

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use injector_api::FailurePolicy;
-use injector_core::group::policy_of_id;
 use injector_core::pod::json::{PodJsonError, decode_pod_among};
+use injector_core::policy_of_id;
 use injector_core::{
     Applied, CompiledTemplate, Group, NamespaceInfo, Patch, Pod, Snapshot, plan_among,
 };

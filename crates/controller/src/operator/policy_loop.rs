@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use injector_core::CompiledTemplate;
 use injector_core::policy::{
     CompiledPolicy, GuardConditions, GuardRule, PolicyOptions, compile_after_admission,
     compile_guard, compile_policy, compile_warnings, guard_rules, keep_guard, presence_conditions,
     unserved_rules,
 };
-use injector_core::template::CompiledTemplate;
 use kube::runtime::utils::Backoff as _;
 use kube::runtime::watcher::DefaultBackoff;
 use tokio::sync::watch;

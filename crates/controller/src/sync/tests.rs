@@ -232,8 +232,8 @@ fn a_replica_started_while_a_required_template_is_invalid_keeps_what_its_status_
     assert!(names(&webhook).is_empty(), "{:?}", names(&webhook));
 }
 
-fn facts() -> injector_core::placeholder::PodFacts<'static> {
-    injector_core::placeholder::PodFacts {
+fn facts() -> injector_core::PodFacts<'static> {
+    injector_core::PodFacts {
         name: "p",
         namespace: "n",
         service_account_name: "default",
