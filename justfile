@@ -179,7 +179,7 @@ bench-scale:
     SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-scale
 
 
-# Mass creation on v1.37.2: a Deployment scaled from 0 to 1,000 replicas with no injection, then under the webhook, auto and policy backends with 3 and 50 templates: time to every Pod stored, admission p50/p99 from the API server's histogram, failed creations, rejections, Pods missing a template (figures go in BENCHMARKS.md). SIDECAR_INJECTOR_BIN=... uses a release binary already built
+# Mass creation on v1.37.2: a Deployment scaled from 0 to 1,000 replicas with no injection, then under the webhook, auto and policy backends with 3 and 50 templates, then with 3 and the leader of two replicas killed half-way: time to every Pod stored, admission p50/p99 from the API server's histogram, failed creations, rejections, Pods missing a template (figures go in BENCHMARKS.md). SIDECAR_INJECTOR_BIN=... uses a release binary already built
 bench-mass:
     #!/usr/bin/env bash
     set -euo pipefail

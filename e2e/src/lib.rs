@@ -32,6 +32,7 @@ mod process;
 pub mod prometheus;
 pub mod release;
 pub mod schemas;
+mod service;
 pub mod steps;
 
 use std::path::PathBuf;
@@ -42,6 +43,7 @@ pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use node::Cluster;
 pub use operator::{Backend, Operator, OperatorOptions, READY_POLL};
 pub use process::http_get_at;
+pub use service::LocalService;
 
 /// The environment variable that turns the end-to-end scenarios on (`1`).
 pub const ENABLE_VAR: &str = "SIDECAR_INJECTOR_E2E";

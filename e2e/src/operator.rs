@@ -37,6 +37,10 @@ pub struct OperatorOptions {
     pub extra_args: Vec<String>,
     /// The kubeconfig the operator uses; the control plane's admin kubeconfig when `None`.
     pub kubeconfig: Option<PathBuf>,
+    /// `--webhook-url`, when the API server is to reach this replica through something in front
+    /// of several (a [`crate::LocalService`], as a Service is in a cluster); this replica's own
+    /// address when `None`.
+    pub service_url: Option<String>,
 }
 
 impl Default for OperatorOptions {
@@ -48,6 +52,7 @@ impl Default for OperatorOptions {
             ca_lifetime: None,
             extra_args: Vec::new(),
             kubeconfig: None,
+            service_url: None,
         }
     }
 }
@@ -208,9 +213,31 @@ impl Operator {
         self.process.as_ref().and_then(Process::pid)
     }
 
-    /// `--webhook-url`: `https://127.0.0.1:PORT`.
+    /// `--webhook-url`: [`OperatorOptions::service_url`], else `https://127.0.0.1:PORT`, this
+    /// replica's own.
     pub fn webhook_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.listen_port)
+        self.options
+            .service_url
+            .clone()
+            .unwrap_or_else(|| format!("https://127.0.0.1:{}", self.listen_port))
+    }
+
+    /// The port this replica serves the webhook on (127.0.0.1).
+    pub fn listen_port(&self) -> u16 {
+        self.listen_port
+    }
+
+    /// Whether this replica says it leads (its `sidecar_injector_leader` gauge).
+    pub fn leads(&self) -> bool {
+        self.metrics()
+            .is_ok_and(|m| m.lines().any(|l| l.trim() == "sidecar_injector_leader 1"))
+    }
+
+    /// Kills the process (SIGKILL): no drain, no lease released, in-flight calls cut.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
     }
 
     /// The admin (plain HTTP) port: `/healthz`, `/readyz`, `/metrics`.

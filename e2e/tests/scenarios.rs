@@ -978,7 +978,7 @@ fn leader_election_failover(env: &mut Env<'_>) -> anyhow::Result<()> {
         let second = Operator::start(cp, options.clone())?;
         std::thread::sleep(Duration::from_secs(2));
         ensure!(
-            !is_leader(&second),
+            !second.leads(),
             "both replicas claim leadership:\n{}",
             second.metrics().unwrap_or_default()
         );
@@ -1654,17 +1654,11 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
 }
 
 /// Whether the operator's /metrics says it leads.
-fn is_leader(operator: &Operator) -> bool {
-    operator
-        .metrics()
-        .is_ok_and(|m| m.lines().any(|l| l.trim() == "sidecar_injector_leader 1"))
-}
-
 fn wait_leader(operator: &Operator, timeout: Duration) -> anyhow::Result<()> {
     poll(
         timeout,
         &format!("{} to lead", operator.webhook_url()),
-        || Ok(is_leader(operator).then_some(())),
+        || Ok(operator.leads().then_some(())),
     )
 }
 

@@ -10,11 +10,18 @@
 //!   every CREATE: it has no resource label) from the API server's own histograms, interpolated
 //!   within their buckets as `histogram_quantile` does, and the webhook calls it counted;
 //! * what must be zero: Pod creations the ReplicaSet controller reported failed (`FailedCreate`
-//!   Events), admission rejections, and stored Pods missing a template that selects them.
+//!   Events), admission rejections (those of dry-run CREATEs, the operator's own probes, counted
+//!   apart), and stored Pods missing a template that selects them.
+//!
+//! Then with 3 templates under each backend again, the **leader killed half-way**: two replicas
+//! behind one address ([`injector_e2e::LocalService`], as a Service in a cluster), and the
+//! leader SIGKILLed once half the Pods are stored; the standby takes over when the lease
+//! expires. The counts that must be zero stay the same.
 //!
 //! Prints a Markdown report and writes it to `target/bench-mass.md`. The `policy` backend needs
 //! an API server that serves MutatingAdmissionPolicies (`SIDECAR_INJECTOR_KUBE_VERSION=v1.37.2`,
-//! the recipe's default). `SIDECAR_INJECTOR_BENCH_BACKENDS=none,webhook` measures only those.
+//! the recipe's default). `SIDECAR_INJECTOR_BENCH_BACKENDS=none,webhook,policy/kill` measures
+//! only those (`/kill`: the runs with the leader killed).
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -23,7 +30,7 @@ use anyhow::{Context, bail};
 use injector_e2e::bench::{Histogram, client_for};
 use injector_e2e::steps::install_crd;
 use injector_e2e::{
-    Backend, ControlPlane, ControlPlaneOptions, Operator, OperatorOptions, poll_every,
+    Backend, ControlPlane, ControlPlaneOptions, LocalService, Operator, OperatorOptions, poll_every,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -33,6 +40,8 @@ use serde_json::{Value, json};
 const REPLICAS: usize = 1000;
 /// How many templates select every Pod, per run with injection.
 const TEMPLATE_COUNTS: [usize; 2] = [3, 50];
+/// How many templates select every Pod in the runs with the leader killed.
+const KILL_TEMPLATES: usize = 3;
 /// How long every Pod gets to be stored after the scale.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The controller manager's client limits: high enough that its own rate limiter never waits.
@@ -53,7 +62,34 @@ struct Row {
     failed_creations: u64,
     first_failure: Option<String>,
     rejections: f64,
+    /// Pod CREATEs answered with an error, real ones and dry runs apart.
+    refused: Refused,
     missing: usize,
+    /// With the leader killed half-way: what happened.
+    killed: Option<Killed>,
+}
+
+/// Pod CREATEs the API server answered with an error (`apiserver_request_total`).
+#[derive(Clone, Copy, Default)]
+struct Refused {
+    pods: f64,
+    dry_runs: f64,
+}
+
+/// The leader killed half-way.
+struct Killed {
+    /// Pods stored when it was killed.
+    at_pods: usize,
+    /// From the kill to the standby leading.
+    takeover: Option<Duration>,
+    /// Connections the local Service found no replica for.
+    unrouted: usize,
+}
+
+/// The two replicas of a run with the leader killed, and the address in front of them.
+struct Replicas {
+    operators: [Operator; 2],
+    service: LocalService,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -68,18 +104,27 @@ fn main() -> anyhow::Result<()> {
     };
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    let runs = [(None, 0)].into_iter().chain(
-        [Backend::Webhook, Backend::Auto, Backend::Policy]
-            .into_iter()
-            .flat_map(|b| TEMPLATE_COUNTS.map(|n| (Some(b), n))),
-    );
-    for (backend, templates) in runs {
-        let name = backend.map_or("none", Backend::arg);
-        if !wanted(name) {
+    let backends = [Backend::Webhook, Backend::Auto, Backend::Policy];
+    let runs = [(None, 0, false)]
+        .into_iter()
+        .chain(
+            backends
+                .into_iter()
+                .flat_map(|b| TEMPLATE_COUNTS.map(|n| (Some(b), n, false))),
+        )
+        .chain(backends.map(|b| (Some(b), KILL_TEMPLATES, true)));
+    for (backend, templates, kill) in runs {
+        let backend_name = backend.map_or("none", Backend::arg);
+        let name = if kill {
+            format!("{backend_name}/kill")
+        } else {
+            backend_name.to_owned()
+        };
+        if !wanted(&name) {
             continue;
         }
         eprintln!("[bench] {name}, {templates} templates: scaling to {REPLICAS}");
-        match run(&runtime, backend, templates) {
+        match run(&runtime, backend, templates, kill) {
             Ok(row) => rows.push(row),
             Err(e) => {
                 eprintln!("[bench] {name}, {templates} templates: {e:#}");
@@ -100,6 +145,7 @@ fn run(
     runtime: &tokio::runtime::Runtime,
     backend: Option<Backend>,
     templates: usize,
+    kill: bool,
 ) -> anyhow::Result<Row> {
     let cp = ControlPlane::start_with(ControlPlaneOptions {
         controller_manager_args: CONTROLLER_MANAGER_LIMITS.map(str::to_owned).to_vec(),
@@ -111,15 +157,10 @@ fn run(
         bail!("this API server serves no MutatingAdmissionPolicy (1.36+)");
     }
     install_crd(&cp)?;
-    let _operator = match backend {
-        Some(backend) => Some(Operator::start(
-            &cp,
-            OperatorOptions {
-                extra_args: vec!["--injection-backend".into(), backend.arg().into()],
-                ..OperatorOptions::default()
-            },
-        )?),
-        None => None,
+    let (_operator, mut replicas) = match (backend, kill) {
+        (Some(backend), false) => (Some(Operator::start(&cp, operator_options(backend))?), None),
+        (Some(backend), true) => (None, Some(two_replicas(&cp, backend)?)),
+        (None, _) => (None, None),
     };
     let namespace = cp.namespace("mass", &[("bench", "mass")])?;
     for index in 0..templates {
@@ -143,17 +184,37 @@ fn run(
         &namespace,
         &format!("--replicas={REPLICAS}"),
     ])?;
+    let mut killed: Option<(usize, Instant, usize)> = None;
     poll_every(
         CREATE_TIMEOUT,
         Duration::from_millis(100),
         &format!("{REPLICAS} Pods stored"),
         || {
-            let listed = runtime.block_on(pods.list_metadata(&ListParams::default()))?;
-            Ok((listed.items.len() >= REPLICAS).then_some(()))
+            let stored = runtime
+                .block_on(pods.list_metadata(&ListParams::default()))?
+                .items
+                .len();
+            if let Some(replicas) = replicas.as_mut()
+                && killed.is_none()
+                && stored >= REPLICAS / 2
+            {
+                let leader = replicas.kill_leader()?;
+                eprintln!("[bench] the leader killed at {stored} Pods stored");
+                killed = Some((stored, Instant::now(), leader));
+            }
+            Ok((stored >= REPLICAS).then_some(()))
         },
     )?;
     let stored_in = started.elapsed();
     let after = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
+    let killed = match (killed, &replicas) {
+        (Some((at_pods, at, leader)), Some(replicas)) => Some(Killed {
+            at_pods,
+            takeover: replicas.takeover(1 - leader, at),
+            unrouted: replicas.service.unrouted(),
+        }),
+        _ => None,
+    };
 
     let (failed_creations, first_failure) = failed_creations(&cp, &namespace)?;
     let stored = runtime.block_on(pods.list(&ListParams::default()))?;
@@ -180,8 +241,107 @@ fn run(
         failed_creations,
         first_failure,
         rejections: rejections(&after) - rejections(&before),
+        refused: refused(&after).minus(refused(&before)),
         missing,
+        killed,
     })
+}
+
+fn operator_options(backend: Backend) -> OperatorOptions {
+    OperatorOptions {
+        extra_args: vec!["--injection-backend".into(), backend.arg().into()],
+        ..OperatorOptions::default()
+    }
+}
+
+/// Two replicas behind one local Service, one of them leading.
+fn two_replicas(cp: &ControlPlane, backend: Backend) -> anyhow::Result<Replicas> {
+    let service = LocalService::start()?;
+    let options = OperatorOptions {
+        service_url: Some(service.url()),
+        ..operator_options(backend)
+    };
+    let first = Operator::start(cp, options.clone())?;
+    let second = Operator::start(cp, options)?;
+    service.route_to(&[first.listen_port(), second.listen_port()]);
+    let replicas = Replicas {
+        operators: [first, second],
+        service,
+    };
+    poll_every(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        "a replica to lead",
+        || Ok(replicas.leader()),
+    )?;
+    Ok(replicas)
+}
+
+impl Replicas {
+    /// Which replica leads, if one says so.
+    fn leader(&self) -> Option<usize> {
+        self.operators.iter().position(Operator::leads)
+    }
+
+    /// SIGKILLs the leader; returns which it was.
+    fn kill_leader(&mut self) -> anyhow::Result<usize> {
+        let leader = self.leader().context("no replica leads")?;
+        self.operators[leader].kill();
+        Ok(leader)
+    }
+
+    /// How long after `killed_at` the replica `standby` led (`None`: not within a minute).
+    fn takeover(&self, standby: usize, killed_at: Instant) -> Option<Duration> {
+        poll_every(
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            "the standby to lead",
+            || Ok(self.operators[standby].leads().then(|| killed_at.elapsed())),
+        )
+        .ok()
+    }
+}
+
+/// Pod CREATEs answered with an error, from `apiserver_request_total`.
+fn refused(metrics: &str) -> Refused {
+    let mut refused = Refused::default();
+    for line in metrics.lines() {
+        let Some(series) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = series.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
+                .map(|v| v.trim_end_matches('"'))
+        };
+        let refused_pod_create = label("verb") == Some("POST")
+            && label("resource") == Some("pods")
+            && label("subresource").is_none_or(str::is_empty)
+            && label("code").is_some_and(|code| !code.starts_with('2'));
+        if !refused_pod_create {
+            continue;
+        }
+        let count: f64 = value.trim().parse().unwrap_or(0.0);
+        if label("dry_run").is_some_and(|d| !d.is_empty()) {
+            refused.dry_runs += count;
+        } else {
+            refused.pods += count;
+        }
+    }
+    refused
+}
+
+impl Refused {
+    fn minus(self, earlier: Refused) -> Refused {
+        Refused {
+            pods: self.pods - earlier.pods,
+            dry_runs: self.dry_runs - earlier.dry_runs,
+        }
+    }
 }
 
 /// Pod CREATE requests, as the API server timed them (admission and storage).
@@ -360,13 +520,18 @@ fn report(rows: &[Row], failures: &[String]) -> anyhow::Result<String> {
     )?;
     writeln!(
         out,
-        "| backend | templates | every Pod stored in | Pods/s | Pod CREATE p50 / p99 | mutating admission p99 | webhook calls | failed creations | rejections | Pods missing a template |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| backend | templates | every Pod stored in | Pods/s | Pod CREATE p50 / p99 | mutating admission p99 | webhook calls | failed creations | rejections | Pod CREATEs refused (dry runs) | Pods missing a template |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )?;
     for row in rows {
+        let backend = if row.killed.is_some() {
+            format!("{}, leader killed", row.backend)
+        } else {
+            row.backend.to_owned()
+        };
         writeln!(
             out,
-            "| {} | {} | {:.2} s | {:.0} | {:.1} / {:.1} ms | {:.1} ms | {:.0} | {} | {:.0} | {} |",
-            row.backend,
+            "| {} | {} | {:.2} s | {:.0} | {:.1} / {:.1} ms | {:.1} ms | {:.0} | {} | {:.0} | {:.0} ({:.0}) | {} |",
+            backend,
             row.templates,
             row.stored_in.as_secs_f64(),
             REPLICAS as f64 / row.stored_in.as_secs_f64(),
@@ -376,8 +541,23 @@ fn report(rows: &[Row], failures: &[String]) -> anyhow::Result<String> {
             row.webhook_calls,
             row.failed_creations,
             row.rejections,
+            row.refused.pods,
+            row.refused.dry_runs,
             row.missing,
         )?;
+    }
+    for row in rows {
+        if let Some(killed) = &row.killed {
+            let takeover = killed.takeover.map_or_else(
+                || "no takeover within a minute".to_owned(),
+                |t| format!("the standby led {:.1} s later", t.as_secs_f64()),
+            );
+            writeln!(
+                out,
+                "\n{}, leader killed: at {} Pods stored; {takeover}; {} connections found no replica.",
+                row.backend, killed.at_pods, killed.unrouted
+            )?;
+        }
     }
     for row in rows {
         if let Some(message) = &row.first_failure {
