@@ -219,7 +219,7 @@ fn settled(template: &CompiledTemplate, rule: &GuardRule) -> GuardKept {
 /// force before the policy changes: a Pod passes a template's rule when it passes the new one
 /// or one in force, since either policy may be the one the API server runs for it. The
 /// conditions are settled ones, never a guard wrapping another, and at most
-/// [`MAX_CONDITIONS`], so a series of changes that fail keeps the guard's size bounded. A
+/// `MAX_CONDITIONS`, so a series of changes that fail keeps the guard's size bounded. A
 /// template with no rule in force gets its new rule alone: until the new policy runs, its Pods
 /// are refused, never admitted without it.
 pub fn compile_guard(

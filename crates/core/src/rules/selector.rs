@@ -1,5 +1,5 @@
 //! Label selectors, validated once and matched many times: in Rust ([`Selector::matches`]) by
-//! `plan` and the census, and as CEL ([`Selector::cel`]) by the compiled policy and its guard.
+//! `plan` and the census, and as CEL (`Selector::cel`) by the compiled policy and its guard.
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,6 +1,6 @@
 //! What a Pod's author is told: each warning one variant with one text ([`fmt::Display`]),
 //! which `plan` gives (the webhook and `render` answer with it) and the warnings policy renders
-//! as CEL ([`Warning::message_cel`]) for Pods the policy injected.
+//! as CEL (`Warning::message_cel`) for Pods the policy injected.
 
 use std::fmt;
 
