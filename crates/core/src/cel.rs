@@ -67,12 +67,40 @@ pub(crate) mod testing {
             .enable_optional_syntax(true)
             .parse(source)
             .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-        let mut context = cel::Context::default().with_all();
+        let mut context = context();
         for (name, value) in variables {
             context.add_variable(*name, (*value).clone()).unwrap();
         }
         context
             .resolve(&program)
             .unwrap_or_else(|e| panic!("{source}: {e:?}"))
+    }
+
+    /// A context with the Kubernetes CEL libraries, and `dyn` (standard CEL, which the
+    /// interpreter lacks) as what it is to a value already typed: the value itself.
+    pub(crate) fn context() -> cel::Context<'static> {
+        let mut context = cel::Context::default().with_all();
+        context.add_function("dyn", dyn_);
+        context
+    }
+
+    fn dyn_(cel::extractors::Arguments(args): cel::extractors::Arguments) -> cel::ResolveResult {
+        Ok(args.first().cloned().unwrap_or(cel::Value::Null))
+    }
+
+    /// `value` as the API server's CEL sees an object's fields: its integers are `int`s.
+    pub(crate) fn typed(value: &Value) -> cel::Value {
+        match value {
+            Value::Number(n) => n
+                .as_i64()
+                .map_or_else(|| cel::to_value(n).unwrap(), cel::Value::Int),
+            Value::Array(items) => items.iter().map(typed).collect::<Vec<_>>().into(),
+            Value::Object(fields) => fields
+                .iter()
+                .map(|(k, v)| (k.clone(), typed(v)))
+                .collect::<std::collections::HashMap<_, _>>()
+                .into(),
+            other => cel::to_value(other).unwrap(),
+        }
     }
 }

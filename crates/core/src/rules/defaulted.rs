@@ -493,8 +493,10 @@ fn milli_units(quantity: &str) -> Option<i128> {
 }
 
 mod holds;
+mod present;
 mod stored;
 pub(crate) use holds::holds_cel;
+pub(crate) use present::container_presence;
 pub(crate) use stored::stored_volume;
 
 #[cfg(test)]

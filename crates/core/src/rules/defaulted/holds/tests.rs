@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 
 use super::super::{ItemKind, Surroundings, difference};
 use super::holds_cel;
+use crate::cel::testing::typed;
 use crate::placeholder::{Node, Part, TemplateString};
 
 const TOKEN_VOLUME: &str = "kube-api-access-x7k2p";
@@ -46,22 +47,6 @@ fn holds(ours: &Value, theirs: &Value) -> bool {
     match context.resolve(&program) {
         Ok(cel::Value::Bool(verdict)) => verdict,
         other => panic!("{source}: {other:?}"),
-    }
-}
-
-/// `value` as the API server's CEL sees a Pod's fields: its integers are `int`s.
-fn typed(value: &Value) -> cel::Value {
-    match value {
-        Value::Number(n) => n
-            .as_i64()
-            .map_or_else(|| cel::to_value(n).unwrap(), cel::Value::Int),
-        Value::Array(items) => items.iter().map(typed).collect::<Vec<_>>().into(),
-        Value::Object(fields) => fields
-            .iter()
-            .map(|(k, v)| (k.clone(), typed(v)))
-            .collect::<std::collections::HashMap<_, _>>()
-            .into(),
-        other => cel::to_value(other).unwrap(),
     }
 }
 
