@@ -23,6 +23,7 @@ use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 use crate::registry::KnownTemplates;
 pub use crate::rules::SkipReason;
 use crate::rules::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
+use crate::rules::placement::{Before, first_blocking};
 use crate::rules::record;
 pub use crate::rules::selection::NamespaceInfo;
 use crate::rules::selection::{
@@ -1135,15 +1136,18 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             // A native sidecar must run from the start: after a plain init container of the
             // Pod's own it would not be running while that one runs.
             (Placement::InitContainers, Some(index))
-                if init_containers
-                    .get(index)
-                    .is_some_and(|c| c.native_sidecar) =>
+                if init_containers.get(index).is_some_and(|c| c.native_sidecar) =>
             {
-                init_containers[..index]
+                let before = init_containers[..index]
                     .iter()
                     .zip(&self.template_init_containers)
-                    .find(|(c, theirs)| !c.native_sidecar && !**theirs)
-                    .map(|(c, _)| {
+                    .map(|(c, theirs)| Before {
+                        native_sidecar: c.native_sidecar,
+                        templates: *theirs,
+                    });
+                first_blocking(before)
+                    .and_then(|blocking| init_containers.get(blocking))
+                    .map(|c| {
                         format!(
                             "is in the pod after its init container {:?}; a native sidecar must come before the pod's own init containers",
                             c.name

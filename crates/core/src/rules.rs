@@ -8,6 +8,7 @@
 //!
 //! - [`defaulted`]: whether an item of a Pod is a template's, up to what the API server fills
 //!   in;
+//! - [`placement`]: where a template's native sidecar must stand among the init containers;
 //! - [`selector`]: label selectors;
 //! - [`record`]: the record `sidecar.dev/injected`, read and written;
 //! - [`selection`]: whether a template selects a Pod (excluded namespaces, the opt-out,
@@ -15,6 +16,7 @@
 //! - [`warning`]: what a Pod's author is told, each warning with one text.
 
 pub mod defaulted;
+pub(crate) mod placement;
 pub mod record;
 pub mod selection;
 pub mod selector;

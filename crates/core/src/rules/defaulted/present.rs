@@ -15,6 +15,7 @@ use serde_json::Value;
 use super::{TOKEN_VOLUME_PREFIX, service_account_mount_cel};
 use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_string};
 use crate::placeholder::{Node, TemplateString};
+use crate::rules::placement;
 
 /// Whether the Pod's `list` holds a container equal to `stored` (the template's `body` as the
 /// API server stored it), up to what the API server adds as the webhook's comparison
@@ -109,9 +110,7 @@ pub(crate) fn container_presence(
     if list == "initContainers"
         && stored.get("restartPolicy").and_then(Value::as_str) == Some("Always")
     {
-        terms.push(format!(
-            "!object.spec.initContainers.exists(d, object.spec.initContainers.indexOf(d) < object.spec.initContainers.indexOf(c) && d.?restartPolicy.orValue(\"\") != \"Always\" && !(d.name in {template_init}))"
-        ));
+        terms.push(placement::in_place_cel(template_init));
     }
     Some(format!(
         "object.spec.?{list}.orValue([]).exists(c, {})",
