@@ -189,7 +189,7 @@ bench-mass:
     fi
     SIDECAR_INJECTOR_KUBE_VERSION="${SIDECAR_INJECTOR_KUBE_VERSION:-v1.37.2}" cargo run --release --quiet -p injector-e2e --bin bench-mass
 
-# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~15 minutes, of the release image a few more); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
+# End-to-end scenarios and chart tests against a local control plane, and the scenarios that need running Pods on a local node with the chart installed from `just dist`'s packaged chart and image (the first build of the binaries takes ~7 minutes, of the release image a few more); SIDECAR_INJECTOR_E2E_SLOW=0 skips the 3-minute rotation scenario
 e2e: node-packages dist
     SIDECAR_INJECTOR_E2E=1 SIDECAR_INJECTOR_E2E_SLOW=${SIDECAR_INJECTOR_E2E_SLOW:-1} cargo test -p injector-e2e --tests -- --nocapture
     {{just_executable()}} e2e-next
