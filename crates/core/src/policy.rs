@@ -962,20 +962,6 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
             compiled.hash
         ));
     }
-    let names = |field: &str| -> BTreeSet<&str> {
-        stored
-            .pointer(&format!("/spec/{field}"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|item| item.get("name").and_then(Value::as_str))
-            .collect()
-    };
-    let (containers, init_containers, volumes) = (
-        names("containers"),
-        names("initContainers"),
-        names("volumes"),
-    );
     let of_round: Vec<&Arc<CompiledTemplate>> = compiled
         .served
         .iter()
@@ -996,22 +982,55 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
             "the dry-run Pod of round {round} of the proof records the templates {recorded:?}, want {expected:?}"
         ));
     }
-    for template in of_round {
+    let added = Added::of(stored);
+    of_round
+        .into_iter()
+        .find_map(|template| added.problem(template, stored))
+}
+
+/// The names of what the dry-run Pod of a proof holds, by list.
+struct Added<'s> {
+    containers: BTreeSet<&'s str>,
+    init_containers: BTreeSet<&'s str>,
+    volumes: BTreeSet<&'s str>,
+}
+
+impl<'s> Added<'s> {
+    fn of(stored: &'s Value) -> Self {
+        let names = |field: &str| -> BTreeSet<&'s str> {
+            stored
+                .pointer(&format!("/spec/{field}"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|item| item.get("name").and_then(Value::as_str))
+                .collect()
+        };
+        Added {
+            containers: names("containers"),
+            init_containers: names("initContainers"),
+            volumes: names("volumes"),
+        }
+    }
+
+    /// Why the dry-run Pod `stored` shows `template` was not applied as the policy applies
+    /// it: an item missing, or a volume stored otherwise than predicted.
+    fn problem(&self, template: &CompiledTemplate, stored: &Value) -> Option<String> {
         let missing = template
             .containers
             .iter()
-            .filter(|i| !containers.contains(i.key.as_str()))
+            .filter(|i| !self.containers.contains(i.key.as_str()))
             .chain(
                 template
                     .init_containers
                     .iter()
-                    .filter(|i| !init_containers.contains(i.key.as_str())),
+                    .filter(|i| !self.init_containers.contains(i.key.as_str())),
             )
             .chain(
                 template
                     .volumes
                     .iter()
-                    .filter(|i| !volumes.contains(i.key.as_str())),
+                    .filter(|i| !self.volumes.contains(i.key.as_str())),
             )
             .map(|i| i.key.as_str())
             .next();
@@ -1021,26 +1040,30 @@ pub fn proof_problem(compiled: &CompiledPolicy, round: usize, stored: &Value) ->
                 template.name
             ));
         }
-        // The policy took a Pod's own volume by this name for the template's when it equals
-        // the prediction: the API server must store the template's so.
-        for item in &template.volumes {
-            let (Some(predicted), Some(stored)) = (
-                predicted_volume(item),
-                stored
-                    .pointer("/spec/volumes")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .find(|v| v.get("name").and_then(Value::as_str) == Some(item.key.as_str())),
-            ) else {
-                continue;
-            };
-            if &predicted != stored {
-                return Some(format!(
-                    "SidecarTemplate {:?}: the API server stored volume {:?} as {stored}, the policy expected {predicted}",
-                    template.name, item.key
-                ));
-            }
+        volume_problem(template, stored)
+    }
+}
+
+/// The policy took a Pod's own volume by this name for the template's when it equals the
+/// prediction: the API server must store each of `template`'s volumes so.
+fn volume_problem(template: &CompiledTemplate, stored: &Value) -> Option<String> {
+    for item in &template.volumes {
+        let (Some(predicted), Some(stored)) = (
+            predicted_volume(item),
+            stored
+                .pointer("/spec/volumes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|v| v.get("name").and_then(Value::as_str) == Some(item.key.as_str())),
+        ) else {
+            continue;
+        };
+        if &predicted != stored {
+            return Some(format!(
+                "SidecarTemplate {:?}: the API server stored volume {:?} as {stored}, the policy expected {predicted}",
+                template.name, item.key
+            ));
         }
     }
     None

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use injector_api::names::RESERVED_PREFIX;
 use injector_api::{FailurePolicy, InjectedMetadata, Injection, SidecarTemplate, UpdateStrategy};
 use k8s_openapi::api::core::v1::{LocalObjectReference, Volume};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -129,17 +130,13 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
     let mut errors = Vec::new();
     check_name(&name, &mut errors);
     let spec = &template.spec;
-    let namespace_selector =
-        Selector::compile(spec.namespace_selector.as_ref(), "spec.namespaceSelector")
-            .unwrap_or_else(|e| {
-                errors.extend(e);
-                Selector::default()
-            });
-    let pod_selector = Selector::compile(spec.pod_selector.as_ref(), "spec.podSelector")
-        .unwrap_or_else(|e| {
-            errors.extend(e);
-            Selector::default()
-        });
+    let namespace_selector = compile_selector(
+        spec.namespace_selector.as_ref(),
+        "spec.namespaceSelector",
+        &mut errors,
+    );
+    let pod_selector =
+        compile_selector(spec.pod_selector.as_ref(), "spec.podSelector", &mut errors);
 
     let mut container_names = HashSet::new();
     let containers = compile_containers(
@@ -173,21 +170,6 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
             compile_metadata(metadata, &mut errors)
         });
 
-    let metadata_reads = metadata_reads(
-        containers
-            .iter()
-            .chain(&init_containers)
-            .chain(&volumes)
-            .map(|i| &i.body)
-            .chain(app.iter().flat_map(|a| {
-                a.env
-                    .iter()
-                    .chain(&a.volume_mounts)
-                    .map(|i| &i.body)
-                    .chain(&a.env_from)
-            })),
-        labels.iter().chain(&annotations).map(|(_, text)| text),
-    );
     let group = GroupKey::new(&namespace_selector, &pod_selector, spec.failure_policy);
     let compiled = CompiledTemplate {
         group_id: group.id(),
@@ -206,10 +188,57 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         app,
         labels,
         annotations,
-        metadata_reads,
+        metadata_reads: Vec::new(),
         fingerprint: Fingerprint::of(spec),
         update_strategy: spec.update_strategy.clone().unwrap_or_default(),
     };
+    validated(with_metadata_reads(compiled), errors)
+}
+
+/// A selector of the template compiled, its problems added to `errors` (then it selects as an
+/// empty one would, for the rest of the checks).
+fn compile_selector(
+    selector: Option<&LabelSelector>,
+    path: &str,
+    errors: &mut Vec<FieldError>,
+) -> Selector {
+    Selector::compile(selector, path).unwrap_or_else(|e| {
+        errors.extend(e);
+        Selector::default()
+    })
+}
+
+/// `compiled` with the Pod metadata its placeholders read, from every item and text that may
+/// hold one.
+fn with_metadata_reads(mut compiled: CompiledTemplate) -> CompiledTemplate {
+    compiled.metadata_reads = metadata_reads(
+        compiled
+            .containers
+            .iter()
+            .chain(&compiled.init_containers)
+            .chain(&compiled.volumes)
+            .map(|i| &i.body)
+            .chain(compiled.app.iter().flat_map(|a| {
+                a.env
+                    .iter()
+                    .chain(&a.volume_mounts)
+                    .map(|i| &i.body)
+                    .chain(&a.env_from)
+            })),
+        compiled
+            .labels
+            .iter()
+            .chain(&compiled.annotations)
+            .map(|(_, text)| text),
+    );
+    compiled
+}
+
+/// `compiled` when it has no problem: `errors` is empty and it injects something.
+fn validated(
+    compiled: CompiledTemplate,
+    mut errors: Vec<FieldError>,
+) -> Result<CompiledTemplate, ValidationErrors> {
     if compiled.injects_nothing() {
         errors.push(FieldError::new(
             "spec",

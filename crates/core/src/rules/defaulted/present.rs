@@ -10,7 +10,7 @@
 //! policy's mutation uses it to leave a copy of an earlier version alone); the two differ in
 //! their input, so they are two functions.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{TOKEN_VOLUME_PREFIX, service_account_mount_cel};
 use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_string};
@@ -30,25 +30,7 @@ pub(crate) fn container_presence(
     template_init: &str,
     text: &dyn Fn(&TemplateString) -> String,
 ) -> Option<String> {
-    let mut stored = stored.as_object()?.clone();
-    if let Some(Value::Array(mounts)) = stored.get_mut("volumeMounts") {
-        mounts.retain(|m| {
-            !m.get("name")
-                .and_then(Value::as_str)
-                .is_some_and(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
-        });
-        if mounts.is_empty() {
-            stored.remove("volumeMounts");
-        }
-    }
-    // The API server stores `resources: {}` for a container that sets none: any resources
-    // may stand there (a LimitRange's).
-    if stored
-        .get("resources")
-        .is_some_and(|r| r.as_object().is_some_and(serde_json::Map::is_empty))
-    {
-        stored.remove("resources");
-    }
+    let stored = without_additions(stored.as_object()?.clone());
     let expected = expected_fields(body, &stored, text)?;
     let keys = cel_list(expected.iter().map(|(k, _)| k.as_str()));
     let token_mount = service_account_mount_cel("m");
@@ -72,41 +54,11 @@ pub(crate) fn container_presence(
     if !stored.contains_key("volumeMounts") {
         terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
     }
-    for (key, expected) in &expected {
-        if key == "name" && name.is_some() {
-            continue;
-        }
-        let value = match expected {
-            Expected::Value(value) => value,
-            Expected::Text(text) => {
-                // Rendered empty, the field is left out or kept empty (see `Expected::Text`).
-                terms.push(format!("c[?{}].orValue(\"\") == {text}", cel_string(key)));
-                continue;
-            }
-        };
-        let field = format!("c[{}]", cel_string(key));
-        let equal = match (key.as_str(), stored.get(key)) {
-            ("volumeMounts", _) => {
-                terms.push(format!(
-                    "c.?volumeMounts.orValue([]).filter(m, !{token_mount}) == {value}"
-                ));
-                continue;
-            }
-            ("imagePullPolicy", _) => format!("({field} == {value} || {field} == \"Always\")"),
-            // A LimitRange fills in what the template's resources leave out.
-            ("resources", Some(resources)) => includes(&field, resources),
-            ("ports", Some(Value::Array(ports))) => match host_ports(ports) {
-                Some(on_host) => format!(
-                    "({field} == {value} || (object.spec.?hostNetwork.orValue(false) && {field} == {on_host}))"
-                ),
-                None => format!("{field} == {value}"),
-            },
-            _ => format!("{field} == {value}"),
-        };
-        // `in` first: an absent key must make the condition false, never an error (an
-        // error fails a required entry's call).
-        terms.push(format!("({} in c && {equal})", cel_string(key)));
-    }
+    let fields = expected
+        .iter()
+        .filter(|(key, _)| !(key == "name" && name.is_some()))
+        .map(|(key, expected)| field_term(key, expected, stored.get(key), &token_mount));
+    terms.extend(fields);
     if list == "initContainers"
         && stored.get("restartPolicy").and_then(Value::as_str) == Some("Always")
     {
@@ -116,6 +68,59 @@ pub(crate) fn container_presence(
         "object.spec.?{list}.orValue([]).exists(c, {})",
         terms.join(" && ")
     ))
+}
+
+/// The stored container without what the API server added to it in the proof and adds to
+/// every Pod anyway: the token's mount, and the `resources: {}` it stores for a container
+/// that sets none (where any resources may stand, a LimitRange's).
+fn without_additions(mut stored: Map<String, Value>) -> Map<String, Value> {
+    if let Some(Value::Array(mounts)) = stored.get_mut("volumeMounts") {
+        mounts.retain(|m| {
+            !m.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.starts_with(TOKEN_VOLUME_PREFIX))
+        });
+        if mounts.is_empty() {
+            stored.remove("volumeMounts");
+        }
+    }
+    if stored
+        .get("resources")
+        .is_some_and(|r| r.as_object().is_some_and(Map::is_empty))
+    {
+        stored.remove("resources");
+    }
+    stored
+}
+
+/// The condition on the field `key` of the container `c`: `expected`, up to what admission
+/// plugins change in it (`stored` is the field as the proof stored it; `token_mount` the
+/// condition that a mount `m` is the token's).
+fn field_term(key: &str, expected: &Expected, stored: Option<&Value>, token_mount: &str) -> String {
+    let value = match expected {
+        Expected::Value(value) => value,
+        // Rendered empty, the field is left out or kept empty (see `Expected::Text`).
+        Expected::Text(text) => return format!("c[?{}].orValue(\"\") == {text}", cel_string(key)),
+    };
+    let field = format!("c[{}]", cel_string(key));
+    let equal = match (key, stored) {
+        ("volumeMounts", _) => {
+            return format!("c.?volumeMounts.orValue([]).filter(m, !{token_mount}) == {value}");
+        }
+        ("imagePullPolicy", _) => format!("({field} == {value} || {field} == \"Always\")"),
+        // A LimitRange fills in what the template's resources leave out.
+        ("resources", Some(resources)) => includes(&field, resources),
+        ("ports", Some(Value::Array(ports))) => match host_ports(ports) {
+            Some(on_host) => format!(
+                "({field} == {value} || (object.spec.?hostNetwork.orValue(false) && {field} == {on_host}))"
+            ),
+            None => format!("{field} == {value}"),
+        },
+        _ => format!("{field} == {value}"),
+    };
+    // `in` first: an absent key must make the condition false, never an error (an error fails
+    // a required entry's call).
+    format!("({} in c && {equal})", cel_string(key))
 }
 
 /// A CEL condition that `expression` holds `stored` with perhaps more keys in its objects, as
@@ -179,7 +184,7 @@ enum Expected {
 /// the template's string holds placeholders (a CEL expression over the Pod).
 fn expected_fields(
     body: &Node,
-    stored: &serde_json::Map<String, Value>,
+    stored: &Map<String, Value>,
     text: &dyn Fn(&TemplateString) -> String,
 ) -> Option<Vec<(String, Expected)>> {
     match body {
@@ -200,7 +205,7 @@ fn expected_fields(
 /// texts too. `None` when their shapes differ.
 fn object_fields(
     fields: &[(String, Node)],
-    stored: &serde_json::Map<String, Value>,
+    stored: &Map<String, Value>,
     text: &dyn Fn(&TemplateString) -> String,
 ) -> Option<Vec<(String, Expected)>> {
     let mut expected = Vec::new();
