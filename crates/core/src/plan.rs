@@ -861,6 +861,31 @@ struct AppContainer<'k, 't> {
 }
 
 impl<'k, 't> AppContainer<'k, 't> {
+    /// Adds what templates add to the Pod's container at `index` to `ops`.
+    fn emit(self, index: usize, ops: &mut Vec<AddOperation<'t>>) {
+        let container = || PatchPath::escaped("/spec/containers").then_index(index);
+        let env_existed = self.env.existed;
+        append(
+            || container().then_escaped("/env"),
+            env_existed,
+            self.env.into_values(),
+            ops,
+        );
+        append(
+            || container().then_escaped("/envFrom"),
+            self.env_from_existing.is_some(),
+            self.env_from_added,
+            ops,
+        );
+        let mounts_existed = self.mounts.existed;
+        append(
+            || container().then_escaped("/volumeMounts"),
+            mounts_existed,
+            self.mounts.into_values(),
+            ops,
+        );
+    }
+
     fn new(container: &'k Container<'k>) -> Self {
         if let Some(whole) = container.whole.as_deref() {
             let list = |field: &str| {
@@ -1243,6 +1268,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         // An operation an item at most, one for the metadata, and one token mount for each
         // container: room made once.
         let mut ops = Vec::with_capacity(1 + self.additions() + self.containers.added.len());
+        let first_init = self.first_init();
         let adds_metadata = !self.labels.added.is_empty() || !self.annotations.added.is_empty();
         if !self.view.has_metadata && adds_metadata {
             ops.push(add(
@@ -1252,44 +1278,76 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         }
         self.labels.emit("/metadata/labels", &mut ops);
         self.annotations.emit("/metadata/annotations", &mut ops);
-        let (init_containers, containers): (Vec<_>, Vec<_>) = self
-            .containers
-            .added
-            .into_iter()
-            .partition(|(placement, _)| *placement == Placement::InitContainers);
-        let values = |items: Vec<(Placement, PatchValue<'t>)>| -> Vec<PatchValue<'t>> {
-            items.into_iter().map(|(_, value)| value).collect()
+        let lands = Landing {
+            first_init,
+            init_containers_existed: self.init_containers_existed,
+            after_containers: self.view.containers.len(),
+            service_account_volume,
         };
-        // Where each added container lands, and whether it gets the token's mount; worked out
-        // before the values move into the patch.
-        let token_mounts = |items: &[(Placement, PatchValue<'t>)], first: usize| {
-            service_account_volume.map_or_else(Vec::new, |volume| {
-                items
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(at, (_, value))| {
-                        token_mount_wanted(value).map(|has_list| (first + at, has_list, volume))
-                    })
-                    .collect::<Vec<_>>()
-            })
-        };
-        // Init containers go before the Pod's own, in order, and after those other templates
-        // placed first (another webhook entry, called before, or a MutatingAdmissionPolicy):
-        // templates apply in priority order, so theirs come first.
-        let first_init = if self.init_containers_existed {
+        lands.emit(self.containers.added, &mut ops);
+        append(
+            || PatchPath::escaped("/spec/volumes"),
+            self.volumes.existed,
+            self.volumes.into_values(),
+            &mut ops,
+        );
+        append(
+            || PatchPath::escaped("/spec/imagePullSecrets"),
+            self.pull_secrets.existed,
+            self.pull_secrets.into_values(),
+            &mut ops,
+        );
+        for (index, state) in self.app.into_iter().enumerate() {
+            if let Some(state) = state {
+                state.emit(index, &mut ops);
+            }
+        }
+        Patch(ops)
+    }
+
+    /// Where templates' init containers go: before the Pod's own, in order, and after those
+    /// other templates placed first (another webhook entry, called before, or a
+    /// MutatingAdmissionPolicy): templates apply in priority order, so theirs come first.
+    fn first_init(&self) -> usize {
+        if self.init_containers_existed {
             self.template_init_containers
                 .iter()
                 .take_while(|theirs| **theirs)
                 .count()
         } else {
             0
+        }
+    }
+}
+
+/// Where the containers a plan adds land, and the token's mount each gets.
+struct Landing<'v> {
+    /// The index of the first init container added.
+    first_init: usize,
+    init_containers_existed: bool,
+    /// The index of the first container added: after the Pod's own.
+    after_containers: usize,
+    service_account_volume: Option<&'v str>,
+}
+
+impl Landing<'_> {
+    /// Adds `added` (each container with its list) and their token mounts to `ops`.
+    fn emit<'t>(&self, added: Vec<(Placement, PatchValue<'t>)>, ops: &mut Vec<AddOperation<'t>>) {
+        let (init_containers, containers): (Vec<_>, Vec<_>) = added
+            .into_iter()
+            .partition(|(placement, _)| *placement == Placement::InitContainers);
+        // Where each added container lands, and whether it gets the token's mount; worked out
+        // before the values move into the patch.
+        let init_mounts = self.token_mounts(&init_containers, self.first_init);
+        let container_mounts = self.token_mounts(&containers, self.after_containers);
+        let values = |items: Vec<(Placement, PatchValue<'t>)>| -> Vec<PatchValue<'t>> {
+            items.into_iter().map(|(_, value)| value).collect()
         };
-        let init_mounts = token_mounts(&init_containers, first_init);
-        let container_mounts = token_mounts(&containers, self.view.containers.len());
         if self.init_containers_existed {
             for (index, value) in values(init_containers).into_iter().enumerate() {
                 ops.push(AddOperation {
-                    path: PatchPath::escaped("/spec/initContainers").then_index(first_init + index),
+                    path: PatchPath::escaped("/spec/initContainers")
+                        .then_index(self.first_init + index),
                     value,
                 });
             }
@@ -1298,14 +1356,14 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 || PatchPath::escaped("/spec/initContainers"),
                 false,
                 values(init_containers),
-                &mut ops,
+                ops,
             );
         }
         append(
             || PatchPath::escaped("/spec/containers"),
             true,
             values(containers),
-            &mut ops,
+            ops,
         );
         for (list, mounts) in [
             ("/spec/initContainers", init_mounts),
@@ -1325,47 +1383,28 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                     },
                     has_list,
                     vec![mount],
-                    &mut ops,
+                    ops,
                 );
             }
         }
-        append(
-            || PatchPath::escaped("/spec/volumes"),
-            self.volumes.existed,
-            self.volumes.into_values(),
-            &mut ops,
-        );
-        append(
-            || PatchPath::escaped("/spec/imagePullSecrets"),
-            self.pull_secrets.existed,
-            self.pull_secrets.into_values(),
-            &mut ops,
-        );
-        for (index, state) in self.app.into_iter().enumerate() {
-            let Some(state) = state else { continue };
-            let container = || PatchPath::escaped("/spec/containers").then_index(index);
-            let env_existed = state.env.existed;
-            append(
-                || container().then_escaped("/env"),
-                env_existed,
-                state.env.into_values(),
-                &mut ops,
-            );
-            append(
-                || container().then_escaped("/envFrom"),
-                state.env_from_existing.is_some(),
-                state.env_from_added,
-                &mut ops,
-            );
-            let mounts_existed = state.mounts.existed;
-            append(
-                || container().then_escaped("/volumeMounts"),
-                mounts_existed,
-                state.mounts.into_values(),
-                &mut ops,
-            );
-        }
-        Patch(ops)
+    }
+
+    /// The containers of `items` (landing from index `first` on) that get the token's mount:
+    /// where each lands, whether it has a mount list, and the volume.
+    fn token_mounts<'v>(
+        &'v self,
+        items: &[(Placement, PatchValue<'_>)],
+        first: usize,
+    ) -> Vec<(usize, bool, &'v str)> {
+        self.service_account_volume.map_or_else(Vec::new, |volume| {
+            items
+                .iter()
+                .enumerate()
+                .filter_map(|(at, (_, value))| {
+                    token_mount_wanted(value).map(|has_list| (first + at, has_list, volume))
+                })
+                .collect()
+        })
     }
 }
 
