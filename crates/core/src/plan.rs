@@ -316,6 +316,26 @@ impl Seen<'_> {
     }
 }
 
+/// What placeholders read of the Pod: its labels and annotations as the previous pass left
+/// them (`seen`), else its own.
+fn pod_facts<'k>(view: &'k Pod<'k>, namespace_name: &'k str, seen: &'k Seen<'_>) -> PodFacts<'k> {
+    PodFacts {
+        name: &view.name,
+        namespace: namespace_name,
+        service_account_name: &view.service_account_name,
+        labels: seen
+            .labels
+            .as_ref()
+            .or(view.labels.as_ref())
+            .map(|l| l as &dyn Labels),
+        annotations: seen
+            .annotations
+            .as_ref()
+            .or(view.annotations.as_ref())
+            .map(|a| a as &dyn Labels),
+    }
+}
+
 /// One planning pass: the decisions, and the builder holding the additions.
 struct Pass<'k, 't> {
     plan: Plan<'t>,
@@ -337,29 +357,13 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         recognised: &Recognised,
     ) -> Self {
         let opted_out = opts_out(view.annotation(INJECT_ANNOTATION));
-        let facts = PodFacts {
-            name: &view.name,
-            namespace: namespace_name,
-            service_account_name: &view.service_account_name,
-            labels: seen
-                .labels
-                .as_ref()
-                .or(view.labels.as_ref())
-                .map(|l| l as &dyn Labels),
-            annotations: seen
-                .annotations
-                .as_ref()
-                .or(view.annotations.as_ref())
-                .map(|a| a as &dyn Labels),
-        };
+        let facts = pod_facts(view, namespace_name, seen);
         let mut pass = Pass {
             plan: Plan::default(),
             builder: Builder::new(view, token_volumes, seen, recognised),
             present: Vec::new(),
             absent: Vec::new(),
         };
-        let plan = &mut pass.plan;
-        let builder = &mut pass.builder;
 
         // Selection sees the Pod as the templates applied so far leave it: a template may
         // select on a label that another template adds. Rounds repeat until one applies
@@ -367,7 +371,7 @@ impl<'k, 't: 'k> Pass<'k, 't> {
         let mut pending: Vec<&'t CompiledTemplate> = Vec::new();
         for &template in ordered {
             match unselected_by_namespace(template.selecting(), opted_out, namespace) {
-                Some(reason) => plan.skipped.push(Skipped {
+                Some(reason) => pass.plan.skipped.push(Skipped {
                     name: template.name.clone(),
                     reason,
                 }),
@@ -379,61 +383,68 @@ impl<'k, 't: 'k> Pass<'k, 't> {
             let mut progressed = false;
             unselected.clear();
             for template in std::mem::take(&mut pending) {
-                if let Some(reason) = builder.unselected(template) {
+                if let Some(reason) = pass.builder.unselected(template) {
                     unselected.push(reason);
                     pending.push(template);
                     continue;
                 }
                 progressed = true;
-                if opted_out {
-                    plan.warnings.push(Warning::RequiredDespiteOptOut {
-                        template: template.name.clone(),
-                    });
-                }
-                match builder.apply(template, &facts) {
-                    Ok(applied) => {
-                        plan.warnings.extend(applied.warnings);
-                        pass.present.push(template);
-                        if applied.added {
-                            plan.applied.push(Applied::of(template));
-                        } else {
-                            plan.skipped.push(Skipped {
-                                name: template.name.clone(),
-                                reason: SkipReason::AlreadyPresent,
-                            });
-                        }
-                    }
-                    Err(conflicts) => {
-                        pass.absent.push(template.name.as_str());
-                        let detail = conflicts.join("; ");
-                        plan.warnings.push(Warning::NotApplied {
-                            template: template.name.clone(),
-                            detail: detail.clone(),
-                        });
-                        if template.failure_policy == FailurePolicy::Fail {
-                            plan.denials.push(Denial {
-                                template: template.name.clone(),
-                                reason: detail.clone(),
-                            });
-                        }
-                        plan.skipped.push(Skipped {
-                            name: template.name.clone(),
-                            reason: SkipReason::Conflict(detail),
-                        });
-                    }
-                }
+                pass.apply(template, &facts, opted_out);
             }
             if !progressed || pending.is_empty() {
                 break;
             }
         }
         for (template, reason) in pending.into_iter().zip(unselected) {
-            plan.skipped.push(Skipped {
+            pass.plan.skipped.push(Skipped {
                 name: template.name.clone(),
                 reason,
             });
         }
         pass
+    }
+
+    /// Applies `template`, which selects the Pod, and records the outcome: applied, already
+    /// there, or in conflict (a denial when it is required).
+    fn apply(&mut self, template: &'t CompiledTemplate, facts: &PodFacts<'_>, opted_out: bool) {
+        let plan = &mut self.plan;
+        if opted_out {
+            plan.warnings.push(Warning::RequiredDespiteOptOut {
+                template: template.name.clone(),
+            });
+        }
+        match self.builder.apply(template, facts) {
+            Ok(applied) => {
+                plan.warnings.extend(applied.warnings);
+                self.present.push(template);
+                if applied.added {
+                    plan.applied.push(Applied::of(template));
+                } else {
+                    plan.skipped.push(Skipped {
+                        name: template.name.clone(),
+                        reason: SkipReason::AlreadyPresent,
+                    });
+                }
+            }
+            Err(conflicts) => {
+                self.absent.push(template.name.as_str());
+                let detail = conflicts.join("; ");
+                plan.warnings.push(Warning::NotApplied {
+                    template: template.name.clone(),
+                    detail: detail.clone(),
+                });
+                if template.failure_policy == FailurePolicy::Fail {
+                    plan.denials.push(Denial {
+                        template: template.name.clone(),
+                        reason: detail.clone(),
+                    });
+                }
+                plan.skipped.push(Skipped {
+                    name: template.name.clone(),
+                    reason: SkipReason::Conflict(detail),
+                });
+            }
+        }
     }
 
     /// What the next pass must take as given, when it differs from what this one took.
@@ -1011,9 +1022,32 @@ impl<'k, 't: 'k> Builder<'k, 't> {
         facts: &PodFacts<'_>,
     ) -> Result<TemplateOutcome, Vec<String>> {
         let additions_before = self.additions();
-        let mut found = Vec::new();
+        let checked = self.check(template, facts)?;
+        self.add_items(template, checked);
+        let mut warnings = Vec::new();
+        if let Some(app) = &template.app {
+            self.apply_app(app, &template.name, facts, &mut warnings);
+        }
+        self.apply_metadata(template, facts, &mut warnings);
+        Ok(TemplateOutcome {
+            warnings,
+            added: self.additions() != additions_before,
+        })
+    }
+
+    /// Where `template`'s containers and volumes stand in the Pod: those to add, the Pod's
+    /// own that are the template's; `Err` lists the conflicts (a look-alike, a misplaced one).
+    fn check(
+        &self,
+        template: &'t CompiledTemplate,
+        facts: &PodFacts<'_>,
+    ) -> Result<Checked<'t>, Vec<String>> {
+        let mut checked = Checked {
+            found: Vec::new(),
+            containers: Vec::new(),
+            volumes: Vec::new(),
+        };
         let mut conflicts = Vec::new();
-        let mut new_containers = Vec::new();
         let placed = template
             .containers
             .iter()
@@ -1032,17 +1066,18 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 ItemKind::Container,
                 &self.surroundings(),
             ) {
-                Presence::Absent => new_containers.push((placement, item.key.as_str(), value)),
+                Presence::Absent => checked
+                    .containers
+                    .push((placement, item.key.as_str(), value)),
                 Presence::Same => match self.misplaced(&item.key, placement) {
                     Some(problem) => conflicts.push(format!("container {:?} {problem}", item.key)),
-                    None => found.extend(self.pod_container_index(&item.key)),
+                    None => checked.found.extend(self.pod_container_index(&item.key)),
                 },
                 Presence::Different(detail) => {
                     conflicts.push(format!("container {:?} {detail}", item.key))
                 }
             }
         }
-        let mut new_volumes = Vec::new();
         for item in &template.volumes {
             let value = PatchValue::render(&item.body, facts);
             match self.volumes.presence_exact(
@@ -1051,25 +1086,31 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 ItemKind::Volume,
                 &self.surroundings(),
             ) {
-                Presence::Absent => new_volumes.push((item.key.as_str(), value)),
+                Presence::Absent => checked.volumes.push((item.key.as_str(), value)),
                 Presence::Same => {}
                 Presence::Different(detail) => {
                     conflicts.push(format!("volume {:?} {detail}", item.key))
                 }
             }
         }
-        if !conflicts.is_empty() {
-            return Err(conflicts);
+        if conflicts.is_empty() {
+            Ok(checked)
+        } else {
+            Err(conflicts)
         }
+    }
 
-        for index in found {
+    /// Adds what [`Self::check`] found missing of `template`, and its pull secrets; marks the
+    /// Pod's containers that are the template's.
+    fn add_items(&mut self, template: &'t CompiledTemplate, checked: Checked<'t>) {
+        for index in checked.found {
             self.found_injected[index] = true;
         }
         let by = template.name.as_str();
-        for (placement, name, value) in new_containers {
+        for (placement, name, value) in checked.containers {
             self.containers.add(name, by, placement, value);
         }
-        for (name, value) in new_volumes {
+        for (name, value) in checked.volumes {
             self.volumes.add(name, by, (), value);
         }
         for secret in &template.image_pull_secrets {
@@ -1078,11 +1119,17 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 self.pull_secrets.add(secret, by, (), value);
             }
         }
+    }
 
-        let mut warnings = Vec::new();
-        if let Some(app) = &template.app {
-            self.apply_app(app, by, facts, &mut warnings);
-        }
+    /// Adds `template`'s labels and annotations; a templated label value that renders to an
+    /// invalid label value is left out, with a warning.
+    fn apply_metadata(
+        &mut self,
+        template: &'t CompiledTemplate,
+        facts: &PodFacts<'_>,
+        warnings: &mut Vec<Warning>,
+    ) {
+        let by = template.name.as_str();
         for (key, text) in &template.labels {
             let value = render_text(text, facts);
             if !is_label_value(&value) {
@@ -1103,10 +1150,6 @@ impl<'k, 't: 'k> Builder<'k, 't> {
                 by,
             ));
         }
-        Ok(TemplateOutcome {
-            warnings,
-            added: self.additions() != additions_before,
-        })
     }
 
     /// How many items the plan adds so far: a template that leaves it unchanged added nothing.
@@ -1318,6 +1361,16 @@ impl<'k, 't: 'k> Builder<'k, 't> {
             0
         }
     }
+}
+
+/// What [`Builder::check`] found of a template in the Pod, for [`Builder::add_items`].
+struct Checked<'t> {
+    /// The Pod's containers (by index) that are the template's.
+    found: Vec<usize>,
+    /// The containers to add, each with its list.
+    containers: Vec<(Placement, &'t str, PatchValue<'t>)>,
+    /// The volumes to add.
+    volumes: Vec<(&'t str, PatchValue<'t>)>,
 }
 
 /// Where the containers a plan adds land, and the token's mount each gets.
