@@ -23,7 +23,7 @@ use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 use crate::registry::KnownTemplates;
 pub use crate::rules::SkipReason;
 use crate::rules::defaulted::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
-use crate::rules::placement::{Before, first_blocking};
+use crate::rules::placement::{Before, first_blocking, first_init};
 use crate::rules::record;
 pub use crate::rules::selection::NamespaceInfo;
 use crate::rules::selection::{
@@ -1353,10 +1353,7 @@ impl<'k, 't: 'k> Builder<'k, 't> {
     /// MutatingAdmissionPolicy): templates apply in priority order, so theirs come first.
     fn first_init(&self) -> usize {
         if self.init_containers_existed {
-            self.template_init_containers
-                .iter()
-                .take_while(|theirs| **theirs)
-                .count()
+            first_init(self.template_init_containers.iter().copied())
         } else {
             0
         }

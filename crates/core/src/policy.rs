@@ -38,6 +38,7 @@ use crate::rules::defaulted::{
     ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, TOKEN_VOLUME_PREFIX, container_presence, holds_cel,
     stored_volume,
 };
+use crate::rules::placement;
 use crate::rules::record;
 use crate::rules::selection::{self, ANNOTATIONS, LABELS, NAMESPACE_LABELS, selection_cel};
 use crate::syntax::LABEL_VALUE_PATTERN;
@@ -1472,12 +1473,7 @@ fn init_container_ops(
     missing: &[Option<String>],
     template_init: &BTreeSet<&str>,
 ) -> Vec<String> {
-    let leading = format!(
-        "object.spec.?initContainers.orValue([]).map(c, c.name in {}).indexOf(false)",
-        cel_list(template_init.iter().copied())
-    );
-    let first =
-        format!("({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading})");
+    let first = placement::first_init_cel(&cel_list(template_init.iter().copied()));
     let mut ops = vec![create_list("initContainers")];
     for (offset, item) in items.iter().enumerate() {
         let index = format!("{first}{}", added_before(missing, offset));

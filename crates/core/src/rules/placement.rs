@@ -1,7 +1,9 @@
-//! Where a template's native sidecar (an init container with `restartPolicy: Always`) must
-//! stand among a Pod's init containers: before every plain one of the Pod's own, so that it
-//! runs from the start. Other templates' init containers may come before it (templates apply
-//! in priority order, and another engine may have placed its own first).
+//! Where templates' init containers go among a Pod's, and where a template's native sidecar
+//! (an init container with `restartPolicy: Always`) must stand: before every plain one of the
+//! Pod's own, so that it runs from the start. Other templates' init containers may come before
+//! it (templates apply in priority order, and another engine may have placed its own first),
+//! so a template's init containers are added after the Pod's leading ones that are
+//! templates' ([`first_init`], [`first_init_cel`]).
 //!
 //! `plan` evaluates [`first_blocking`] on the Pod's init containers, knowing which are
 //! templates' by their content; the policy's presence conditions and guard carry
@@ -34,6 +36,21 @@ pub(crate) fn in_place_cel(template_init: &str) -> String {
     format!(
         "!object.spec.initContainers.exists(d, object.spec.initContainers.indexOf(d) < object.spec.initContainers.indexOf(c) && d.?restartPolicy.orValue(\"\") != \"Always\" && !(d.name in {template_init}))"
     )
+}
+
+/// Where a template's init containers are added: after the Pod's leading init containers
+/// that are templates' (`templates`: whether each of the Pod's is, in order).
+pub(crate) fn first_init(templates: impl IntoIterator<Item = bool>) -> usize {
+    templates.into_iter().take_while(|&theirs| theirs).count()
+}
+
+/// [`first_init`] as a CEL int over `object`, the Pod under admission; `template_init` is a
+/// CEL list of every template's init container name.
+pub(crate) fn first_init_cel(template_init: &str) -> String {
+    let leading = format!(
+        "object.spec.?initContainers.orValue([]).map(c, c.name in {template_init}).indexOf(false)"
+    );
+    format!("({leading} < 0 ? size(object.spec.?initContainers.orValue([])) : {leading})")
 }
 
 #[cfg(test)]

@@ -94,6 +94,45 @@ proptest! {
     }
 }
 
+/// The CEL form of where templates' init containers go, on `inits`.
+fn cel_first_init(inits: &[Init]) -> i64 {
+    let containers: Vec<Value> = inits
+        .iter()
+        .enumerate()
+        .map(|(index, &init)| json!({"name": name(index, init), "image": "x.invalid/x:1"}))
+        .collect();
+    let template_names: Vec<String> = inits
+        .iter()
+        .enumerate()
+        .filter(|(_, init)| init.templates)
+        .map(|(index, &init)| name(index, init))
+        .collect();
+    let source = first_init_cel(&cel_list(template_names.iter().map(String::as_str)));
+    let program = cel::parser::Parser::new()
+        .enable_optional_syntax(true)
+        .parse(&source)
+        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
+    let mut context = context();
+    context.add_variable_from_value(
+        "object",
+        typed(&json!({"spec": {"initContainers": containers}})),
+    );
+    match context.resolve(&program) {
+        Ok(cel::Value::Int(index)) => index,
+        other => panic!("{source}: {other:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_rust_and_cel_forms_of_where_init_containers_go_agree((inits, _) in inits()) {
+        let rust = first_init(inits.iter().map(|init| init.templates));
+        prop_assert_eq!(rust as i64, cel_first_init(&inits), "{:?}", inits);
+    }
+}
+
 #[test]
 fn a_native_sidecar_may_follow_templates_and_sidecars_but_not_the_pod_s_own_plain_ones() {
     let init = |native_sidecar, templates| Before {
