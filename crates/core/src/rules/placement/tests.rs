@@ -22,6 +22,32 @@ fn name(index: usize, init: Init) -> String {
     format!("{owner}-{index}")
 }
 
+/// The names of `inits` that are templates'.
+fn template_names(inits: &[Init]) -> Vec<String> {
+    inits
+        .iter()
+        .enumerate()
+        .filter(|(_, init)| init.templates)
+        .map(|(index, &init)| name(index, init))
+        .collect()
+}
+
+/// `source` evaluated over a Pod holding these init containers.
+fn resolve(source: &str, init_containers: Vec<Value>) -> cel::Value {
+    let program = cel::parser::Parser::new()
+        .enable_optional_syntax(true)
+        .parse(source)
+        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
+    let mut context = context();
+    context.add_variable_from_value(
+        "object",
+        typed(&json!({"spec": {"initContainers": init_containers}})),
+    );
+    context
+        .resolve(&program)
+        .unwrap_or_else(|e| panic!("{source}: {e:?}"))
+}
+
 /// The CEL verdict on the native sidecar at `at` of `inits`.
 fn cel_in_place(inits: &[Init], at: usize) -> bool {
     let containers: Vec<Value> = inits
@@ -35,28 +61,14 @@ fn cel_in_place(inits: &[Init], at: usize) -> bool {
             json!({"name": name(index, init), "image": "x.invalid/x:1", "restartPolicy": policy})
         })
         .collect();
-    let template_names: Vec<String> = inits
-        .iter()
-        .enumerate()
-        .filter(|(_, init)| init.templates)
-        .map(|(index, &init)| name(index, init))
-        .collect();
+    let template_names = template_names(inits);
     let source = format!(
         "object.spec.initContainers.filter(c, c.name == {}).all(c, {})",
         Value::from(name(at, inits[at])),
         in_place_cel(&cel_list(template_names.iter().map(String::as_str)))
     );
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(&source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = context();
-    context.add_variable_from_value(
-        "object",
-        typed(&json!({"spec": {"initContainers": containers}})),
-    );
-    match context.resolve(&program) {
-        Ok(cel::Value::Bool(verdict)) => verdict,
+    match resolve(&source, containers) {
+        cel::Value::Bool(verdict) => verdict,
         other => panic!("{source}: {other:?}"),
     }
 }
@@ -101,24 +113,10 @@ fn cel_first_init(inits: &[Init]) -> i64 {
         .enumerate()
         .map(|(index, &init)| json!({"name": name(index, init), "image": "x.invalid/x:1"}))
         .collect();
-    let template_names: Vec<String> = inits
-        .iter()
-        .enumerate()
-        .filter(|(_, init)| init.templates)
-        .map(|(index, &init)| name(index, init))
-        .collect();
+    let template_names = template_names(inits);
     let source = first_init_cel(&cel_list(template_names.iter().map(String::as_str)));
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(&source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = context();
-    context.add_variable_from_value(
-        "object",
-        typed(&json!({"spec": {"initContainers": containers}})),
-    );
-    match context.resolve(&program) {
-        Ok(cel::Value::Int(index)) => index,
+    match resolve(&source, containers) {
+        cel::Value::Int(index) => index,
         other => panic!("{source}: {other:?}"),
     }
 }
