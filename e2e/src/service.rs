@@ -21,7 +21,8 @@ use anyhow::Context;
 /// How long a replica gets to accept a forwarded connection before the next one is tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One address forwarding to the replicas [`LocalService::route_to`] names; stops when dropped.
+/// One address forwarding to the replicas [`LocalService::route_to`] names; stops accepting
+/// when dropped (connections open then are forwarded until either side closes them).
 pub struct LocalService {
     port: u16,
     shared: Arc<Shared>,
@@ -32,8 +33,11 @@ struct Shared {
     backends: Mutex<Vec<u16>>,
     next: AtomicUsize,
     stopping: AtomicBool,
-    /// Connections that found no replica accepting.
+    /// Connections that found no replica accepting, or could not be accepted.
     unrouted: AtomicUsize,
+    /// Connections a replica ended while the client kept them open: what a killed replica
+    /// cuts (with a call in flight on it or not).
+    cut: AtomicUsize,
 }
 
 impl LocalService {
@@ -46,6 +50,7 @@ impl LocalService {
             next: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             unrouted: AtomicUsize::new(0),
+            cut: AtomicUsize::new(0),
         });
         let accepting = {
             let shared = Arc::clone(&shared);
@@ -77,11 +82,17 @@ impl LocalService {
     pub fn unrouted(&self) -> usize {
         self.shared.unrouted.load(Ordering::Relaxed)
     }
+
+    /// How many forwarded connections a replica ended while the client kept them open (a
+    /// killed replica ends all of its own, whether a call was in flight on one or not).
+    pub fn cut(&self) -> usize {
+        self.shared.cut.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for LocalService {
     fn drop(&mut self) {
-        self.shared.stopping.store(true, Ordering::Relaxed);
+        self.shared.stopping.store(true, Ordering::Release);
         // Wakes the accept loop, which then sees it is stopping.
         let _ = TcpStream::connect(("127.0.0.1", self.port));
         if let Some(accepting) = self.accepting.take() {
@@ -92,22 +103,24 @@ impl Drop for LocalService {
 
 fn accept(listener: &TcpListener, shared: &Arc<Shared>) {
     for incoming in listener.incoming() {
-        if shared.stopping.load(Ordering::Relaxed) {
+        if shared.stopping.load(Ordering::Acquire) {
             return;
         }
-        let Ok(client) = incoming else { continue };
+        let Ok(client) = incoming else {
+            shared.unrouted.fetch_add(1, Ordering::Relaxed);
+            // An error such as too many open files: give it a moment rather than spin.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
         let shared = Arc::clone(shared);
-        std::thread::spawn(move || {
-            if forward(client, &shared).is_err() {
-                shared.unrouted.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+        std::thread::spawn(move || forward(client, &shared));
     }
 }
 
 /// Connects `client` to the next replica that accepts, and copies both ways until either
-/// side closes.
-fn forward(client: TcpStream, shared: &Shared) -> io::Result<()> {
+/// side closes; counts a connection no replica took as unrouted, and one the replica ended
+/// first as cut.
+fn forward(client: TcpStream, shared: &Shared) {
     let backends = shared
         .backends
         .lock()
@@ -121,21 +134,32 @@ fn forward(client: TcpStream, shared: &Shared) -> io::Result<()> {
                 .ok()
         });
     let Some(replica) = replica else {
+        shared.unrouted.fetch_add(1, Ordering::Relaxed);
         let _ = client.shutdown(Shutdown::Both);
-        return Err(io::Error::new(
-            io::ErrorKind::ConnectionRefused,
-            "no replica accepts",
-        ));
+        return;
     };
-    let (mut client_read, mut replica_write) = (client.try_clone()?, replica.try_clone()?);
-    let upstream = std::thread::spawn(move || {
-        let _ = io::copy(&mut client_read, &mut replica_write);
-        let _ = replica_write.shutdown(Shutdown::Write);
-    });
+    let (Ok(mut client_read), Ok(mut replica_write)) = (client.try_clone(), replica.try_clone())
+    else {
+        let _ = client.shutdown(Shutdown::Both);
+        return;
+    };
+    let client_done = Arc::new(AtomicBool::new(false));
+    let upstream = {
+        let client_done = Arc::clone(&client_done);
+        std::thread::spawn(move || {
+            let _ = io::copy(&mut client_read, &mut replica_write);
+            client_done.store(true, Ordering::Release);
+            let _ = replica_write.shutdown(Shutdown::Write);
+        })
+    };
     let (mut replica_read, mut client_write) = (replica, client);
     let _ = io::copy(&mut replica_read, &mut client_write);
+    // The API server keeps its connections to a webhook open: one the replica ends first was
+    // cut (a killed replica's kernel closes every connection it held).
+    if !client_done.load(Ordering::Acquire) {
+        shared.cut.fetch_add(1, Ordering::Relaxed);
+    }
     // Both ways: a replica that is gone ends the client's connection, as a Service's would.
     let _ = client_write.shutdown(Shutdown::Both);
     let _ = upstream.join();
-    Ok(())
 }

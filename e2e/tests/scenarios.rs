@@ -1653,7 +1653,7 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
         .as_str()
 }
 
-/// Whether the operator's /metrics says it leads.
+/// Waits until the operator's /metrics says it leads.
 fn wait_leader(operator: &Operator, timeout: Duration) -> anyhow::Result<()> {
     poll(
         timeout,

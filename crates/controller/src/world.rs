@@ -31,7 +31,7 @@ pub struct World<'o> {
     pub webhook: &'o WebhookConfigOptions,
     /// Which engine injects.
     pub backend: Backend,
-    /// Every template as observed, with its validation outcome, by name.
+    /// Every template as observed, with its validation outcome, in name order.
     pub templates: Vec<Observed>,
     /// The templates in force, as the webhook serves them.
     pub snapshot: Arc<Snapshot>,

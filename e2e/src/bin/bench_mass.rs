@@ -15,8 +15,8 @@
 //!
 //! Then with 3 templates under each backend again, the **leader killed half-way**: two replicas
 //! behind one address ([`injector_e2e::LocalService`], as a Service in a cluster), and the
-//! leader SIGKILLed once half the Pods are stored; the standby takes over when the lease
-//! expires. The counts that must be zero stay the same.
+//! leader SIGKILLed at [`KILL_AT`] Pods stored, inside a batch of creations; the standby takes
+//! over when the lease expires. The counts that must be zero stay the same.
 //!
 //! Prints a Markdown report and writes it to `target/bench-mass.md`. The `policy` backend needs
 //! an API server that serves MutatingAdmissionPolicies (`SIDECAR_INJECTOR_KUBE_VERSION=v1.37.2`,
@@ -42,6 +42,11 @@ const REPLICAS: usize = 1000;
 const TEMPLATE_COUNTS: [usize; 2] = [3, 50];
 /// How many templates select every Pod in the runs with the leader killed.
 const KILL_TEMPLATES: usize = 3;
+/// Pods stored when the leader is killed: inside the ReplicaSet controller's second sync
+/// (its first creates 500, its burst, and the count reaches 500 only once that sync is done;
+/// the second creates in doubling batches, the largest 256 from 755 on), so that calls are in
+/// flight.
+const KILL_AT: usize = 800;
 /// How long every Pod gets to be stored after the scale.
 const CREATE_TIMEOUT: Duration = Duration::from_secs(600);
 /// The controller manager's client limits: high enough that its own rate limiter never waits.
@@ -84,6 +89,37 @@ struct Killed {
     takeover: Option<Duration>,
     /// Connections the local Service found no replica for.
     unrouted: usize,
+    /// Connections the killed replica ended while the API server kept them open.
+    cut: usize,
+}
+
+/// The kill of a run, watched from its poll of the stored Pods.
+#[derive(Default)]
+struct KillWatch {
+    /// Pods stored at the kill, when, and which replica led.
+    killed: Option<(usize, Instant, usize)>,
+    /// From the kill to the standby leading, once seen.
+    took_over: Option<Duration>,
+}
+
+impl KillWatch {
+    /// Kills the leader once `stored` reaches [`KILL_AT`]; then notes when the standby leads.
+    fn step(&mut self, replicas: &mut Replicas, stored: usize) -> anyhow::Result<()> {
+        match self.killed {
+            None if stored >= KILL_AT => {
+                let leader = replicas.kill_leader()?;
+                eprintln!("[bench] the leader killed at {stored} Pods stored");
+                self.killed = Some((stored, Instant::now(), leader));
+            }
+            Some((_, at, leader))
+                if self.took_over.is_none() && replicas.operators[1 - leader].leads() =>
+            {
+                self.took_over = Some(at.elapsed());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 /// The two replicas of a run with the leader killed, and the address in front of them.
@@ -184,7 +220,7 @@ fn run(
         &namespace,
         &format!("--replicas={REPLICAS}"),
     ])?;
-    let mut killed: Option<(usize, Instant, usize)> = None;
+    let mut kill = KillWatch::default();
     poll_every(
         CREATE_TIMEOUT,
         Duration::from_millis(100),
@@ -194,24 +230,20 @@ fn run(
                 .block_on(pods.list_metadata(&ListParams::default()))?
                 .items
                 .len();
-            if let Some(replicas) = replicas.as_mut()
-                && killed.is_none()
-                && stored >= REPLICAS / 2
-            {
-                let leader = replicas.kill_leader()?;
-                eprintln!("[bench] the leader killed at {stored} Pods stored");
-                killed = Some((stored, Instant::now(), leader));
+            if let Some(replicas) = replicas.as_mut() {
+                kill.step(replicas, stored)?;
             }
             Ok((stored >= REPLICAS).then_some(()))
         },
     )?;
     let stored_in = started.elapsed();
     let after = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
-    let killed = match (killed, &replicas) {
+    let killed = match (kill.killed, &replicas) {
         (Some((at_pods, at, leader)), Some(replicas)) => Some(Killed {
             at_pods,
-            takeover: replicas.takeover(1 - leader, at),
+            takeover: kill.took_over.or_else(|| replicas.takeover(1 - leader, at)),
             unrouted: replicas.service.unrouted(),
+            cut: replicas.service.cut(),
         }),
         _ => None,
     };
@@ -554,8 +586,8 @@ fn report(rows: &[Row], failures: &[String]) -> anyhow::Result<String> {
             );
             writeln!(
                 out,
-                "\n{}, leader killed: at {} Pods stored; {takeover}; {} connections found no replica.",
-                row.backend, killed.at_pods, killed.unrouted
+                "\n{}, leader killed: at {} Pods stored; {takeover}; {} connections found no replica; {} connections cut by the kill.",
+                row.backend, killed.at_pods, killed.unrouted, killed.cut
             )?;
         }
     }

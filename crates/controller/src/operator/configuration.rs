@@ -120,13 +120,12 @@ impl Default for ConfigurationState {
 }
 
 impl Operator {
-    /// Notes in `not_served` which templates have no webhook entry, setting the metric and
-    /// logging a change (their statuses say so too, derived from the same world).
+    /// Notes in `not_served` which templates have no webhook entry, logging a change (their
+    /// statuses and the metric say so too, from the status loop's world).
     fn note_left_out(&self, not_served: &mut BTreeSet<String>, left_out: BTreeSet<String>) {
         if *not_served == left_out {
             return;
         }
-        self.metrics.set_templates_not_served(left_out.len());
         if !left_out.is_empty() {
             let names: Vec<&str> = left_out.iter().map(String::as_str).collect();
             tracing::warn!(

@@ -119,6 +119,10 @@ impl Operator {
         events: &mut StatusEvents,
     ) -> bool {
         let statuses = self.world().statuses(&now());
+        // From the same statuses that say `NotServed`, so the metric and they agree (the
+        // configuration loop may still be waiting out a retry with an older configuration).
+        self.metrics
+            .set_templates_not_served(statuses.iter().filter(|s| s.unserved).count());
         let mut failed = false;
         for wanted in &statuses {
             let template = &wanted.observed.template;
