@@ -320,6 +320,9 @@ fn object_difference(
             None => return Some(join(path, key)),
         };
         if is_defaulted_zero(context, key, value, found)
+            // A zero the API server drops is a key left out, which it may then fill in: a
+            // hostNetwork Pod's `hostPort: 0` is stored as its `containerPort`.
+            || (is_dropped_zero(context, key, value) && is_filled_in(context, key, found, ours, pod))
             // The AlwaysPullImages admission plugin, where enabled, overrides any policy.
             || (context == Context::Container && key == "imagePullPolicy" && found == "Always")
         {

@@ -148,6 +148,11 @@ impl Walk<'_> {
                 }
                 // The ServiceAccount plugin's token mount may stand among the template's.
                 (Context::Container, "volumeMounts", ours) => self.mounts(ours, theirs),
+                // `hostPort: 0` is Go's unset: left out, or on a hostNetwork Pod the port's
+                // `containerPort`, as `difference` allows.
+                (Context::Port, "hostPort", Ours::Value(value)) if *value == 0 => format!(
+                    "({at} == 0 || (object.spec.?hostNetwork.orValue(false) && \"containerPort\" in {theirs} && {at} == {theirs}[\"containerPort\"]))"
+                ),
                 // A zero timing or an empty path is defaulted as if left out.
                 (_, _, Ours::Value(value))
                     if let Some(default) = zero_default(context, key, value) =>
