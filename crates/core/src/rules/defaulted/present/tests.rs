@@ -5,8 +5,10 @@
 //! as the API server stores it, with what the API server and admission plugins add (the
 //! token's mount, a LimitRange's resources, `Always`, a hostNetwork Pod's `hostPort`s) and at
 //! most one change a look-alike would make; a native sidecar stands among generated init
-//! containers. Both forms must agree on every input, and both must take the template's
-//! container, and only it, for the template's.
+//! containers. A second property has placeholders in the container, rendered by the proof
+//! for its own Pod and by the Pod under admission for itself (empty or not). Both forms must
+//! agree on every input, and both must take the template's container, and only it, for the
+//! template's.
 
 use kube_cel::cel;
 use proptest::prelude::*;
@@ -16,7 +18,7 @@ use super::super::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, differenc
 use super::container_presence;
 use crate::cel::cel_list;
 use crate::cel::testing::{context, typed};
-use crate::placeholder::{Node, TemplateString};
+use crate::placeholder::{Node, Part, TemplateString};
 use crate::rules::placement::{Before, first_blocking};
 
 /// The Pod's ServiceAccount token volume, which the ServiceAccount plugin mounts.
@@ -325,7 +327,11 @@ fn template_container(ours: &Ours) -> Value {
 fn stored(container: &Value) -> Value {
     let mut stored = container.clone();
     let fields = stored.as_object_mut().unwrap();
-    fields.retain(|_, value| value.as_array().is_none_or(|items| !items.is_empty()));
+    fields.retain(|_, value| match value {
+        Value::Array(items) => !items.is_empty(),
+        Value::String(text) => !text.is_empty(),
+        _ => true,
+    });
     fields
         .entry("terminationMessagePath")
         .or_insert(json!("/dev/termination-log"));
@@ -626,16 +632,7 @@ fn text(template: &TemplateString) -> String {
 fn cel_present(list: &str, body: &Node, stored: &Value, template_init: &str, pod: &Value) -> bool {
     let source = container_presence(list, body, stored, template_init, &text)
         .unwrap_or_else(|| panic!("no condition for {stored}"));
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(&source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = context();
-    context.add_variable_from_value("object", typed(pod));
-    match context.resolve(&program) {
-        Ok(cel::Value::Bool(verdict)) => verdict,
-        other => panic!("{source}: {other:?}"),
-    }
+    evaluate_bool(&source, pod)
 }
 
 /// `plan`'s verdict: the container is the template's, and a native sidecar stands in place.
@@ -694,5 +691,121 @@ proptest! {
         // Neither form takes a look-alike for the template's, nor refuses what the API server
         // and its plugins made of it.
         prop_assert_eq!(cel, expected(&ours, change, &before), "the Pod: {}", pod);
+    }
+}
+
+/// A placeholder that may render empty: the Pod's `team` annotation.
+const TEAM: &str = "{{ pod.annotations['team'] }}";
+
+/// Where the template's container holds [`TEAM`].
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    /// In an env var's `value` (nested, left out by the API server when empty).
+    env: bool,
+    /// In an argument (never empty).
+    arg: bool,
+    /// As the whole `workingDir` (top-level, left out when empty).
+    working_dir: bool,
+}
+
+fn placed() -> impl Strategy<Value = Placed> {
+    (any::<bool>(), any::<bool>(), any::<bool>())
+        .prop_filter("a placeholder somewhere", |(e, a, w)| *e || *a || *w)
+        .prop_map(|(env, arg, working_dir)| Placed {
+            env,
+            arg,
+            working_dir,
+        })
+}
+
+/// The template's container with [`TEAM`] where `placed` says.
+fn templated_container(placed: Placed) -> Value {
+    let mut container = json!({"name": "agent", "image": "agents.invalid/agent:1.2"});
+    if placed.env {
+        container["env"] =
+            json!([{"name": "TEAM", "value": TEAM}, {"name": "MODE", "value": "mass"}]);
+    }
+    if placed.arg {
+        container["args"] = json!(["--verbose", format!("--team={TEAM}")]);
+    }
+    if placed.working_dir {
+        container["workingDir"] = json!(TEAM);
+    }
+    container
+}
+
+/// `template` rendered for a Pod whose `team` annotation is `team`.
+fn rendered(template: &Value, team: &str) -> Value {
+    serde_json::from_str(&template.to_string().replace(TEAM, team)).unwrap()
+}
+
+/// Placeholders as the policy renders them (`policy::cel_text`), for [`TEAM`].
+fn team_text(template: &TemplateString) -> String {
+    let parts: Vec<String> = template
+        .parts()
+        .map(|part| match part {
+            Part::Literal(text) => Value::from(text).to_string(),
+            Part::Annotation(key) => format!(
+                "object.metadata.annotations[?{}].orValue(\"\")",
+                Value::from(key)
+            ),
+            other => panic!("not expected here: {other:?}"),
+        })
+        .collect();
+    format!("({})", parts.join(" + "))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The proof rendered the placeholders for its own Pod, and the Pod under admission has
+    /// the container rendered for itself (as the policy or the webhook injected it), or, a
+    /// look-alike, for another `team`.
+    #[test]
+    fn the_forms_agree_where_placeholders_render_per_pod(
+        placed in placed(),
+        proof_team in prop::sample::select(vec!["", "a"]),
+        pod_team in prop::sample::select(vec!["", "a", "b"]),
+        rendered_for in prop::option::of(prop::sample::select(vec!["", "b", "zz"])),
+        added in added(),
+    ) {
+        let template = templated_container(placed);
+        let stored = stored(&rendered(&template, proof_team));
+        // `None`: rendered for this Pod; a look-alike otherwise, unless that renders the same.
+        let look_alike = rendered_for.filter(|team| *team != pod_team);
+        let container = in_pod(
+            &stored_for_pod(&template, look_alike.unwrap_or(pod_team)),
+            Added { host_network: false, ..added },
+            Change::None,
+        );
+        let mut pod = pod(&container, false, &[], false);
+        // Every map read through `[?key]` has the key (see `cel_present`).
+        pod["metadata"]["annotations"] = json!({"team": pod_team});
+        let rust = rust_present(&rendered(&template, pod_team), &container, false, &[], false);
+        let body = Node::parse(&template, "container", &mut Vec::new());
+        let source = container_presence("containers", &body, &stored, "[]", &team_text)
+            .unwrap_or_else(|| panic!("no condition for {stored}"));
+        let cel = evaluate_bool(&source, &pod);
+        prop_assert_eq!(rust.is_ok(), cel, "Rust says {:?}; the Pod: {}", rust, pod);
+        prop_assert_eq!(cel, look_alike.is_none(), "the Pod: {}", pod);
+    }
+}
+
+/// The container as the API server stores it for a Pod whose `team` annotation is `team`.
+fn stored_for_pod(template: &Value, team: &str) -> Value {
+    stored(&rendered(template, team))
+}
+
+/// `source`, a CEL condition, evaluated over the Pod `object`.
+fn evaluate_bool(source: &str, object: &Value) -> bool {
+    let program = cel::parser::Parser::new()
+        .enable_optional_syntax(true)
+        .parse(source)
+        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
+    let mut context = context();
+    context.add_variable_from_value("object", typed(object));
+    match context.resolve(&program) {
+        Ok(cel::Value::Bool(verdict)) => verdict,
+        other => panic!("{source}: {other:?}"),
     }
 }
