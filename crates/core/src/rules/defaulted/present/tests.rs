@@ -8,16 +8,17 @@
 //! containers. A second property has placeholders in the container, rendered by the proof
 //! for its own Pod and by the Pod under admission for itself (empty or not). Both forms must
 //! agree on every input, and both must take the template's container, and only it, for the
-//! template's.
+//! template's. On the same inputs, the other CEL form, [`holds_cel`] (the template's side),
+//! must hold wherever `difference` finds no difference.
 
 use kube_cel::cel;
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
-use super::super::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference};
+use super::super::{ItemKind, SERVICE_ACCOUNT_MOUNT_PATH, Surroundings, difference, holds_cel};
 use super::container_presence;
 use crate::cel::cel_list;
-use crate::cel::testing::{context, typed};
+use crate::cel::testing::evaluate;
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::rules::placement::{Before, first_blocking};
 
@@ -692,6 +693,39 @@ proptest! {
         // and its plugins made of it.
         prop_assert_eq!(cel, expected(&ours, change, &before), "the Pod: {}", pod);
     }
+
+    /// The template's side, [`holds_cel`], leans to "holds" (it looks only at what the
+    /// template sets) but never refuses a container `difference` finds the template's: that
+    /// would leave the Pod to the guard, which would refuse it where the webhook admits it.
+    #[test]
+    fn holds_cel_holds_wherever_difference_finds_none(
+        ours in ours(),
+        added in added(),
+        change in change(),
+    ) {
+        let ours = Ours { native_sidecar: false, ..ours };
+        let template = template_container(&ours);
+        let container = in_pod(&stored(&template), added, change);
+        let pod = pod(&container, false, &[], added.host_network);
+        let rust = rust_present(&template, &container, false, &[], added.host_network);
+        let holds = holds(&template, &text, &container, &pod);
+        prop_assert!(rust.is_err() || holds, "the Pod: {}", pod);
+        if change == Change::Image {
+            prop_assert!(!holds, "another image held: {}", pod);
+        }
+    }
+}
+
+/// [`holds_cel`]'s verdict on `container`, an item of `pod`.
+fn holds(
+    template: &Value,
+    text: &dyn Fn(&TemplateString) -> String,
+    container: &Value,
+    pod: &Value,
+) -> bool {
+    let body = Node::parse(template, "container", &mut Vec::new());
+    let source = holds_cel(&body, "c", ItemKind::Container, text);
+    evaluate_bool_over(&source, &[("object", pod), ("c", container)])
 }
 
 /// A placeholder that may render empty: the Pod's `team` annotation.
@@ -788,6 +822,8 @@ proptest! {
         let cel = evaluate_bool(&source, &pod);
         prop_assert_eq!(rust.is_ok(), cel, "Rust says {:?}; the Pod: {}", rust, pod);
         prop_assert_eq!(cel, look_alike.is_none(), "the Pod: {}", pod);
+        let holds = holds(&template, &team_text, &container, &pod);
+        prop_assert!(rust.is_err() || holds, "holds_cel refuses: {}", pod);
     }
 }
 
@@ -798,14 +834,13 @@ fn stored_for_pod(template: &Value, team: &str) -> Value {
 
 /// `source`, a CEL condition, evaluated over the Pod `object`.
 fn evaluate_bool(source: &str, object: &Value) -> bool {
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = context();
-    context.add_variable_from_value("object", typed(object));
-    match context.resolve(&program) {
-        Ok(cel::Value::Bool(verdict)) => verdict,
+    evaluate_bool_over(source, &[("object", object)])
+}
+
+/// `source`, a CEL condition, evaluated over `variables`.
+fn evaluate_bool_over(source: &str, variables: &[(&str, &Value)]) -> bool {
+    match evaluate(source, variables) {
+        cel::Value::Bool(verdict) => verdict,
         other => panic!("{source}: {other:?}"),
     }
 }
