@@ -60,8 +60,8 @@ pub(crate) mod testing {
     use kube_cel::cel;
     use serde_json::Value;
 
-    /// `source` evaluated with the Kubernetes CEL libraries over `variables`; panics, naming
-    /// the expression, when it does not parse or evaluate.
+    /// `source` evaluated with the Kubernetes CEL libraries over `variables`, their integers
+    /// `int`s ([`typed`]); panics, naming the expression, when it does not parse or evaluate.
     pub(crate) fn evaluate(source: &str, variables: &[(&str, &Value)]) -> cel::Value {
         let program = cel::parser::Parser::new()
             .enable_optional_syntax(true)
@@ -69,7 +69,7 @@ pub(crate) mod testing {
             .unwrap_or_else(|e| panic!("{source}: {e:?}"));
         let mut context = context();
         for (name, value) in variables {
-            context.add_variable(*name, (*value).clone()).unwrap();
+            context.add_variable_from_value(*name, typed(value));
         }
         context
             .resolve(&program)

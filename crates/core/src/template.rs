@@ -4,7 +4,10 @@
 use std::collections::HashSet;
 
 use injector_api::names::RESERVED_PREFIX;
-use injector_api::{FailurePolicy, InjectedMetadata, Injection, SidecarTemplate, UpdateStrategy};
+use injector_api::{
+    FailurePolicy, InjectedMetadata, Injection, SidecarTemplate, SidecarTemplateSpec,
+    UpdateStrategy,
+};
 use k8s_openapi::api::core::v1::{LocalObjectReference, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::Serialize;
@@ -138,21 +141,7 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
     let pod_selector =
         compile_selector(spec.pod_selector.as_ref(), "spec.podSelector", &mut errors);
 
-    let mut container_names = HashSet::new();
-    let containers = compile_containers(
-        &spec.containers,
-        "spec.containers",
-        false,
-        &mut container_names,
-        &mut errors,
-    );
-    let init_containers = compile_containers(
-        &spec.init_containers,
-        "spec.initContainers",
-        true,
-        &mut container_names,
-        &mut errors,
-    );
+    let (containers, init_containers) = compile_container_lists(spec, &mut errors);
 
     let volumes = compile_volumes(&spec.volumes, &mut errors);
 
@@ -193,6 +182,30 @@ pub fn compile(template: &SidecarTemplate) -> Result<CompiledTemplate, Validatio
         update_strategy: spec.update_strategy.clone().unwrap_or_default(),
     };
     validated(with_metadata_reads(compiled), errors)
+}
+
+/// The template's containers and init containers, in that order: a name is unique across
+/// both lists, so they share the set of names seen.
+fn compile_container_lists(
+    spec: &SidecarTemplateSpec,
+    errors: &mut Vec<FieldError>,
+) -> (Vec<Item>, Vec<Item>) {
+    let mut names = HashSet::new();
+    let containers = compile_containers(
+        &spec.containers,
+        "spec.containers",
+        false,
+        &mut names,
+        errors,
+    );
+    let init_containers = compile_containers(
+        &spec.init_containers,
+        "spec.initContainers",
+        true,
+        &mut names,
+        errors,
+    );
+    (containers, init_containers)
 }
 
 /// A selector of the template compiled, its problems added to `errors` (then it selects as an

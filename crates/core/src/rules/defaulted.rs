@@ -285,6 +285,35 @@ pub(crate) fn service_account_mount_cel(mount: &str) -> String {
     )
 }
 
+/// What `difference` allows written once as CEL for its two CEL forms, which start from
+/// different inputs ([`container_presence`] from the container as the API server stored it,
+/// [`holds_cel`] from the template's own): a pull policy, `field` (a CEL expression), equal to
+/// `value` or `Always`, which the AlwaysPullImages admission plugin, where enabled, sets
+/// whatever the template says.
+pub(crate) fn pull_policy_cel(field: &str, value: &str) -> String {
+    format!("({field} == {value} || {field} == \"Always\")")
+}
+
+/// The mounts of `container` (a CEL expression) but the ServiceAccount token's, which the
+/// plugin may add anywhere among the template's (`is_service_account_mount`).
+pub(crate) fn mounts_but_token_cel(container: &str) -> String {
+    format!(
+        "{container}.?volumeMounts.orValue([]).filter(m, !{})",
+        service_account_mount_cel("m")
+    )
+}
+
+/// The field `key` of `object` (a CEL expression) holding `text`, a string a placeholder
+/// renders: rendered empty, the field is left out (the API server drops most empty strings)
+/// or kept empty.
+pub(crate) fn rendered_text_cel(object: &str, key: &str, text: &str) -> String {
+    format!("{object}[?{}].orValue(\"\") == {text}", cel_string(key))
+}
+
+/// Whether `object`, the Pod under admission, is on the host network, where the API server
+/// gives each port a `hostPort` (`is_filled_in`).
+pub(crate) const HOST_NETWORK_CEL: &str = "object.spec.?hostNetwork.orValue(false)";
+
 fn is_empty(value: &Value) -> bool {
     match value {
         Value::Null => true,
@@ -320,6 +349,9 @@ fn object_difference(
             None => return Some(join(path, key)),
         };
         if is_defaulted_zero(context, key, value, found)
+            // A zero the API server drops is a key left out, which it may then fill in: a
+            // hostNetwork Pod's `hostPort: 0` is stored as its `containerPort`.
+            || (is_dropped_zero(context, key, value) && is_filled_in(context, key, found, ours, pod))
             // The AlwaysPullImages admission plugin, where enabled, overrides any policy.
             || (context == Context::Container && key == "imagePullPolicy" && found == "Always")
         {

@@ -16,8 +16,8 @@
 use serde_json::Value;
 
 use super::{
-    Context, ItemKind, child_context, is_dropped_zero, is_empty, service_account_mount_cel,
-    zero_default,
+    Context, HOST_NETWORK_CEL, ItemKind, child_context, is_dropped_zero, is_empty,
+    mounts_but_token_cel, pull_policy_cel, rendered_text_cel, zero_default,
 };
 use crate::cel::{cel_json, cel_string};
 use crate::placeholder::{Node, TemplateString};
@@ -110,10 +110,7 @@ impl Walk<'_> {
             .iter()
             .map(|item| self.value(*item, "m", Context::Mount))
             .collect();
-        let theirs = format!(
-            "{container}.?volumeMounts.orValue([]).filter(m, !{})",
-            service_account_mount_cel("m")
-        );
+        let theirs = mounts_but_token_cel(container);
         let each = if any_of.is_empty() {
             "true".to_owned()
         } else {
@@ -136,18 +133,20 @@ impl Walk<'_> {
                 (Context::Container, "resources", _) => continue,
                 // Rendered empty, a field is left out or kept empty.
                 (_, _, Ours::Node(Node::Text(template))) => {
-                    terms.push(format!(
-                        "{theirs}[?{name}].orValue(\"\") == {}",
-                        (self.text)(template)
-                    ));
+                    terms.push(rendered_text_cel(theirs, key, &(self.text)(template)));
                     continue;
                 }
                 // The AlwaysPullImages admission plugin, where enabled, overrides any policy.
                 (Context::Container, "imagePullPolicy", Ours::Value(value)) => {
-                    format!("({at} == {} || {at} == \"Always\")", cel_json(value))
+                    pull_policy_cel(&at, &cel_json(value))
                 }
                 // The ServiceAccount plugin's token mount may stand among the template's.
                 (Context::Container, "volumeMounts", ours) => self.mounts(ours, theirs),
+                // `hostPort: 0` is Go's unset: left out, or on a hostNetwork Pod the port's
+                // `containerPort`, as `difference` allows.
+                (Context::Port, "hostPort", Ours::Value(value)) if *value == 0 => format!(
+                    "({at} == 0 || ({HOST_NETWORK_CEL} && \"containerPort\" in {theirs} && {at} == {theirs}[\"containerPort\"]))"
+                ),
                 // A zero timing or an empty path is defaulted as if left out.
                 (_, _, Ours::Value(value))
                     if let Some(default) = zero_default(context, key, value) =>

@@ -8,11 +8,16 @@
 //! Pod each port's `hostPort`. [`super::holds_cel`] is the other CEL form: it starts from the
 //! template's own item, before any defaulting, and asks only that the Pod's item hold it (the
 //! policy's mutation uses it to leave a copy of an earlier version alone); the two differ in
-//! their input, so they are two functions.
+//! their input, so they are two functions, and what both write (a pull policy or `Always`,
+//! the mounts but the token's, a rendered placeholder, the host network) is written once, in
+//! [`super`].
 
 use serde_json::{Map, Value};
 
-use super::{TOKEN_VOLUME_PREFIX, service_account_mount_cel};
+use super::{
+    HOST_NETWORK_CEL, TOKEN_VOLUME_PREFIX, mounts_but_token_cel, pull_policy_cel,
+    rendered_text_cel, service_account_mount_cel,
+};
 use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_string};
 use crate::placeholder::{Node, TemplateString};
 use crate::rules::placement;
@@ -57,7 +62,7 @@ pub(crate) fn container_presence(
     let fields = expected
         .iter()
         .filter(|(key, _)| !(key == "name" && name.is_some()))
-        .map(|(key, expected)| field_term(key, expected, stored.get(key), &token_mount));
+        .map(|(key, expected)| field_term(key, expected, stored.get(key)));
     terms.extend(fields);
     if list == "initContainers"
         && stored.get("restartPolicy").and_then(Value::as_str) == Some("Always")
@@ -94,26 +99,25 @@ fn without_additions(mut stored: Map<String, Value>) -> Map<String, Value> {
 }
 
 /// The condition on the field `key` of the container `c`: `expected`, up to what admission
-/// plugins change in it (`stored` is the field as the proof stored it; `token_mount` the
-/// condition that a mount `m` is the token's).
-fn field_term(key: &str, expected: &Expected, stored: Option<&Value>, token_mount: &str) -> String {
+/// plugins change in it (`stored` is the field as the proof stored it).
+fn field_term(key: &str, expected: &Expected, stored: Option<&Value>) -> String {
     let value = match expected {
         Expected::Value(value) => value,
         // Rendered empty, the field is left out or kept empty (see `Expected::Text`).
-        Expected::Text(text) => return format!("c[?{}].orValue(\"\") == {text}", cel_string(key)),
+        Expected::Text(text) => return rendered_text_cel("c", key, text),
     };
     let field = format!("c[{}]", cel_string(key));
     let equal = match (key, stored) {
         ("volumeMounts", _) => {
-            return format!("c.?volumeMounts.orValue([]).filter(m, !{token_mount}) == {value}");
+            return format!("{} == {value}", mounts_but_token_cel("c"));
         }
-        ("imagePullPolicy", _) => format!("({field} == {value} || {field} == \"Always\")"),
+        ("imagePullPolicy", _) => pull_policy_cel(&field, value),
         // A LimitRange fills in what the template's resources leave out.
         ("resources", Some(resources)) => includes(&field, resources),
         ("ports", Some(Value::Array(ports))) => match host_ports(ports) {
-            Some(on_host) => format!(
-                "({field} == {value} || (object.spec.?hostNetwork.orValue(false) && {field} == {on_host}))"
-            ),
+            Some(on_host) => {
+                format!("({field} == {value} || ({HOST_NETWORK_CEL} && {field} == {on_host}))")
+            }
             None => format!("{field} == {value}"),
         },
         _ => format!("{field} == {value}"),

@@ -197,6 +197,21 @@ fn a_host_port_is_a_default_only_on_the_host_network() {
         ..POD
     };
     assert_eq!(difference(&ours, &theirs, ItemKind::Container, &host), None);
+    // `hostPort: 0` is Go's unset: stored as left out, or on the host network as the
+    // container's port (the presence property test found this one).
+    let zero =
+        json!({"name": "a", "image": "a:1", "ports": [{"containerPort": 9090, "hostPort": 0}]});
+    assert_eq!(difference(&zero, &theirs, ItemKind::Container, &host), None);
+    assert_eq!(
+        container_difference(zero.clone(), theirs).as_deref(),
+        Some("ports[0].hostPort")
+    );
+    let elsewhere =
+        json!({"name": "a", "image": "a:1", "ports": [{"containerPort": 9090, "hostPort": 9091}]});
+    assert_eq!(
+        difference(&zero, &elsewhere, ItemKind::Container, &host).as_deref(),
+        Some("ports[0].hostPort")
+    );
 }
 
 #[test]

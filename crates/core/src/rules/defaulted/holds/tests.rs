@@ -216,3 +216,47 @@ fn what_the_template_does_not_set_is_not_looked_at() {
         );
     }
 }
+
+/// `hostPort: 0` is Go's unset: the API server leaves it out, and on a hostNetwork Pod stores
+/// the port's `containerPort` there (the presence property test found `difference` refusing
+/// that; both forms now allow it, and only it).
+#[test]
+fn a_zero_host_port_is_the_container_s_port_on_the_host_network() {
+    let ours =
+        json!({"name": "a", "image": "a:1", "ports": [{"containerPort": 9100, "hostPort": 0}]});
+    let node = Node::parse(&ours, "container", &mut Vec::new());
+    let source = holds_cel(&node, "c", ItemKind::Container, &text);
+    for (host_network, host_port, held) in [
+        (false, None, true),
+        (true, None, true),
+        (true, Some(9100), true),
+        (false, Some(9100), false),
+        (true, Some(9101), false),
+    ] {
+        let mut port = json!({"containerPort": 9100, "protocol": "TCP"});
+        if let Some(host_port) = host_port {
+            port["hostPort"] = json!(host_port);
+        }
+        let theirs = json!({"name": "a", "image": "a:1", "ports": [port]});
+        let surroundings = Surroundings {
+            host_network,
+            token_volumes: &[TOKEN_VOLUME],
+        };
+        let same = difference(&ours, &theirs, ItemKind::Container, &surroundings).is_none();
+        let mut pod = pod();
+        pod["spec"]["hostNetwork"] = json!(host_network);
+        let program = cel::parser::Parser::new()
+            .enable_optional_syntax(true)
+            .parse(&source)
+            .unwrap_or_else(|e| panic!("{source}: {e:?}"));
+        let mut context = cel::Context::default().with_all();
+        context.add_variable_from_value("object", typed(&pod));
+        context.add_variable_from_value("c", typed(&theirs));
+        let holds = matches!(context.resolve(&program), Ok(cel::Value::Bool(true)));
+        assert_eq!(same, held, "difference, {host_network} {host_port:?}");
+        assert_eq!(
+            holds, held,
+            "holds_cel, {host_network} {host_port:?}: {source}"
+        );
+    }
+}
