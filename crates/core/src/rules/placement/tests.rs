@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use crate::cel::cel_list;
-use crate::cel::testing::{context, typed};
+use crate::cel::testing::evaluate;
 
 /// One init container of the Pod: a native sidecar or not, a template's or the Pod's own.
 #[derive(Clone, Copy, Debug)]
@@ -34,18 +34,13 @@ fn template_names(inits: &[Init]) -> Vec<String> {
 
 /// `source` evaluated over a Pod holding these init containers.
 fn resolve(source: &str, init_containers: Vec<Value>) -> cel::Value {
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = context();
-    context.add_variable_from_value(
-        "object",
-        typed(&json!({"spec": {"initContainers": init_containers}})),
-    );
-    context
-        .resolve(&program)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"))
+    evaluate(
+        source,
+        &[(
+            "object",
+            &json!({"spec": {"initContainers": init_containers}}),
+        )],
+    )
 }
 
 /// The CEL verdict on the native sidecar at `at` of `inits`.

@@ -2,13 +2,12 @@
 //! Rust comparison finds the Pod's item the template's, the CEL condition holds; where a field
 //! the template sets differs, it does not.
 
-use kube_cel::KubeCelExt as _;
 use kube_cel::cel;
 use serde_json::{Value, json};
 
 use super::super::{ItemKind, Surroundings, difference};
 use super::holds_cel;
-use crate::cel::testing::typed;
+use crate::cel::testing::evaluate;
 use crate::placeholder::{Node, Part, TemplateString};
 
 const TOKEN_VOLUME: &str = "kube-api-access-x7k2p";
@@ -37,15 +36,8 @@ fn text(template: &TemplateString) -> String {
 fn holds(ours: &Value, theirs: &Value) -> bool {
     let node = Node::parse(ours, "container", &mut Vec::new());
     let source = holds_cel(&node, "c", ItemKind::Container, &text);
-    let program = cel::parser::Parser::new()
-        .enable_optional_syntax(true)
-        .parse(&source)
-        .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-    let mut context = cel::Context::default().with_all();
-    context.add_variable_from_value("object", typed(&pod()));
-    context.add_variable_from_value("c", typed(theirs));
-    match context.resolve(&program) {
-        Ok(cel::Value::Bool(verdict)) => verdict,
+    match evaluate(&source, &[("object", &pod()), ("c", theirs)]) {
+        cel::Value::Bool(verdict) => verdict,
         other => panic!("{source}: {other:?}"),
     }
 }
@@ -245,14 +237,10 @@ fn a_zero_host_port_is_the_container_s_port_on_the_host_network() {
         let same = difference(&ours, &theirs, ItemKind::Container, &surroundings).is_none();
         let mut pod = pod();
         pod["spec"]["hostNetwork"] = json!(host_network);
-        let program = cel::parser::Parser::new()
-            .enable_optional_syntax(true)
-            .parse(&source)
-            .unwrap_or_else(|e| panic!("{source}: {e:?}"));
-        let mut context = cel::Context::default().with_all();
-        context.add_variable_from_value("object", typed(&pod));
-        context.add_variable_from_value("c", typed(&theirs));
-        let holds = matches!(context.resolve(&program), Ok(cel::Value::Bool(true)));
+        let holds = matches!(
+            evaluate(&source, &[("object", &pod), ("c", &theirs)]),
+            cel::Value::Bool(true)
+        );
         assert_eq!(same, held, "difference, {host_network} {host_port:?}");
         assert_eq!(
             holds, held,
