@@ -35,17 +35,7 @@ impl Histogram {
     pub fn parse(text: &str, name: &str, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> Self {
         let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
         let mut histogram = Histogram::default();
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let Ok(value) = value.parse::<f64>() else {
-                continue;
-            };
-            let (metric, labels) = match series.split_once('{') {
-                Some((metric, labels)) => (metric, parse_labels(labels.trim_end_matches('}'))),
-                None => (series, BTreeMap::new()),
-            };
+        for (metric, labels, value) in samples(text) {
             if !keep(&labels) {
                 continue;
             }
@@ -114,6 +104,30 @@ impl Histogram {
 }
 
 /// `a="x",b="y"` as a map (the values here hold no quotes or commas).
+/// The counter `name` in the Prometheus text `text`, summed over the series `keep` accepts.
+pub fn counter(text: &str, name: &str, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> f64 {
+    samples(text)
+        .filter(|(metric, labels, _)| *metric == name && keep(labels))
+        .map(|(_, _, value)| value)
+        .sum()
+}
+
+/// Each sample of the Prometheus text `text`: its metric, labels and value.
+fn samples(text: &str) -> impl Iterator<Item = (&str, BTreeMap<String, String>, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value = value.parse::<f64>().ok()?;
+            Some(match series.split_once('{') {
+                Some((metric, labels)) => {
+                    (metric, parse_labels(labels.trim_end_matches('}')), value)
+                }
+                None => (series, BTreeMap::new(), value),
+            })
+        })
+}
+
 fn parse_labels(labels: &str) -> BTreeMap<String, String> {
     labels
         .split("\",")

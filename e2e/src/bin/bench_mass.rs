@@ -27,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use injector_e2e::bench::{Histogram, client_for};
+use injector_e2e::bench::{Histogram, client_for, counter};
 use injector_e2e::steps::install_crd;
 use injector_e2e::{
     Backend, ControlPlane, ControlPlaneOptions, LocalService, Operator, OperatorOptions, poll_every,
@@ -336,35 +336,19 @@ impl Replicas {
 
 /// Pod CREATEs answered with an error, from `apiserver_request_total`.
 fn refused(metrics: &str) -> Refused {
-    let mut refused = Refused::default();
-    for line in metrics.lines() {
-        let Some(series) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = series.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(&format!("{name}=\"")))
-                .map(|v| v.trim_end_matches('"'))
-        };
-        let refused_pod_create = label("verb") == Some("POST")
-            && label("resource") == Some("pods")
-            && label("subresource").is_none_or(str::is_empty)
-            && label("code").is_some_and(|code| !code.starts_with('2'));
-        if !refused_pod_create {
-            continue;
-        }
-        let count: f64 = value.trim().parse().unwrap_or(0.0);
-        if label("dry_run").is_some_and(|d| !d.is_empty()) {
-            refused.dry_runs += count;
-        } else {
-            refused.pods += count;
-        }
+    let refused_pod_creates = |dry_run: bool| {
+        counter(metrics, "apiserver_request_total", |l| {
+            l.get("verb").is_some_and(|v| v == "POST")
+                && l.get("resource").is_some_and(|v| v == "pods")
+                && l.get("subresource").is_none_or(String::is_empty)
+                && l.get("code").is_some_and(|code| !code.starts_with('2'))
+                && l.get("dry_run").is_some_and(|d| !d.is_empty()) == dry_run
+        })
+    };
+    Refused {
+        pods: refused_pod_creates(false),
+        dry_runs: refused_pod_creates(true),
     }
-    refused
 }
 
 impl Refused {
