@@ -5,12 +5,11 @@
 //!    it deleted first (so the start generates the CA and the serving certificate);
 //! 2. from `kubectl apply` of a new template to the first Pod it injects (probing with
 //!    server-side dry-run creates every 10 ms);
-//! 3. Pod CREATE latency at a steady stream of creations, into a namespace no template
-//!    selects, into one a template selects with the webhook backend, and (Kubernetes 1.36+)
-//!    with the policy backend: the client's view, the API server's `apiserver_request_duration_seconds` and
-//!    `apiserver_admission_webhook_admission_duration_seconds`, and the webhook's own
-//!    `sidecar_injector_admission_duration_seconds`.
-//!
+//! 3. Pod CREATE latency at a steady stream of creations, with no injection, under each
+//!    backend (the policy ones on Kubernetes 1.36+), and down two paths that split the cost
+//!    (the injected Pod posted as is, a minimal hand-written policy), in rounds: the client's
+//!    view, the API server's histograms per admission step and plugin, and the webhook's own
+//!    handling ([`latency`]).
 //! 4. the Pod census: the operator's RSS with [`CENSUS_PODS`] injected Pods on the API server
 //!    (against its RSS before they were created), the time from a template edit to counts
 //!    that say every one of them is stale, and the relist: the leader stopped, a standby
@@ -21,13 +20,15 @@
 //! Prints a Markdown report and writes it to `target/bench-e2e.md`. With
 //! `SIDECAR_INJECTOR_BENCH_FIGURES` (say `3`, or `1,3`), only those figures are measured.
 
+mod latency;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use injector_e2e::bench::{Histogram, client_for, percentile};
-use injector_e2e::steps::{example, wait_crd_established, wait_served};
+use injector_e2e::bench::{client_for, percentile};
+use injector_e2e::steps::{wait_crd_established, wait_served};
 use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -40,9 +41,6 @@ const APPLIES: usize = 25;
 const PROBE_INTERVAL: Duration = Duration::from_millis(10);
 /// Operator starts of each kind for figure 1.
 const STARTS: usize = 10;
-/// Pods created per second, and for how long, in each stream of figure 3.
-const STREAM_RATE: u32 = 20;
-const STREAM_SECONDS: u32 = 20;
 
 /// Injected Pods created for figure 4 unless [`CENSUS_PODS_VAR`] says otherwise, and how
 /// many creations are in flight at once.
@@ -82,7 +80,7 @@ fn main() -> anyhow::Result<()> {
         apply_to_first_injection(&cp, &runtime, &client, &mut report)?;
     }
     if measured("3") {
-        operator = pod_create_latency(&cp, &runtime, &client, operator, &mut report)?;
+        operator = latency::pod_create_latency(&cp, &runtime, &client, operator, &mut report)?;
     }
     if measured("4") {
         census(&cp, &runtime, &client, &mut operator, &mut report)?;
@@ -211,142 +209,6 @@ fn webhook_backend() -> OperatorOptions {
         extra_args: vec!["--injection-backend".into(), "webhook".into()],
         ..OperatorOptions::default()
     }
-}
-
-/// Figure 3: a stream of creations into a namespace no template selects, into one
-/// examples/nginx-sidecar selects with the webhook backend, and, where the API server serves
-/// MutatingAdmissionPolicies, into that namespace again with the policy backend (the operator
-/// restarted with `--injection-backend auto`). Returns the operator running at the end.
-fn pod_create_latency(
-    cp: &ControlPlane,
-    runtime: &tokio::runtime::Runtime,
-    client: &kube::Client,
-    mut operator: Operator,
-    report: &mut String,
-) -> anyhow::Result<Operator> {
-    cp.apply_file(&example("nginx-sidecar/sidecartemplate.yaml"))?;
-    wait_served(cp, "nginx-sidecar", "sidecar-injector")?;
-    let selected = cp.namespace(
-        "bench-stream-selected",
-        &[("sidecar.dev/example", "nginx-sidecar")],
-    )?;
-    let unselected = cp.namespace("bench-stream-unselected", &[])?;
-    // The API server picks the configuration up asynchronously: warm up until it injects.
-    injector_e2e::steps::wait_injected(cp, &selected, &["app=web"], "nginx-sidecar")?;
-
-    writeln!(
-        report,
-        "### Pod CREATE latency: no injection, the webhook backend, the policy backend\n\n\
-         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per row (real creates, stored; they stay \
-         Pending, nothing schedules them), one template (examples/nginx-sidecar), same run. \
-         *No injection*: no template selects the namespace, no webhook entry matches. *Webhook \
-         backend* (`--injection-backend webhook`): the API server calls the webhook (over TLS, \
-         reusing its connections) and applies the patch. *Policy backend* (`auto`, Kubernetes \
-         1.36+ only): the API server injects from the operator's MutatingAdmissionPolicy and \
-         the webhook entry skips the Pods it served. The API server's histograms have coarse \
-         buckets (the first ends at 5 ms), so they are given as a mean (sum / count) and the \
-         share of observations in that first bucket.\n\n\
-         | path | Pods | client p50 | client p99 | API server, POST pods: mean (≤ 5 ms) | \
-         API server, webhook calls: count, mean (≤ 5 ms) | the webhook's own handling: count, mean |\n\
-         |---|---|---|---|---|---|---|"
-    )?;
-    latency_row(
-        cp,
-        runtime,
-        client,
-        &operator,
-        "no injection",
-        &unselected,
-        report,
-    )?;
-    latency_row(
-        cp,
-        runtime,
-        client,
-        &operator,
-        "webhook backend",
-        &selected,
-        report,
-    )?;
-    if cp.serves_mutating_admission_policies()? {
-        operator.stop()?;
-        drop(operator);
-        operator = Operator::start(cp, OperatorOptions::default())?;
-        // In force once the template says so and its entry skips what the policy served.
-        injector_e2e::steps::policy_served(cp, "nginx-sidecar").and_then(|served| {
-            if served {
-                Ok(())
-            } else {
-                bail!("nginx-sidecar is not served by the policy")
-            }
-        })?;
-        poll_until(Duration::from_secs(30), || {
-            let configuration =
-                cp.get_json("mutatingwebhookconfiguration", None, "sidecar-injector")?;
-            Ok(configuration.to_string().contains("not-injected-by-policy"))
-        })?;
-        injector_e2e::steps::wait_injected(cp, &selected, &["app=web"], "nginx-sidecar")?;
-        latency_row(
-            cp,
-            runtime,
-            client,
-            &operator,
-            "policy backend",
-            &selected,
-            report,
-        )?;
-    } else {
-        writeln!(
-            report,
-            "| policy backend | — | — | — | — | not served by this API server (Kubernetes 1.36+) | — |"
-        )?;
-    }
-    writeln!(report)?;
-    Ok(operator)
-}
-
-/// One row of figure 3: a stream into `namespace`, and what the API server and the webhook
-/// measured meanwhile.
-fn latency_row(
-    cp: &ControlPlane,
-    runtime: &tokio::runtime::Runtime,
-    client: &kube::Client,
-    operator: &Operator,
-    label: &str,
-    namespace: &str,
-    report: &mut String,
-) -> anyhow::Result<()> {
-    let before = Scrape::take(cp, operator)?;
-    let latencies = runtime.block_on(stream(client, namespace, "app=web"))?;
-    let after = Scrape::take(cp, operator)?;
-    let requests = after.requests.minus(&before.requests);
-    let admission = after.admission.minus(&before.admission);
-    let webhook = after.webhook.minus(&before.webhook);
-    let call = if admission.count == 0.0 {
-        "not called".to_owned()
-    } else {
-        format!(
-            "{}, {} ({:.1} %)",
-            admission.count,
-            ms_f(admission.mean()),
-            admission.share_within(0.005) * 100.0
-        )
-    };
-    let own = if webhook.count == 0.0 {
-        "—".to_owned()
-    } else {
-        format!("{}, {:.2} ms", webhook.count, webhook.mean() * 1e3)
-    };
-    writeln!(
-        report,
-        "| {label} | {} | {} | {} | {} ({:.1} %) | {call} | {own} |",
-        latencies.len(),
-        ms(percentile(&latencies, 50.0)),
-        ms(percentile(&latencies, 99.0)),
-        ms_f(requests.mean()),
-        requests.share_within(0.005) * 100.0,
-    )?;
-    Ok(())
 }
 
 /// Figure 4: RSS before and after the census's Pods (a template injects them) are created and
@@ -561,36 +423,6 @@ async fn create_many(client: &kube::Client, namespace: &str, count: usize) -> an
     Ok(())
 }
 
-/// Creates `STREAM_RATE` Pods a second for `STREAM_SECONDS`, each on its own task so a slow
-/// creation does not delay the next; returns each creation's latency as the client saw it.
-async fn stream(
-    client: &kube::Client,
-    namespace: &str,
-    labels: &str,
-) -> anyhow::Result<Vec<Duration>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let mut ticker = tokio::time::interval(Duration::from_secs(1) / STREAM_RATE);
-    let mut tasks = Vec::new();
-    let (key, value) = labels.split_once('=').context("labels")?;
-    let mut pod = probe_pod();
-    pod.metadata.labels = Some(BTreeMap::from([(key.to_owned(), value.to_owned())]));
-    for _ in 0..STREAM_RATE * STREAM_SECONDS {
-        ticker.tick().await;
-        let pods = pods.clone();
-        let pod = pod.clone();
-        tasks.push(tokio::spawn(async move {
-            let started = Instant::now();
-            pods.create(&PostParams::default(), &pod).await?;
-            anyhow::Ok(started.elapsed())
-        }));
-    }
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.push(task.await??);
-    }
-    Ok(latencies)
-}
-
 fn dry_run() -> PostParams {
     PostParams {
         dry_run: true,
@@ -614,40 +446,6 @@ fn probe_pod() -> Pod {
             ..PodSpec::default()
         }),
         ..Pod::default()
-    }
-}
-
-/// The histograms read before and after a stream.
-struct Scrape {
-    requests: Histogram,
-    admission: Histogram,
-    webhook: Histogram,
-}
-
-impl Scrape {
-    fn take(cp: &ControlPlane, operator: &Operator) -> anyhow::Result<Self> {
-        let apiserver = cp.kubectl_ok(&["get", "--raw", "/metrics"])?;
-        let requests = Histogram::parse(&apiserver, "apiserver_request_duration_seconds", |l| {
-            l.get("verb").is_some_and(|v| v == "POST")
-                && l.get("resource").is_some_and(|v| v == "pods")
-                && l.get("subresource").is_none_or(String::is_empty)
-                && l.get("dry_run").is_none_or(String::is_empty)
-        });
-        let admission = Histogram::parse(
-            &apiserver,
-            "apiserver_admission_webhook_admission_duration_seconds",
-            |l| l.get("operation").is_some_and(|v| v == "CREATE"),
-        );
-        let webhook = Histogram::parse(
-            &operator.metrics()?,
-            "sidecar_injector_admission_duration_seconds",
-            |_| true,
-        );
-        Ok(Self {
-            requests,
-            admission,
-            webhook,
-        })
     }
 }
 
