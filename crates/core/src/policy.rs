@@ -267,21 +267,19 @@ pub(crate) fn compile_policy_within(
             .into_iter(),
     );
     let rounds = proof_rounds(&served);
-    let (mut mutations, proof_mutations) =
-        batched_mutations(&served, written, &rounds, &template_init);
+    let (mutations, proof_mutations) = batched_mutations(&served, written, &rounds, &template_init);
     // The hash names this version: of everything the policy and its proof do, before the
     // parts that carry it. The proof's own mutations count: a proof policy of an operator
     // that proved otherwise (in one round, say), still loaded by the API server, must not
     // answer for this one.
     let hash = version_hash(options, &[mutations.as_slice(), &proof_mutations].concat());
     let live = live_token(&hash);
-    mutations.push(marker_mutation(&live, true));
+    let mutations = live_mutations(options, mutations, &live);
     let policy = policy_object(
         options,
         &ordered,
         &served,
         &webhook_only,
-        &live,
         &service_account_volume,
         mutations,
     );
@@ -439,7 +437,6 @@ fn policy_object(
     ordered: &[&Arc<CompiledTemplate>],
     served: &[Arc<CompiledTemplate>],
     webhook_only: &[(Arc<CompiledTemplate>, WebhookOnly)],
-    live: &str,
     service_account_volume: &str,
     mutations: Vec<Value>,
 ) -> Value {
@@ -466,9 +463,6 @@ fn policy_object(
                 "resourceRules": pod_create_rules(),
                 "namespaceSelector": {"matchExpressions": namespace_exclusions()},
             },
-            // The operator's namespace is never injected, except its dry-run Pod that asks
-            // whether the API server runs this version yet (its last mutation marks it).
-            "matchConditions": outside_the_operators_namespace(options, live),
             "variables": template_containers(ordered)
                 .into_iter()
                 .chain([json!({
@@ -729,9 +723,39 @@ fn live_token(hash: &str) -> String {
     format!("{hash}-live")
 }
 
-/// The last mutation: marks the dry-run Pod asking for `token`, so the operator knows the
-/// API server loaded this version. `only_asking`: the policy also sees other Pods.
-fn marker_mutation(token: &str, only_asking: bool) -> Value {
+/// The live policy's mutations: each applies outside the operator's namespace, and there
+/// only to the dry-run Pod asking for `token` (this version), which the last one marks.
+///
+/// Neither is a mutation or a match condition of its own, for the time of every Pod CREATE
+/// the policy sees: after each mutation the API server encodes the Pod, applies the patch,
+/// decodes and defaults it again, even for an empty patch ([`batch`]); and it evaluates the
+/// match conditions again, on a fresh CEL copy of the Pod, in the second pass of the
+/// admission chain that follows any mutation, before it finds the policy is not to run again.
+fn live_mutations(options: &PolicyOptions, mutations: Vec<Value>, token: &str) -> Vec<Value> {
+    let outside = outside_the_operators_namespace_cel(options, token);
+    let marker = marker_expression(token, true);
+    let mut live: Vec<String> = mutations
+        .iter()
+        .map(|mutation| {
+            let expression = mutation["jsonPatch"]["expression"]
+                .as_str()
+                .unwrap_or_default();
+            format!("({outside})\n? ({expression})\n: []")
+        })
+        .collect();
+    match live.last_mut() {
+        Some(last) if last.len() + marker.len() + 8 <= MAX_EXPRESSION => {
+            *last = format!("({last})\n+ ({marker})");
+        }
+        _ => live.push(marker),
+    }
+    live.into_iter().map(patch_mutation).collect()
+}
+
+/// What marks the dry-run Pod asking for `token`, so the operator knows the API server loaded
+/// this version: the live policy's last mutation ends with it, the proof's last mutation is
+/// it. `only_asking`: the policy also sees other Pods.
+fn marker_expression(token: &str, only_asking: bool) -> String {
     let mark = json_patch(
         &cel_string(&format!(
             "/metadata/annotations/{}",
@@ -739,7 +763,7 @@ fn marker_mutation(token: &str, only_asking: bool) -> Value {
         )),
         &cel_string(token),
     );
-    let expression = if only_asking {
+    if only_asking {
         format!(
             "{ANNOTATIONS}[?{}].orValue(\"\") == {} ? [{mark}] : []",
             cel_string(POLICY_PROOF_ANNOTATION),
@@ -747,8 +771,7 @@ fn marker_mutation(token: &str, only_asking: bool) -> Value {
         )
     } else {
         format!("[{mark}]")
-    };
-    json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}})
+    }
 }
 
 /// The match conditions of a policy that leaves the operator's namespace alone, except the
@@ -756,13 +779,18 @@ fn marker_mutation(token: &str, only_asking: bool) -> Value {
 fn outside_the_operators_namespace(options: &PolicyOptions, token: &str) -> Value {
     json!([{
         "name": "not-the-operators-namespace",
-        "expression": format!(
-            "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
-            cel_string(&options.operator_namespace),
-            cel_string(POLICY_PROOF_ANNOTATION),
-            cel_string(token)
-        ),
+        "expression": outside_the_operators_namespace_cel(options, token),
     }])
+}
+
+/// That condition's CEL.
+fn outside_the_operators_namespace_cel(options: &PolicyOptions, token: &str) -> String {
+    format!(
+        "request.namespace != {} || {ANNOTATIONS}[?{}].orValue(\"\") == {}",
+        cel_string(&options.operator_namespace),
+        cel_string(POLICY_PROOF_ANNOTATION),
+        cel_string(token)
+    )
 }
 
 /// A ValidatingAdmissionPolicy `name` over Pod CREATE, outside the namespaces never injected,
@@ -836,7 +864,7 @@ fn proof_policy(
     variables: Value,
     mut mutations: Vec<Value>,
 ) -> (Value, Value) {
-    mutations.push(marker_mutation(hash, false));
+    mutations.push(patch_mutation(marker_expression(hash, false)));
     let name = proof_name(&options.name);
     let policy = json!({
         "apiVersion": POLICY_API_VERSION,

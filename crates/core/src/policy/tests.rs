@@ -72,27 +72,38 @@ fn one_policy_serves_templates_in_application_order() {
         json!(["kube-system", "kube-public", "kube-node-lease"])
     );
     assert_eq!(excluded[1]["key"], INJECTION_LABEL);
-    // The operator's namespace is excluded too, but for the Pod asking for this version.
-    let condition = policy["spec"]["matchConditions"][0]["expression"]
-        .as_str()
-        .unwrap();
-    assert_eq!(
-        condition,
-        format!(
-            r#"request.namespace != "operator-ns" || object.metadata.?annotations.orValue({{}})[?"sidecar.dev/policy-proof"].orValue("") == "{}-live""#,
-            compiled.hash
-        )
+    // The operator's namespace is excluded too, but for the Pod asking for this version: by
+    // each mutation, not a match condition the API server would evaluate again on every
+    // injected Pod's second pass.
+    assert!(policy["spec"].get("matchConditions").is_none(), "{policy}");
+    let outside = format!(
+        r#"(request.namespace != "operator-ns" || object.metadata.?annotations.orValue({{}})[?"sidecar.dev/policy-proof"].orValue("") == "{}-live")"#,
+        compiled.hash
     );
+    for expression in expressions(&policy) {
+        assert!(
+            expression
+                .trim_start_matches('(')
+                .starts_with(outside.trim_start_matches('(')),
+            "{expression}"
+        );
+    }
     let binding = compiled.binding.unwrap();
     assert_eq!(binding["spec"]["policyName"], "sidecar-injector");
 
-    let [agent, proxy, marker] = expressions(&policy)[..] else {
-        panic!("two mutations and the marker expected")
+    // The marker is the last mutation's end, not a mutation of its own: after each
+    // mutation the API server encodes, decodes and defaults the Pod again.
+    let [agent, proxy] = expressions(&policy)[..] else {
+        panic!("two mutations expected")
     };
     assert!(
-        marker.contains(&format!("{}-live", compiled.hash)),
-        "{marker}"
+        proxy.ends_with(&format!(
+            r#"+ (object.metadata.?annotations.orValue({{}})[?"sidecar.dev/policy-proof"].orValue("") == "{0}-live" ? [JSONPatch{{op: "add", path: "/metadata/annotations/sidecar.dev~1policy-proven", value: "{0}-live"}}] : [])"#,
+            compiled.hash
+        )),
+        "{proxy}"
     );
+    assert!(!agent.contains("policy-proven"), "{agent}");
     // The record entry is the one plan writes.
     let entry = Applied::of(&compiled.served[0]).to_string();
     assert!(agent.contains(&format!("{entry:?}")), "{agent}");
@@ -170,8 +181,8 @@ fn a_container_mounting_at_the_token_path_gets_no_token_mount() {
     );
     let compiled = compile_policy(&[own], &options());
     let policy = compiled.policy.unwrap();
-    let [own, _marker] = expressions(&policy)[..] else {
-        panic!("one mutation and the marker expected")
+    let [own] = expressions(&policy)[..] else {
+        panic!("one mutation expected")
     };
     // Only the second container gets it, appended to its list.
     assert_eq!(
