@@ -25,7 +25,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::ops::RangeInclusive;
 
-use injector_api::FailurePolicy;
 use injector_core::rules::selection;
 use injector_core::syntax::{is_dns_label, is_dns_subdomain, is_label_value, is_qualified_name};
 use injector_core::{Group, GroupId, Snapshot};
@@ -445,9 +444,11 @@ fn entry(
 }
 
 /// The condition that skips Pods the policy served: every template of `group` that selects the
-/// Pod is present by content (`present`). `None` unless every template has a presence
-/// condition, and for a merged entry (its templates' pod selectors differ from the entry's, so
-/// which of them select the Pod is not the entry's to say).
+/// Pod is present by content (`present`); on a best-effort entry, also a Pod that opted out,
+/// which the policy left alone as the webhook would (free here: the API server evaluates the
+/// entry's conditions anyway). `None` unless every template has a presence condition, and for
+/// a merged entry (its templates' pod selectors differ from the entry's, so which of them
+/// select the Pod is not the entry's to say).
 fn not_injected_by_policy(
     group: &Group,
     present: &BTreeMap<String, String>,
@@ -469,28 +470,34 @@ fn not_injected_by_policy(
             },
         );
     }
-    (!terms.is_empty()).then(|| MatchCondition {
+    if terms.is_empty() {
+        return None;
+    }
+    let mut skipped = terms.join(" && ");
+    if group.key.failure_policy == injector_api::FailurePolicy::Ignore {
+        skipped = format!(
+            "{} || ({skipped})",
+            selection::opts_out_cel(selection::ANNOTATIONS)
+        );
+    }
+    Some(MatchCondition {
         name: "not-injected-by-policy".to_owned(),
-        expression: format!("!({})", terms.join(" && ")),
+        expression: format!("!({skipped})"),
     })
 }
 
-/// CEL conditions the API server checks before calling the webhook. They matter most while
-/// the operator is down: a Pod that did not ask for an `OnRequest` template is then admitted
-/// instead of failing a required entry it would never have been injected by, and a Pod that
-/// opted out skips a best-effort entry.
+/// CEL conditions the API server checks before calling the webhook, only where they spare
+/// calls that matter: a Pod that did not ask for any template of an `OnRequest`-only entry
+/// (while the operator is down, a required one would fail it), and under `auto`, a Pod the
+/// policy served.
 ///
-/// The opt-out condition is on best-effort (`Ignore`) entries only: a Pod's opt-out does not
-/// apply to required templates (issue 11, rule 3), so a required entry is called for an
-/// opted-out Pod too, and fails closed while the operator is down.
+/// No condition skips an opted-out Pod: the API server evaluates an entry's conditions on
+/// every Pod the entry's selectors match, on a copy of the Pod made for CEL, and again in the
+/// admission chain's second pass after the patch, so a condition costs every injected Pod's
+/// CREATE more than the call it spares an opted-out one saves. The webhook skips an opted-out
+/// Pod itself, and while the operator is down a best-effort entry lets it through as any Pod.
 fn match_conditions(group: &Group, present: &BTreeMap<String, String>) -> Vec<MatchCondition> {
     let mut conditions = Vec::new();
-    if group.key.failure_policy == FailurePolicy::Ignore {
-        conditions.push(MatchCondition {
-            name: "not-opted-out".to_owned(),
-            expression: format!("!({})", selection::opts_out_cel(selection::ANNOTATIONS)),
-        });
-    }
     let on_request_only = group
         .templates
         .iter()

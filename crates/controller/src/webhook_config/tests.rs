@@ -314,30 +314,16 @@ fn fixed_fields_of_every_entry() {
 }
 
 #[test]
-fn only_best_effort_entries_let_an_opted_out_pod_through() {
+fn no_entry_carries_a_condition_of_its_own_but_on_request() {
+    // The API server evaluates an entry's conditions on every Pod it matches, twice for an
+    // injected one: no opt-out condition (the webhook skips an opted-out Pod itself).
     let snapshot = three_groups();
     let config = desired_configuration(&snapshot, &service_options(), CA);
     for webhook in webhooks(&config) {
-        let names: Vec<&str> = webhook
-            .match_conditions
-            .iter()
-            .flatten()
-            .map(|c| c.name.as_str())
-            .collect();
-        match webhook.failure_policy.as_deref() {
-            Some("Ignore") => {
-                assert_eq!(names, ["not-opted-out"], "no OnRequest-only group here");
-                let expression = &webhook.match_conditions.as_ref().unwrap()[0].expression;
-                assert_eq!(
-                    *expression,
-                    format!("!({})", selection::opts_out_cel(selection::ANNOTATIONS))
-                );
-            }
-            _ => assert_eq!(
-                webhook.match_conditions, None,
-                "a required entry is called for an opted-out Pod too"
-            ),
-        }
+        assert_eq!(
+            webhook.match_conditions, None,
+            "no OnRequest-only group here"
+        );
     }
 }
 
@@ -371,18 +357,18 @@ fn an_on_request_only_group_is_called_only_for_pods_that_ask() {
         .find(|w| w.failure_policy.as_deref() == Some("Fail"))
         .unwrap();
     let requested = conditions(fail);
-    assert_eq!(requested.len(), 1, "required: no opt-out condition");
+    assert_eq!(requested.len(), 1, "no opt-out condition");
     assert_eq!(
         requested[0],
         selection::requests_cel(selection::ANNOTATIONS, ["mesh", "proxy"])
     );
     // A group with an Automatic template (agent and logs share one) is called for every
-    // selected Pod that did not opt out.
+    // selected Pod.
     let ignore = webhooks(&config)
         .iter()
         .find(|w| w.failure_policy.as_deref() == Some("Ignore"))
         .unwrap();
-    assert_eq!(conditions(ignore).len(), 1);
+    assert!(conditions(ignore).is_empty());
 }
 
 #[test]
@@ -561,11 +547,7 @@ fn serializes_to_what_the_api_server_accepts() {
             entry["failurePolicy"].as_str(),
             Some("Fail" | "Ignore")
         ));
-        if entry["failurePolicy"] == "Ignore" {
-            assert_eq!(entry["matchConditions"][0]["name"], "not-opted-out");
-        } else {
-            assert!(entry.get("matchConditions").is_none(), "{entry}");
-        }
+        assert!(entry.get("matchConditions").is_none(), "{entry}");
     }
     let first = &entries[0];
     assert!(first["name"].as_str().unwrap().starts_with("ignore-"));
@@ -865,8 +847,7 @@ fn drifted_when_the_operators_fields_change() {
         edit_entry(&|w| w.match_policy = Some("Exact".into())),
         field("matchPolicy")
     );
-    // The second entry is required (web, Fail): an opt-out condition added by hand would
-    // let opted-out Pods skip it.
+    // No entry here has a condition: one added by hand would let Pods skip it.
     assert_eq!(desired.webhooks.as_ref().unwrap()[1].match_conditions, None);
     assert_eq!(
         edit_entry(&|w| {
@@ -877,25 +858,17 @@ fn drifted_when_the_operators_fields_change() {
         }),
         field("matchConditions")
     );
-    // The first entry is best-effort (db, Ignore): its opt-out condition removed or
-    // changed is drift too.
-    let first = Some(Drift::Entry {
-        entry: entry_names[0].clone(),
-        field: "matchConditions",
-    });
-    assert_eq!(
-        edited(&|c| c.webhooks.as_mut().unwrap()[0].match_conditions = None),
-        first
-    );
     assert_eq!(
         edited(&|c| {
-            c.webhooks.as_mut().unwrap()[0]
-                .match_conditions
-                .as_mut()
-                .unwrap()[0]
-                .expression = "true".into()
+            c.webhooks.as_mut().unwrap()[0].match_conditions = Some(vec![MatchCondition {
+                name: "skip".into(),
+                expression: "false".into(),
+            }])
         }),
-        first
+        Some(Drift::Entry {
+            entry: entry_names[0].clone(),
+            field: "matchConditions",
+        })
     );
 
     // The operator's label.
@@ -1091,6 +1064,28 @@ fn an_entry_skips_pods_that_carry_every_template_the_policy_served() {
     );
     // `logs` has no presence condition (the policy does not serve it): always called.
     assert_eq!(skip("Ignore"), None);
+    // Served, a best-effort entry also skips a Pod that opted out, which the policy left
+    // alone as the webhook would.
+    let present: BTreeMap<String, String> = present
+        .into_iter()
+        .chain([("logs".to_owned(), "LOGS_PRESENT".to_owned())])
+        .collect();
+    let config = desired_configuration_with_policy(&snapshot, &service_options(), CA, &present);
+    let logs = webhooks(&config)
+        .iter()
+        .find(|w| w.failure_policy.as_deref() == Some("Ignore"))
+        .unwrap()
+        .match_conditions
+        .clone()
+        .unwrap();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    assert_eq!(
+        logs[0].expression,
+        format!(
+            "!({} || ((LOGS_PRESENT)))",
+            selection::opts_out_cel(selection::ANNOTATIONS)
+        )
+    );
     // Without a policy, no entry skips anything.
     let plain = desired_configuration(&snapshot, &service_options(), CA);
     assert!(
