@@ -104,6 +104,20 @@ impl Histogram {
 }
 
 /// `a="x",b="y"` as a map (the values here hold no quotes or commas).
+/// Calls of mutating webhooks on CREATEs (all of them Pods in the benchmarks), in the API
+/// server's `/metrics` text `metrics`.
+pub fn webhook_calls(metrics: &str) -> f64 {
+    Histogram::parse(
+        metrics,
+        "apiserver_admission_webhook_admission_duration_seconds",
+        |l| {
+            l.get("type").is_some_and(|v| v == "admit")
+                && l.get("operation").is_some_and(|v| v == "CREATE")
+        },
+    )
+    .count
+}
+
 /// The counter `name` in the Prometheus text `text`, summed over the series `keep` accepts.
 pub fn counter(text: &str, name: &str, keep: impl Fn(&BTreeMap<String, String>) -> bool) -> f64 {
     samples(text)

@@ -302,6 +302,11 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// `--injection-backend` with this value, for [`OperatorOptions::extra_args`].
+    pub fn args(self) -> Vec<String> {
+        vec!["--injection-backend".to_owned(), self.arg().to_owned()]
+    }
+
     /// The flag's value.
     pub fn arg(self) -> &'static str {
         match self {

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
+use crate::bench::webhook_calls;
 use crate::control_plane::ControlPlane;
 use crate::pod::{containers, init_containers, names};
-use crate::{poll, workspace_root};
+use crate::{poll, poll_every, workspace_root};
 
 /// The name of the MutatingWebhookConfiguration the operator writes by default (and the chart
 /// writes under the default release name `sidecar-injector`).
@@ -114,6 +115,31 @@ pub fn wait_injected(
             let has = containers(&pod).iter().any(|c| c == container)
                 || init_containers(&pod).iter().any(|c| c == container);
             Ok(has.then_some(pod))
+        },
+    )
+}
+
+/// Waits (up to 300 s) until `injected` (a dry run that comes back injected) makes no webhook
+/// call: under `auto` the webhook injects too while the policy is proven and loaded, and the
+/// entries skip the Pods the policy served only once the API server runs it; under `policy`
+/// the entries go once the policy serves.
+pub fn wait_policy_alone(
+    cp: &ControlPlane,
+    mut injected: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let calls = || -> anyhow::Result<f64> {
+        Ok(webhook_calls(
+            &cp.kubectl_ok(&["get", "--raw", "/metrics"])?,
+        ))
+    };
+    poll_every(
+        Duration::from_secs(300),
+        Duration::from_secs(1),
+        "the policy injecting without a webhook call",
+        || {
+            let before = calls()?;
+            injected()?;
+            Ok((calls()? == before).then_some(()))
         },
     )
 }

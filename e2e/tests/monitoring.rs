@@ -33,7 +33,7 @@ use injector_e2e::harness;
 use injector_e2e::prometheus::{HttpsScrape, Prometheus, ScrapeTarget};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_invalid_event, wait_served};
 use injector_e2e::{
-    ControlPlane, Operator, OperatorOptions, poll, poll_every, tool, workspace_root,
+    Backend, ControlPlane, Operator, OperatorOptions, poll, poll_every, tool, workspace_root,
 };
 use serde_json::{Value, json};
 
@@ -99,7 +99,7 @@ fn monitoring() {
         &cp,
         OperatorOptions {
             serving_lifetime: Some("2h".to_owned()),
-            extra_args: vec!["--injection-backend".to_owned(), "webhook".to_owned()],
+            extra_args: Backend::Webhook.args(),
             ..OperatorOptions::default()
         },
     )

@@ -25,7 +25,7 @@ use std::time::Duration;
 use injector_e2e::harness;
 use injector_e2e::pod::{TOKEN_VOLUME_PREFIX, without_token_mount};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
+use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Map, Value, json};
 
 const TEMPLATES: &str = r#"
@@ -338,7 +338,7 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     let mut operator = Operator::start(
         &cp,
         OperatorOptions {
-            extra_args: vec!["--injection-backend".into(), "webhook".into()],
+            extra_args: Backend::Webhook.args(),
             ..OperatorOptions::default()
         },
     )

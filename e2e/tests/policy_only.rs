@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use injector_e2e::harness;
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, operator_binary, poll};
+use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, operator_binary, poll};
 use serde_json::{Value, json};
 
 const GUARDED: &str = r#"
@@ -228,7 +228,7 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
     let mut operator = Operator::start(
         &cp,
         OperatorOptions {
-            extra_args: vec!["--injection-backend".into(), "policy".into()],
+            extra_args: Backend::Policy.args(),
             ..OperatorOptions::default()
         },
     )
@@ -589,7 +589,7 @@ fn under_the_restricted_standard_a_required_template_never_fails_open() {
         &cp,
         OperatorOptions {
             namespace: operator_ns.to_owned(),
-            extra_args: vec!["--injection-backend".into(), "policy".into()],
+            extra_args: Backend::Policy.args(),
             ..OperatorOptions::default()
         },
     )

@@ -27,8 +27,8 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use injector_e2e::bench::{Histogram, client_for, counter};
-use injector_e2e::steps::install_crd;
+use injector_e2e::bench::{Histogram, client_for, counter, webhook_calls};
+use injector_e2e::steps::{install_crd, wait_policy_alone};
 use injector_e2e::{
     Backend, ControlPlane, ControlPlaneOptions, LocalService, Operator, OperatorOptions, poll_every,
 };
@@ -205,7 +205,7 @@ fn run(
     let containers: Vec<String> = (0..templates).map(container_name).collect();
     wait_injected(&cp, &namespace, &containers)?;
     if backend == Some(Backend::Auto) {
-        wait_policy_alone(&cp, &namespace, &containers)?;
+        wait_policy_alone(&cp, || wait_injected(&cp, &namespace, &containers))?;
     }
     cp.apply_yaml(&deployment(&namespace).to_string())?;
 
@@ -281,7 +281,7 @@ fn run(
 
 fn operator_options(backend: Backend) -> OperatorOptions {
     OperatorOptions {
-        extra_args: vec!["--injection-backend".into(), backend.arg().into()],
+        extra_args: backend.args(),
         ..OperatorOptions::default()
     }
 }
@@ -384,19 +384,6 @@ fn admission(metrics: &str) -> Histogram {
     )
 }
 
-/// Calls of mutating webhooks on Pod CREATEs.
-fn webhook_calls(metrics: &str) -> f64 {
-    Histogram::parse(
-        metrics,
-        "apiserver_admission_webhook_admission_duration_seconds",
-        |l| {
-            l.get("type").is_some_and(|v| v == "admit")
-                && l.get("operation").is_some_and(|v| v == "CREATE")
-        },
-    )
-    .count
-}
-
 /// CREATEs refused in admission, by any plugin (a timeout of a required webhook too).
 fn rejections(metrics: &str) -> f64 {
     Histogram::parse(
@@ -453,27 +440,6 @@ fn wait_injected(cp: &ControlPlane, namespace: &str, containers: &[String]) -> a
         },
     )
     .context("the templates are not served")
-}
-
-/// Waits until a dry-run Pod in `namespace` is injected with no webhook call: under `auto` the
-/// webhook injects too while the policy is proven and loaded, and the entries skip the Pods the
-/// policy served only once the API server runs it.
-fn wait_policy_alone(
-    cp: &ControlPlane,
-    namespace: &str,
-    containers: &[String],
-) -> anyhow::Result<()> {
-    poll_every(
-        Duration::from_secs(300),
-        Duration::from_secs(1),
-        "the policy injecting without a webhook call",
-        || {
-            let before = webhook_calls(&cp.kubectl_ok(&["get", "--raw", "/metrics"])?);
-            wait_injected(cp, namespace, containers)?;
-            let after = webhook_calls(&cp.kubectl_ok(&["get", "--raw", "/metrics"])?);
-            Ok((after == before).then_some(()))
-        },
-    )
 }
 
 fn container_name(index: usize) -> String {

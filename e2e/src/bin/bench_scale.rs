@@ -130,7 +130,7 @@ fn run_backend(
     let operator = Operator::start(
         &cp,
         OperatorOptions {
-            extra_args: vec!["--injection-backend".into(), backend.arg().into()],
+            extra_args: backend.args(),
             ..OperatorOptions::default()
         },
     );

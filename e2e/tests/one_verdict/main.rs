@@ -549,7 +549,7 @@ fn start(cp: &ControlPlane, backend: Backend, namespace: &str, policies: bool) -
     let operator = Operator::start(
         cp,
         OperatorOptions {
-            extra_args: vec!["--injection-backend".into(), backend.arg().into()],
+            extra_args: backend.args(),
             ..OperatorOptions::default()
         },
     )

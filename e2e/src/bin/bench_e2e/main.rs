@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use injector_e2e::bench::{client_for, percentile};
 use injector_e2e::steps::{wait_crd_established, wait_served};
-use injector_e2e::{ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
+use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions, READY_POLL, workspace_root};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
@@ -206,7 +206,7 @@ fn apply_to_first_injection(
 /// The operator with `--injection-backend webhook`.
 fn webhook_backend() -> OperatorOptions {
     OperatorOptions {
-        extra_args: vec!["--injection-backend".into(), "webhook".into()],
+        extra_args: Backend::Webhook.args(),
         ..OperatorOptions::default()
     }
 }
