@@ -31,7 +31,7 @@ use injector_api::names::{
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::cel::{cel_array, cel_json, cel_list, cel_object, cel_string};
+use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_object, cel_string};
 use crate::placeholder::{Node, Part, TemplateString};
 use crate::plan::Applied;
 use crate::rules::defaulted::{
@@ -504,35 +504,27 @@ fn service_account_volume_cel(ordered: &[&Arc<CompiledTemplate>]) -> String {
     )
 }
 
-/// The operations appending the ServiceAccount token's mount to the container a template adds
-/// (`item`) at `index` (a CEL int) of `spec.<list>`, exactly as the ServiceAccount admission
-/// plugin would when the API server runs it again after the policy: so the policy's Pod is
-/// final, and no webhook or policy is called again for the plugin's change. None when the
+/// `item` (a container a template adds) as the CEL value the policy adds, with the
+/// ServiceAccount token's mount appended to its mounts exactly as the ServiceAccount admission
+/// plugin would append it when the API server runs it again after the policy: so the policy's
+/// Pod is final, and no webhook or policy is called again for the plugin's change. In the
+/// item's own value rather than an operation of its own, since the API server turns each
+/// operation into JSON and applies it on the encoded Pod. Without a token mount when the
 /// container mounts something at the token's path itself (volume mounts hold no placeholder).
-fn token_mount_ops(list: &str, index: &str, item: &Item) -> Option<String> {
-    let mounts = match &item.body {
-        Node::Fixed(fixed) => fixed.value().get("volumeMounts").cloned(),
-        Node::Object(fields) => {
-            fields
+fn item_value(item: &Item) -> String {
+    let fields: Vec<(&str, String)> = match &item.body {
+        Node::Fixed(fixed) => match fixed.value().as_object() {
+            Some(fields) => fields
                 .iter()
-                .find(|(key, _)| key == "volumeMounts")
-                .map(|(_, node)| match node {
-                    Node::Fixed(fixed) => fixed.value().clone(),
-                    _ => Value::Null,
-                })
-        }
-        _ => None,
-    };
-    let has_list = match &mounts {
-        Some(Value::Array(mounts)) => {
-            if mounts.iter().any(|m| {
-                m.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH)
-            }) {
-                return None;
-            }
-            true
-        }
-        _ => false,
+                .map(|(key, value)| (key.as_str(), cel_json(value)))
+                .collect(),
+            None => return cel_node(&item.body),
+        },
+        Node::Object(fields) => fields
+            .iter()
+            .map(|(key, node)| (key.as_str(), cel_node(node)))
+            .collect(),
+        _ => return cel_node(&item.body),
     };
     let mount = cel_object(
         [
@@ -542,13 +534,47 @@ fn token_mount_ops(list: &str, index: &str, item: &Item) -> Option<String> {
         ]
         .into_iter(),
     );
-    let at = format!("\"/spec/{list}/\" + string({index}) + \"/volumeMounts\"");
-    let op = if has_list {
-        json_patch(&format!("{at} + \"/-\""), &mount)
-    } else {
-        json_patch(&at, &format!("[dyn({mount})]"))
+    let mounts = fields.iter().find(|(key, _)| *key == "volumeMounts");
+    if mounts.is_some() && mounts_at_token_path(&item.body) {
+        return cel_node(&item.body);
+    }
+    let mut entries: Vec<String> = fields
+        .iter()
+        .map(|(key, value)| {
+            if *key == "volumeMounts" {
+                cel_entry(
+                    key,
+                    &format!("{value} + ({SERVICE_ACCOUNT_VOLUME} == \"\" ? [] : [dyn({mount})])"),
+                )
+            } else {
+                cel_entry(key, value)
+            }
+        })
+        .collect();
+    if mounts.is_none() {
+        entries.push(format!(
+            "?\"volumeMounts\": ({SERVICE_ACCOUNT_VOLUME} == \"\" ? optional.none() : optional.of(dyn([dyn({mount})])))"
+        ));
+    }
+    format!("{{{}}}", entries.join(", "))
+}
+
+/// Whether a container a template adds mounts something at the token's path itself (the
+/// ServiceAccount admission plugin then mounts nothing there).
+fn mounts_at_token_path(body: &Node) -> bool {
+    let mounts = match body {
+        Node::Fixed(fixed) => fixed.value().get("volumeMounts"),
+        Node::Object(fields) => fields.iter().find_map(|(key, node)| match node {
+            Node::Fixed(fixed) if key == "volumeMounts" => Some(fixed.value()),
+            _ => None,
+        }),
+        _ => None,
     };
-    Some(format!("({SERVICE_ACCOUNT_VOLUME} == \"\" ? [] : [{op}])"))
+    mounts
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(SERVICE_ACCOUNT_MOUNT_PATH))
 }
 
 /// The CEL list of the container names that the templates of `ordered` selecting the Pod add:
@@ -1286,7 +1312,7 @@ fn mutation(
     let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
     let (conditions, volumes) = presence_conditions_of(template, each_missing);
     // One operation list per line, so that the policy reads in `kubectl get -o yaml`.
-    let all = item_ops(template, each_missing, template_init, None)
+    let all = item_ops(template, each_missing, template_init, false)
         .into_iter()
         .chain(rest_ops(template, template_containers, false))
         .collect::<Vec<_>>()
@@ -1355,13 +1381,12 @@ fn presence_conditions_of(
 
 /// The operations adding the template's own items: its init containers, containers (each
 /// only where the Pod lacks it by name, when `each_missing`) and volumes. In a batch
-/// (`batched`: the CEL count of the containers the templates before it in the batch add), its
-/// containers land after those, and the batch creates the volume list.
+/// (`batched`), the batch creates the volume list.
 fn item_ops(
     template: &CompiledTemplate,
     each_missing: bool,
     template_init: &BTreeSet<&str>,
-    batched: Option<&str>,
+    batched: bool,
 ) -> Vec<String> {
     let mut items: Vec<String> = Vec::new();
     let missing = |list: &[Item]| -> Vec<Option<String>> {
@@ -1378,19 +1403,8 @@ fn item_ops(
     }
     if !template.containers.is_empty() {
         let missing = missing(&template.containers);
-        for (offset, item) in template.containers.iter().enumerate() {
-            let index = format!(
-                "size(object.spec.containers){}{}",
-                batched.unwrap_or_default(),
-                added_before(&missing, offset)
-            );
-            items.push(added_item(
-                "containers",
-                "\"/spec/containers/-\"",
-                &index,
-                item,
-                missing[offset].as_ref(),
-            ));
+        for (item, missing) in template.containers.iter().zip(&missing) {
+            items.push(added_item("\"/spec/containers/-\"", item, missing.as_ref()));
         }
     }
     if !template.volumes.is_empty() {
@@ -1407,9 +1421,10 @@ fn item_ops(
             })
             .collect();
         let adds = adds.join(" + ");
-        items.push(match batched {
-            None => format!("{} + {adds}", create_list("volumes")),
-            Some(_) => adds,
+        items.push(if batched {
+            adds
+        } else {
+            format!("{} + {adds}", create_list("volumes"))
         });
     }
     items
@@ -1444,16 +1459,35 @@ fn rest_ops(template: &CompiledTemplate, template_containers: &str, batched: boo
         ops.extend(map_ops("labels", &template.labels, LABELS, true));
     }
     // The record always goes into the annotations.
-    if !batched {
+    if batched {
+        ops.extend(map_ops(
+            "annotations",
+            &template.annotations,
+            ANNOTATIONS,
+            false,
+        ));
+    } else if template.annotations.is_empty() {
+        // A Pod without annotations gets them with the record in one operation.
+        ops.push(format!(
+            "(has(object.metadata.annotations) ? [{}] : [{}])",
+            record_op(template),
+            json_patch(
+                "\"/metadata/annotations\"",
+                &format!(
+                    "{{{}: {}}}",
+                    cel_string(INJECTED_ANNOTATION),
+                    cel_string(&template.entry().to_string())
+                )
+            )
+        ));
+    } else {
         ops.push(create_map("annotations"));
-    }
-    ops.extend(map_ops(
-        "annotations",
-        &template.annotations,
-        ANNOTATIONS,
-        false,
-    ));
-    if !batched {
+        ops.extend(map_ops(
+            "annotations",
+            &template.annotations,
+            ANNOTATIONS,
+            false,
+        ));
         ops.push(format!("[{}]", record_op(template)));
     }
     ops
@@ -1495,7 +1529,7 @@ fn app_ops(app: &AppAdditions, template_containers: &str) -> Vec<String> {
 /// them. Counting templates' init containers anywhere in the Pod put a template's after one of
 /// the Pod's own whenever a template's stood behind it. `missing`, per item: the condition
 /// under which it is added (`None`: always), each one after those added before it.
-/// The token's mount of each follows ([`token_mount_ops`]).
+/// Each with the token's mount ([`item_value`]).
 fn init_container_ops(
     items: &[Item],
     missing: &[Option<String>],
@@ -1506,9 +1540,7 @@ fn init_container_ops(
     for (offset, item) in items.iter().enumerate() {
         let index = format!("{first}{}", added_before(missing, offset));
         ops.push(added_item(
-            "initContainers",
             &format!("\"/spec/initContainers/\" + string({index})"),
-            &index,
             item,
             missing.get(offset).and_then(Option::as_ref),
         ));
@@ -1516,14 +1548,10 @@ fn init_container_ops(
     ops
 }
 
-/// The operations adding `item` to `spec.<list>` at `at` (a CEL JSON pointer), where it lands
-/// at `index` (a CEL int), and the token's mount after it ([`token_mount_ops`]); only when
-/// `missing` holds, if given.
-fn added_item(list: &str, at: &str, index: &str, item: &Item, missing: Option<&String>) -> String {
-    let mut ops = format!("[{}]", json_patch(at, &cel_node(&item.body)));
-    if let Some(token) = token_mount_ops(list, index, item) {
-        ops = format!("{ops} + {token}");
-    }
+/// The operation adding `item` to `spec.<list>` at `at` (a CEL JSON pointer), with the
+/// token's mount ([`item_value`]); only when `missing` holds, if given.
+fn added_item(at: &str, item: &Item, missing: Option<&String>) -> String {
+    let ops = format!("[{}]", json_patch(at, &item_value(item)));
     match missing {
         Some(missing) => format!("({missing} ? {ops} : [])"),
         None => ops,

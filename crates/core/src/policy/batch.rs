@@ -9,8 +9,7 @@
 //! because a batch only groups templates whose conditions and operations read nothing an
 //! earlier member writes ([`Writes::admits`]): each member's conditions and operations are
 //! evaluated on the Pod as the batch found it, and only what every member writes alike (the
-//! metadata maps and lists it creates, the record, the index a container lands at) is written
-//! once for the batch.
+//! metadata maps and lists it creates, the record) is written once for the batch.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
@@ -20,8 +19,8 @@ use injector_api::names::{INJECT_ANNOTATION, INJECTED_ANNOTATION, TEMPLATES_ANNO
 use injector_api::{FailurePolicy, Injection};
 
 use super::{
-    TEMPLATE_CONTAINERS, item_ops, json_patch, missing_container, pointer_token,
-    presence_conditions_of, proof_round_condition, rest_ops, selection_cel,
+    TEMPLATE_CONTAINERS, item_ops, json_patch, pointer_token, presence_conditions_of,
+    proof_round_condition, rest_ops, selection_cel,
 };
 use crate::cel::cel_string;
 use crate::placeholder::MetadataKey;
@@ -31,8 +30,6 @@ use crate::template::CompiledTemplate;
 
 /// The bound list of whether each member applies, as the batch's expression names it.
 const APPLIES: &str = "applies";
-/// The bound list of how many containers each member that adds some adds.
-const ADDED: &str = "added";
 
 /// What the members of a batch so far write, which a template joining it must not read or
 /// write again.
@@ -145,10 +142,6 @@ pub(super) fn mutation(
 ) -> String {
     let mut applies: Vec<String> = Vec::new();
     let mut bodies: Vec<String> = Vec::new();
-    // Per member, how many containers it adds (bound as `added`), and the sum of those before
-    // it: where its own containers land.
-    let mut counts: Vec<String> = Vec::new();
-    let mut before = String::new();
     for (k, template) in members.iter().enumerate() {
         let each_missing = selection && template.failure_policy == FailurePolicy::Fail;
         let mut conditions = if selection {
@@ -168,16 +161,12 @@ pub(super) fn mutation(
         } else {
             format!("({})", conditions.join("\n    && "))
         });
-        let ops = item_ops(template, each_missing, template_init, Some(&before))
+        let ops = item_ops(template, each_missing, template_init, true)
             .into_iter()
             .chain(rest_ops(template, TEMPLATE_CONTAINERS, true))
             .collect::<Vec<_>>()
             .join("\n    + ");
         bodies.push(format!("({APPLIES}[{k}]\n  ? {ops}\n  : [])"));
-        if let Some(count) = containers_added(template, each_missing) {
-            before.push_str(&format!(" + {ADDED}[{}]", counts.len()));
-            counts.push(format!("({APPLIES}[{k}] ? {count} : 0)"));
-        }
     }
     let mut ops = vec![
         created(members, "metadata", "annotations", "{}", |_| true),
@@ -189,28 +178,8 @@ pub(super) fn mutation(
     ops.retain(|op| !op.is_empty());
     ops.extend(bodies);
     ops.push(record(members));
-    let mut body = ops.join("\n  + ");
-    if !counts.is_empty() {
-        body = format!("[[{}]].map({ADDED},\n  {body})[0]", counts.join(", "));
-    }
+    let body = ops.join("\n  + ");
     format!("[[{}]].map({APPLIES},\n  {body})[0]", applies.join(",\n  "))
-}
-
-/// How many containers `template` adds when it applies, as CEL; `None` for none.
-fn containers_added(template: &CompiledTemplate, each_missing: bool) -> Option<String> {
-    if template.containers.is_empty() {
-        return None;
-    }
-    Some(if each_missing {
-        let missing: Vec<String> = template
-            .containers
-            .iter()
-            .map(|i| format!("({})", missing_container(&i.key)))
-            .collect();
-        format!("size([{}].filter(b, b))", missing.join(", "))
-    } else {
-        template.containers.len().to_string()
-    })
 }
 
 /// Creates `<parent>.<field>` (as `empty`) when the Pod lacks it and a member that `needs` it

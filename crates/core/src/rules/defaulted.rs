@@ -273,11 +273,12 @@ fn is_service_account_mount(mount: &Value, pod: &Surroundings<'_>) -> bool {
 /// which the ServiceAccount plugin itself then mounts at the token's path, passed for the
 /// token's volume in the policies, where the webhook refused it.
 pub(crate) fn service_account_mount_cel(mount: &str) -> String {
+    // The name first: it tells the template's own mounts from the token's at once.
     format!(
-        "({mount}.all(key, key in [\"name\", \"mountPath\", \"readOnly\"]) \
+        "({mount}.?name.orValue(\"\").startsWith({prefix}) \
          && {mount}.?mountPath.orValue(\"\") == {path} \
          && {mount}.?readOnly.orValue(false) == true \
-         && {mount}.name.startsWith({prefix}) \
+         && size({mount}) == 3 \
          && object.spec.?volumes.orValue([]).exists(v, v.name == {mount}.name \
          && v.?projected.?sources.orValue([]).exists(s, has(s.serviceAccountToken))))",
         path = cel_string(SERVICE_ACCOUNT_MOUNT_PATH),

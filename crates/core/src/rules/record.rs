@@ -22,8 +22,8 @@ pub fn entries(record: &str) -> impl Iterator<Item = &str> {
 /// [`entries`] of the admitted Pod's record, as a CEL list of strings.
 pub(crate) fn entries_cel() -> String {
     format!(
-        "{ANNOTATIONS}[?{}].orValue(\"\").split(\",\").map(e, e.trim()).filter(e, e != \"\")",
-        cel_string(INJECTED_ANNOTATION)
+        "{}.split(\",\").map(e, e.trim()).filter(e, e != \"\")",
+        record_cel()
     )
 }
 
@@ -157,13 +157,23 @@ pub fn updated(claimed: &str, present: &[Entry<'_>], absent: &[&str]) -> String 
 /// [`updated`] for one template's `entry` present, as the policy writes it (a CEL string): its entry
 /// in place of the entries naming it, else at the end. Unlike `plan`, it keeps a second entry
 /// of a template and a claim of one the policy left to the webhook; the webhook, called for
-/// such a Pod, writes the record `plan` does.
+/// such a Pod, writes the record `plan` does. A Pod without a record (most) gets the entry
+/// without the record being split, mapped and joined.
 pub(crate) fn updated_cel(entry: Entry<'_>) -> String {
     let name = cel_string(entry.name);
     let entry = cel_string(&entry.to_string());
     let entries = entries_cel();
     format!(
-        "({entries}.exists(e, {ENTRY_NAME_CEL} == {name}) ? {entries}.map(e, {ENTRY_NAME_CEL} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\")"
+        "({} == \"\" ? {entry} : ({entries}.exists(e, {ENTRY_NAME_CEL} == {name}) ? {entries}.map(e, {ENTRY_NAME_CEL} == {name} ? {entry} : e) : {entries} + [{entry}]).join(\",\"))",
+        record_cel()
+    )
+}
+
+/// The admitted Pod's record as written (`""` when it has none), in CEL.
+fn record_cel() -> String {
+    format!(
+        "{ANNOTATIONS}[?{}].orValue(\"\")",
+        cel_string(INJECTED_ANNOTATION)
     )
 }
 

@@ -18,7 +18,7 @@ use super::{
     HOST_NETWORK_CEL, TOKEN_VOLUME_PREFIX, mounts_but_token_cel, pull_policy_cel,
     rendered_text_cel, service_account_mount_cel,
 };
-use crate::cel::{cel_array, cel_entry, cel_json, cel_list, cel_string};
+use crate::cel::{cel_array, cel_entry, cel_json, cel_string};
 use crate::placeholder::{Node, TemplateString};
 use crate::rules::placement;
 
@@ -37,15 +37,8 @@ pub(crate) fn container_presence(
 ) -> Option<String> {
     let stored = without_additions(stored.as_object()?.clone());
     let expected = expected_fields(body, &stored, text)?;
-    let keys = cel_list(expected.iter().map(|(k, _)| k.as_str()));
     let token_mount = service_account_mount_cel("m");
     let token_mounts = format!("c.volumeMounts.all(m, {token_mount})");
-    // A LimitRange gives resources to a container that sets none.
-    let limit_range = if stored.contains_key("resources") {
-        String::new()
-    } else {
-        " || k == \"resources\"".to_owned()
-    };
     // The name first: every guard rule and warning scans every container of the Pod, and
     // `&&` stops at the first false term, so only the container of this name costs more.
     let name = stored.get("name").and_then(Value::as_str);
@@ -53,9 +46,7 @@ pub(crate) fn container_presence(
         .map(|name| format!("c.?name.orValue(\"\") == {}", cel_string(name)))
         .into_iter()
         .collect();
-    terms.push(format!(
-        "c.all(k, k in {keys} || (k == \"volumeMounts\" && {token_mounts}){limit_range})"
-    ));
+    terms.push(no_other_fields(&expected, &stored));
     if !stored.contains_key("volumeMounts") {
         terms.push(format!("(!has(c.volumeMounts) || {token_mounts})"));
     }
@@ -73,6 +64,34 @@ pub(crate) fn container_presence(
         "object.spec.?{list}.orValue([]).exists(c, {})",
         terms.join(" && ")
     ))
+}
+
+/// The CEL condition that the container `c` has no field but the `expected` ones, the token's
+/// mounts (when `stored` has none of its own: the term beside this one asks that they be the
+/// token's) and a LimitRange's resources (when `stored` has none). Every field expected as a
+/// value must be there (its own term asks it), so counting the fields that may be missing is
+/// enough; counting, rather than looking up each of the container's fields in a list, is what
+/// keeps this rule cheap on every Pod the policies and the webhook entries see.
+fn no_other_fields(expected: &[(String, Expected)], stored: &Map<String, Value>) -> String {
+    let required = expected
+        .iter()
+        .filter(|(_, e)| matches!(e, Expected::Value(_)))
+        .count();
+    let mut optional: Vec<&str> = expected
+        .iter()
+        .filter(|(_, e)| matches!(e, Expected::Text(_)))
+        .map(|(key, _)| key.as_str())
+        .collect();
+    for added in ["volumeMounts", "resources"] {
+        if !stored.contains_key(added) {
+            optional.push(added);
+        }
+    }
+    let mut count = required.to_string();
+    for key in optional {
+        count.push_str(&format!(" + ({} in c ? 1 : 0)", cel_string(key)));
+    }
+    format!("size(c) == {count}")
 }
 
 /// The stored container without what the API server added to it in the proof and adds to
