@@ -146,8 +146,14 @@ impl Release<'_> {
 
     /// `kubectl auth can-i` as the release's ServiceAccount: what the operator needs is
     /// allowed, and nothing around it; restarting workloads only when the release has
-    /// `rollouts.enabled`.
-    pub fn can_i_matrix(&self, cp: &ControlPlane, rollouts: bool) -> anyhow::Result<()> {
+    /// `rollouts.enabled`. `namespace_groups`: how many namespace groups' bindings the
+    /// operator may write beside its policy's own (`NAMESPACE_BINDING_SLOTS`).
+    pub fn can_i_matrix(
+        &self,
+        cp: &ControlPlane,
+        rollouts: bool,
+        namespace_groups: usize,
+    ) -> anyhow::Result<()> {
         let (ns, name) = (self.namespace, self.fullname);
         let (secret, lease) = (
             format!("secrets/{}", self.secret()),
@@ -159,12 +165,21 @@ impl Release<'_> {
         let proof = format!("{policy}-proof");
         let binding =
             format!("mutatingadmissionpolicybindings.admissionregistration.k8s.io/{name}");
+        let last_group = format!("{binding}-namespaces-{}", namespace_groups - 1);
+        let past_the_groups = format!("{binding}-namespaces-{namespace_groups}");
         let guard =
             format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-guard");
         let warnings =
             format!("validatingadmissionpolicies.admissionregistration.k8s.io/{name}-warnings");
         let guard_binding =
             format!("validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-guard");
+        let warnings_group = format!(
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-warnings-namespaces-{}",
+            namespace_groups - 1
+        );
+        let past_the_warnings_groups = format!(
+            "validatingadmissionpolicybindings.admissionregistration.k8s.io/{name}-warnings-namespaces-{namespace_groups}"
+        );
         let after_admission = format!(
             "validatingadmissionpolicies.admissionregistration.k8s.io/{name}-after-admission"
         );
@@ -208,6 +223,9 @@ impl Release<'_> {
             ("patch", &proof, None, true),
             ("delete", &policy, None, true),
             ("patch", &binding, None, true),
+            ("patch", &last_group, None, true),
+            ("delete", &last_group, None, true),
+            ("patch", &past_the_groups, None, false),
             ("create", "pods", Some(ns), true),
             (
                 "patch",
@@ -237,6 +255,8 @@ impl Release<'_> {
             ("patch", &guard, None, true),
             ("patch", &warnings, None, true),
             ("delete", &guard_binding, None, true),
+            ("patch", &warnings_group, None, true),
+            ("patch", &past_the_warnings_groups, None, false),
             // The after-admission policy, on every backend.
             ("patch", &after_admission, None, true),
             ("delete", &after_admission_binding, None, true),

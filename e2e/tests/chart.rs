@@ -22,6 +22,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use injector_core::policy::NAMESPACE_BINDING_SLOTS;
 use injector_e2e::harness;
 use injector_e2e::release::{CRD, Release};
 use injector_e2e::schemas::{schema_location, write_kubeconform_schemas};
@@ -132,7 +133,9 @@ fn chart() {
     operator.stop().unwrap();
 
     step("the ServiceAccount's permissions, without and with rollouts.enabled");
-    CHART.can_i_matrix(&cp, false).unwrap();
+    CHART
+        .can_i_matrix(&cp, false, NAMESPACE_BINDING_SLOTS)
+        .unwrap();
     helm.run_with(
         &cp,
         &[
@@ -147,7 +150,9 @@ fn chart() {
         ],
     )
     .unwrap();
-    CHART.can_i_matrix(&cp, true).unwrap();
+    CHART
+        .can_i_matrix(&cp, true, NAMESPACE_BINDING_SLOTS)
+        .unwrap();
 
     step(
         "operator.injectionBackend=webhook: no create on MutatingAdmissionPolicies or Pods, the after-admission ValidatingAdmissionPolicy still written, and the operator removes its other policies under that",
@@ -1674,11 +1679,21 @@ fn prove_static_policy(cp: &ControlPlane, helm: &Helm, chart: &Path) -> anyhow::
             )
         },
     )?;
-    let own_mutating = [RELEASE.to_owned(), format!("{RELEASE}-proof")];
+    let own_mutating = [
+        RELEASE.to_owned(),
+        format!("{RELEASE}-proof"),
+        format!("{RELEASE}-namespaces-0"),
+        format!("{RELEASE}-namespaces-{}", NAMESPACE_BINDING_SLOTS - 1),
+    ];
     let own_validating = [
         format!("{RELEASE}-guard"),
         format!("{RELEASE}-warnings"),
         format!("{RELEASE}-after-admission"),
+        format!("{RELEASE}-warnings-namespaces-0"),
+        format!(
+            "{RELEASE}-warnings-namespaces-{}",
+            NAMESPACE_BINDING_SLOTS - 1
+        ),
     ];
     for kind in kinds {
         let refused =

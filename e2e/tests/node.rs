@@ -965,7 +965,11 @@ fn helm_upgrade_under_load(cluster: &Cluster) -> anyhow::Result<()> {
 /// their rollout and leader handover) were refused nothing (no "forbidden" in their logs).
 fn rbac_of_the_installed_chart(cluster: &Cluster) -> anyhow::Result<()> {
     ensure_chart(cluster)?;
-    INSTALLED_CHART.can_i_matrix(cluster, true)?;
+    INSTALLED_CHART.can_i_matrix(
+        cluster,
+        true,
+        injector_core::policy::NAMESPACE_BINDING_SLOTS,
+    )?;
     let selector = operator_selector(cluster)?;
     let logs = cluster.kubectl_ok(&[
         "logs",

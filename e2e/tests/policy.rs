@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use injector_e2e::bench::counter;
 use injector_e2e::harness;
 use injector_e2e::pod::{TOKEN_VOLUME_PREFIX, without_token_mount};
 use injector_e2e::steps::{CONFIGURATION, install_crd, wait_condition, wait_served};
@@ -731,6 +732,39 @@ fn a_newer_policy_leaves_what_an_older_version_injected_to_it() {
 
     apply_version(1, "logs.invalid/agent:1");
     let first = injected_with("logs.invalid/agent:1");
+    // Both templates select `versions=on` namespaces: the policy is bound to those, so a Pod of
+    // a namespace no template selects never meets it (the API server counts each mutation it
+    // runs, per policy and binding).
+    let checks = |binding: &str| {
+        let metrics = cp.kubectl_ok(&["get", "--raw", "/metrics"]).unwrap();
+        counter(
+            &metrics,
+            "apiserver_mutating_admission_policy_check_total",
+            |l| {
+                l.get("policy").is_some_and(|p| p == "versions")
+                    && l.get("policy_binding").is_some_and(|b| b == binding)
+            },
+        )
+    };
+    let unselected = "versions-off";
+    cp.kubectl_ok(&["create", "namespace", unselected]).unwrap();
+    cp.wait_for_service_account(unselected).unwrap();
+    let (grouped, everywhere) = (checks("versions-namespaces-0"), checks("versions"));
+    let stored = dry_run_create(&cp, unselected, &plain).unwrap();
+    assert_eq!(
+        stored["spec"]["containers"].as_array().map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(
+        (checks("versions-namespaces-0"), checks("versions")),
+        (grouped, everywhere),
+        "the policy ran on a Pod no template selects"
+    );
+    dry_run_create(&cp, namespace, &plain).unwrap();
+    assert!(
+        checks("versions-namespaces-0") > grouped,
+        "the policy's group binding"
+    );
     let first_entry = logs_entry(&first).expect("version 1 records logs");
     assert!(first_entry.starts_with("logs@1#"), "{first_entry}");
     // Made again under version 1, the Pod is stored as it was: the comparison holds.

@@ -367,9 +367,10 @@ fn the_policy_backend_alone_injects_and_guards_required_templates() {
     })
     .unwrap();
     eprintln!("[policy-only] warnings: {given:?}");
-    // The API server says which policy warns.
+    // The API server says which policy warns, and by which binding: every template here
+    // selects `guard=on` namespaces, the warnings policy's one namespace group.
     let from = format!(
-        "Validation failed for ValidatingAdmissionPolicy '{WARNINGS}' with binding '{WARNINGS}': "
+        "Validation failed for ValidatingAdmissionPolicy '{WARNINGS}' with binding '{WARNINGS}-namespaces-0': "
     );
     let given: BTreeSet<String> = given
         .iter()

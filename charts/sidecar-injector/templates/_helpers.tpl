@@ -30,6 +30,34 @@ The full name of every object. Kept to 52 characters so that the derived names
 {{- printf "%s-leader" (include "sidecar-injector.fullname" .) }}
 {{- end }}
 
+{{/*
+The names of the operator's MutatingAdmissionPolicies and their bindings, as a JSON list: the
+policy, its proof, and the bindings of up to 8 namespace groups (NAMESPACE_BINDING_SLOTS in
+crates/core/src/policy.rs; e2e/tests/chart.rs holds the two together).
+*/}}
+{{- define "sidecar-injector.mutatingPolicyNames" -}}
+{{- $fullname := include "sidecar-injector.fullname" . -}}
+{{- $names := list $fullname (printf "%s-proof" $fullname) -}}
+{{- range $slot := until 8 }}
+{{- $names = append $names (printf "%s-namespaces-%d" $fullname $slot) -}}
+{{- end }}
+{{- $names | toJson }}
+{{- end }}
+
+{{/*
+The names of the operator's ValidatingAdmissionPolicies and their bindings, as a JSON list: the
+guard, the warnings policy (and its bindings per namespace group, as the
+MutatingAdmissionPolicy's) and the after-admission policy.
+*/}}
+{{- define "sidecar-injector.validatingPolicyNames" -}}
+{{- $fullname := include "sidecar-injector.fullname" . -}}
+{{- $names := list (printf "%s-guard" $fullname) (printf "%s-warnings" $fullname) (printf "%s-after-admission" $fullname) -}}
+{{- range $slot := until 8 }}
+{{- $names = append $names (printf "%s-warnings-namespaces-%d" $fullname $slot) -}}
+{{- end }}
+{{- $names | toJson }}
+{{- end }}
+
 {{- define "sidecar-injector.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

@@ -46,10 +46,12 @@ pub fn policy(request: &PolicyRequest) -> Result<PolicyOutput, PolicyError> {
         .collect();
     let compiled = compile_policy(&templates, &request.options);
     let mut stdout = String::new();
-    if let (Some(policy), Some(binding)) = (&compiled.policy, &compiled.binding) {
+    if let Some(policy) = &compiled.policy {
         stdout.push_str(&injector_api::yaml::to_string(policy)?);
-        stdout.push_str("---\n");
-        stdout.push_str(&injector_api::yaml::to_string(binding)?);
+        for binding in &compiled.bindings {
+            stdout.push_str("---\n");
+            stdout.push_str(&injector_api::yaml::to_string(binding)?);
+        }
     }
     let mut stderr = String::new();
     for template in &compiled.served {

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use injector_core::policy::{
-    CompiledAfterAdmission, CompiledGuard, CompiledPolicy, GuardConditions, POLICY_API_VERSION,
-    after_admission_name, guard_in_force, guard_in_force_of, guard_name, guard_probe_pod,
-    proof_pod, proof_problem, proof_round_pod, runs_live, warnings_name,
+    CompiledAfterAdmission, CompiledGuard, CompiledPolicy, GuardConditions,
+    NAMESPACE_BINDING_SLOTS, POLICY_API_VERSION, after_admission_name, guard_in_force,
+    guard_in_force_of, guard_name, guard_probe_pod, namespace_binding_name, proof_pod,
+    proof_problem, proof_round_pod, runs_live, warnings_name,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -231,11 +232,22 @@ pub async fn apply_and_confirm(
     namespace: &str,
     owner: Option<&OwnerReference>,
 ) -> Result<(), PolicyBackendError> {
-    let (Some(policy), Some(binding)) = (&compiled.policy, &compiled.binding) else {
+    let Some(policy) = &compiled.policy else {
         return Ok(());
     };
     apply(&policies(client), policy.clone(), owner).await?;
-    apply(&bindings(client), binding.clone(), owner).await?;
+    for binding in &compiled.bindings {
+        apply(&bindings(client), binding.clone(), owner).await?;
+    }
+    // The namespace groups' bindings this version does not use (`bindings` holds the one
+    // named like the policy, then one per group).
+    let name = policy["metadata"]["name"].as_str().unwrap_or_default();
+    let used = compiled.bindings.len().saturating_sub(1);
+    delete_all(
+        (used..NAMESPACE_BINDING_SLOTS)
+            .map(|slot| (bindings(client), namespace_binding_name(name, slot))),
+    )
+    .await?;
     dry_run_until(
         client,
         namespace,
@@ -377,15 +389,17 @@ async fn dry_run_until(
     Err(PolicyBackendError::Proof(last_problem))
 }
 
-/// Deletes the policy `name`, its binding, and their proof objects; absent ones are fine.
+/// Deletes the policy `name`, its bindings, and their proof objects; absent ones are fine.
 pub async fn remove(client: &Client, name: &str) -> Result<bool, PolicyBackendError> {
     let proof = injector_core::policy::proof_name(name);
-    delete_all([
-        (bindings(client), name),
-        (policies(client), name),
-        (bindings(client), proof.as_str()),
-        (policies(client), proof.as_str()),
-    ])
+    let groups = (0..NAMESPACE_BINDING_SLOTS)
+        .map(|slot| (bindings(client), namespace_binding_name(name, slot)));
+    delete_all(groups.chain([
+        (bindings(client), name.to_owned()),
+        (policies(client), name.to_owned()),
+        (bindings(client), proof.clone()),
+        (policies(client), proof),
+    ]))
     .await
 }
 
@@ -428,23 +442,42 @@ pub async fn remove_guard(client: &Client, name: &str) -> Result<bool, PolicyBac
 pub async fn put_warnings(
     client: &Client,
     name: &str,
-    warnings: Option<(Value, Value)>,
+    warnings: Option<(Value, Vec<Value>)>,
     owner: Option<&OwnerReference>,
 ) -> Result<(), PolicyBackendError> {
+    let warnings_name = warnings_name(name);
+    // Its bindings: the one named like it, or one per namespace group.
+    let every_binding = std::iter::once(warnings_name.clone()).chain(
+        (0..NAMESPACE_BINDING_SLOTS).map(|slot| namespace_binding_name(&warnings_name, slot)),
+    );
     match warnings {
-        Some((policy, binding)) => {
+        Some((policy, bindings)) => {
             apply(&guards(client), policy, owner).await?;
-            apply(&guard_bindings(client), binding, owner).await
-        }
-        None => {
-            let warnings = warnings_name(name);
-            delete_all([
-                (guard_bindings(client), warnings.as_str()),
-                (guards(client), warnings.as_str()),
-            ])
+            let mut kept = Vec::new();
+            for binding in bindings {
+                kept.push(
+                    binding["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                );
+                apply(&guard_bindings(client), binding, owner).await?;
+            }
+            delete_all(
+                every_binding
+                    .filter(|binding| !kept.contains(binding))
+                    .map(|binding| (guard_bindings(client), binding)),
+            )
             .await
             .map(drop)
         }
+        None => delete_all(
+            every_binding
+                .map(|binding| (guard_bindings(client), binding))
+                .chain([(guards(client), warnings_name.clone())]),
+        )
+        .await
+        .map(drop),
     }
 }
 
@@ -476,11 +509,12 @@ pub async fn put_after_admission(
 }
 
 /// Deletes each named object in order; whether any was there.
-async fn delete_all<const N: usize>(
-    objects: [(Api<DynamicObject>, &str); N],
+async fn delete_all<S: AsRef<str>>(
+    objects: impl IntoIterator<Item = (Api<DynamicObject>, S)>,
 ) -> Result<bool, PolicyBackendError> {
     let mut removed = false;
     for (api, object) in objects {
+        let object = object.as_ref();
         match api.delete(object, &DeleteParams::default()).await {
             Ok(_) => removed = true,
             Err(kube::Error::Api(response)) if response.code == 404 => {}

@@ -88,8 +88,13 @@ fn one_policy_serves_templates_in_application_order() {
             "{expression}"
         );
     }
-    let binding = compiled.binding.unwrap();
+    // The agent selects every namespace: one binding, for every namespace the policy matches.
+    let [binding] = &compiled.bindings[..] else {
+        panic!("one binding expected: {:?}", compiled.bindings)
+    };
+    assert_eq!(binding["metadata"]["name"], "sidecar-injector");
     assert_eq!(binding["spec"]["policyName"], "sidecar-injector");
+    assert!(binding["spec"].get("matchResources").is_none(), "{binding}");
 
     // The marker is the last mutation's end, not a mutation of its own: after each
     // mutation the API server encodes, decodes and defaults the Pod again.
@@ -318,7 +323,107 @@ spec:
 #[test]
 fn no_template_no_policy() {
     let compiled = compile_policy(&[], &options());
-    assert!(compiled.policy.is_none() && compiled.binding.is_none());
+    assert!(compiled.policy.is_none() && compiled.bindings.is_empty());
+}
+
+/// A template selecting Pods with the label `app: <name>` in the namespaces `namespaces`
+/// selects (YAML).
+fn in_namespaces(name: &str, namespaces: &str) -> Arc<CompiledTemplate> {
+    template(&format!(
+        "metadata: {{name: {name}}}\nspec:\n  namespaceSelector: {namespaces}\n  containers:\n  - {{name: {name}, image: \"{name}:1\"}}"
+    ))
+}
+
+/// The namespace selectors of the policy's bindings, by name.
+fn bound(compiled: &CompiledPolicy) -> Vec<(String, Value)> {
+    compiled
+        .bindings
+        .iter()
+        .map(|b| {
+            assert_eq!(b["spec"]["policyName"], "sidecar-injector");
+            (
+                b["metadata"]["name"].as_str().unwrap().to_owned(),
+                b["spec"]["matchResources"]["namespaceSelector"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn namespaces_no_template_selects_never_meet_the_policy() {
+    let team_a = in_namespaces("a", "{matchLabels: {team: a}}");
+    let team_a_too = in_namespaces("a-too", "{matchLabels: {team: a}}");
+    let team_b = in_namespaces(
+        "b",
+        "{matchExpressions: [{key: team, operator: In, values: [b, c]}]}",
+    );
+    let compiled = compile_policy(&[team_a, team_a_too, team_b.clone()], &options());
+    let not_the_operators = json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["operator-ns"]});
+    assert_eq!(
+        bound(&compiled),
+        [
+            // The dry-run Pod asking whether the API server runs this version.
+            (
+                "sidecar-injector".to_owned(),
+                json!({"matchLabels": {"kubernetes.io/metadata.name": "operator-ns"}})
+            ),
+            // One binding per selector, however many templates share it.
+            (
+                "sidecar-injector-namespaces-0".to_owned(),
+                json!({"matchLabels": {"team": "a"}, "matchExpressions": [not_the_operators]})
+            ),
+            (
+                "sidecar-injector-namespaces-1".to_owned(),
+                json!({"matchExpressions": [
+                    {"key": "team", "operator": "In", "values": ["b", "c"]},
+                    not_the_operators,
+                ]})
+            ),
+        ]
+    );
+
+    // The warnings policy is bound to the same groups (it needs no dry run of its own).
+    let team_c = template(
+        "metadata: {name: c}\nspec:\n  failurePolicy: Ignore\n  namespaceSelector: {matchLabels: {team: c}}\n  containers:\n  - {name: c, image: \"c:1\"}",
+    );
+    let compiled = compile_policy(&[team_c], &options());
+    let present = BTreeMap::from([("c".to_owned(), "C-PRESENT".to_owned())]);
+    let (_, bindings) = compile_warnings(&options(), &compiled, &present, false).unwrap();
+    let [binding] = &bindings[..] else {
+        panic!("one binding expected: {bindings:?}")
+    };
+    assert_eq!(
+        binding["metadata"]["name"],
+        "sidecar-injector-warnings-namespaces-0"
+    );
+    assert_eq!(binding["spec"]["policyName"], "sidecar-injector-warnings");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]));
+    assert_eq!(
+        binding["spec"]["matchResources"]["namespaceSelector"],
+        json!({"matchLabels": {"team": "c"}, "matchExpressions": [not_the_operators]})
+    );
+
+    // Selectors a namespace may match both of, a template selecting every namespace, or more
+    // selectors than slots: one binding, for every namespace.
+    let mesh = in_namespaces("mesh", "{matchLabels: {mesh: \"on\"}}");
+    let logs = in_namespaces("logs", "{matchLabels: {logs: \"on\"}}");
+    let everywhere = in_namespaces("everywhere", "{}");
+    let many: Vec<_> = (0..=NAMESPACE_BINDING_SLOTS)
+        .map(|i| {
+            in_namespaces(
+                &format!("t{i}"),
+                &format!("{{matchLabels: {{team: t{i}}}}}"),
+            )
+        })
+        .collect();
+    for templates in [vec![mesh, logs], vec![team_b, everywhere], many] {
+        let compiled = compile_policy(&templates, &options());
+        assert_eq!(
+            bound(&compiled),
+            [("sidecar-injector".to_owned(), Value::Null)],
+            "{templates:?}"
+        );
+    }
 }
 
 #[test]
@@ -1071,8 +1176,14 @@ spec:
     let templates = [template(AGENT), labelled];
     let compiled = compile_policy(&templates, &options());
     let present = BTreeMap::from([("agent".to_owned(), "AGENT-PRESENT".to_owned())]);
-    let (policy, binding) = compile_warnings(&options(), &compiled, &present, true).unwrap();
+    let (policy, bindings) = compile_warnings(&options(), &compiled, &present, true).unwrap();
+    // The agent selects every namespace: one binding, for all of them.
+    let [binding] = &bindings[..] else {
+        panic!("one binding expected: {bindings:?}")
+    };
+    assert_eq!(binding["metadata"]["name"], "sidecar-injector-warnings");
     assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]));
+    assert!(binding["spec"].get("matchResources").is_none(), "{binding}");
     assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
     let validations = policy["spec"]["validations"].as_array().unwrap();
     let messages: Vec<&str> = validations

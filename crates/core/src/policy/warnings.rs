@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 
 use super::{
     ANNOTATIONS, CompiledPolicy, LABELS, PolicyOptions, at_validation, cel_json, cel_list,
-    cel_string, cel_text, selection_cel, validating_policy,
+    cel_string, cel_text, selection_cel, validating_policy, warnings_bindings,
 };
 use crate::placeholder::Node;
 use crate::rules::selection::opts_out_cel;
@@ -31,8 +31,10 @@ pub fn warnings_name(name: &str) -> String {
     format!("{name}-warnings")
 }
 
-/// The warnings policy and binding for the templates `compiled` serves, given the presence
-/// conditions learned from its proof; `None` when no template can warn.
+/// The warnings policy and its bindings for the templates `compiled` serves, given the
+/// presence conditions learned from its proof; `None` when no template can warn. Bound, as the
+/// MutatingAdmissionPolicy is, per namespace group when the templates' namespace selectors
+/// allow it (`namespace_groups`): a Pod of a namespace no template selects is not looked at.
 ///
 /// `webhook_behind`: the webhook decides the Pods the policy skips (`auto`), and warns about a
 /// conflict itself; without it (the `policy` backend), a best-effort template the policy
@@ -43,7 +45,7 @@ pub fn compile_warnings(
     compiled: &CompiledPolicy,
     present: &BTreeMap<String, String>,
     webhook_behind: bool,
-) -> Option<(Value, Value)> {
+) -> Option<(Value, Vec<Value>)> {
     let injected: BTreeSet<&str> = compiled
         .served
         .iter()
@@ -71,13 +73,9 @@ pub fn compile_warnings(
         "name": "not-the-operators-namespace",
         "expression": format!("request.namespace != {}", cel_string(&options.operator_namespace)),
     }]);
-    Some(validating_policy(
-        &warnings_name(&options.name),
-        "Ignore",
-        outside,
-        validations,
-        "Warn",
-    ))
+    let name = warnings_name(&options.name);
+    let (policy, _) = validating_policy(&name, "Ignore", outside, validations, "Warn");
+    Some((policy, warnings_bindings(options, &compiled.served, &name)))
 }
 
 /// One validation per warning `plan` could give for `template`, applied after `earlier`.
