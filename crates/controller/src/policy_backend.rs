@@ -236,11 +236,21 @@ pub async fn apply_and_confirm(
         return Ok(());
     };
     apply(&policies(client), policy.clone(), owner).await?;
-    for binding in &compiled.bindings {
+    // `bindings` holds the one named like the policy, then one per namespace group. The groups
+    // go first, the last first, and those this version does not use are deleted last: the
+    // binding named like the policy may narrow to the operator's namespace, and a group may
+    // move to an earlier slot, so that in between a namespace a template selects is matched
+    // by a binding twice at most (the mutations change nothing the second time), never by
+    // none. (A group moving to a later slot is unbound for the moment between two calls.)
+    for binding in compiled
+        .bindings
+        .iter()
+        .skip(1)
+        .rev()
+        .chain(compiled.bindings.first())
+    {
         apply(&bindings(client), binding.clone(), owner).await?;
     }
-    // The namespace groups' bindings this version does not use (`bindings` holds the one
-    // named like the policy, then one per group).
     let name = policy["metadata"]["name"].as_str().unwrap_or_default();
     let used = compiled.bindings.len().saturating_sub(1);
     delete_all(
@@ -453,8 +463,9 @@ pub async fn put_warnings(
     match warnings {
         Some((policy, bindings)) => {
             apply(&guards(client), policy, owner).await?;
+            // As the policy's (`apply_and_confirm`): the last group first, stale ones last.
             let mut kept = Vec::new();
-            for binding in bindings {
+            for binding in bindings.into_iter().rev() {
                 kept.push(
                     binding["metadata"]["name"]
                         .as_str()

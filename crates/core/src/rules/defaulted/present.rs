@@ -127,6 +127,8 @@ fn field_term(key: &str, expected: &Expected, stored: Option<&Value>) -> String 
     };
     let field = format!("c[{}]", cel_string(key));
     let equal = match (key, stored) {
+        // No `in c`: the expected list is never empty (`without_additions` drops it then), so
+        // a container without mounts fails here too, as [`no_other_fields`] counts on.
         ("volumeMounts", _) => {
             return format!("{} == {value}", mounts_but_token_cel("c"));
         }
@@ -142,7 +144,8 @@ fn field_term(key: &str, expected: &Expected, stored: Option<&Value>) -> String 
         _ => format!("{field} == {value}"),
     };
     // `in` first: an absent key must make the condition false, never an error (an error fails
-    // a required entry's call).
+    // a required entry's call), and [`no_other_fields`] counts on every field expected as a
+    // value being there.
     format!("({} in c && {equal})", cel_string(key))
 }
 
