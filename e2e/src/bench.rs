@@ -103,7 +103,6 @@ impl Histogram {
     }
 }
 
-/// `a="x",b="y"` as a map (the values here hold no quotes or commas).
 /// Calls of mutating webhooks on CREATEs (all of them Pods in the benchmarks), in the API
 /// server's `/metrics` text `metrics`.
 pub fn webhook_calls(metrics: &str) -> f64 {
@@ -142,6 +141,7 @@ fn samples(text: &str) -> impl Iterator<Item = (&str, BTreeMap<String, String>, 
         })
 }
 
+/// `a="x",b="y"` as a map (the values here hold no quotes or commas).
 fn parse_labels(labels: &str) -> BTreeMap<String, String> {
     labels
         .split("\",")

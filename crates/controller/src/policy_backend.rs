@@ -236,28 +236,8 @@ pub async fn apply_and_confirm(
         return Ok(());
     };
     apply(&policies(client), policy.clone(), owner).await?;
-    // `bindings` holds the one named like the policy, then one per namespace group. The groups
-    // go first, the last first, and those this version does not use are deleted last: the
-    // binding named like the policy may narrow to the operator's namespace, and a group may
-    // move to an earlier slot, so that in between a namespace a template selects is matched
-    // by a binding twice at most (the mutations change nothing the second time), never by
-    // none. (A group moving to a later slot is unbound for the moment between two calls.)
-    for binding in compiled
-        .bindings
-        .iter()
-        .skip(1)
-        .rev()
-        .chain(compiled.bindings.first())
-    {
-        apply(&bindings(client), binding.clone(), owner).await?;
-    }
     let name = policy["metadata"]["name"].as_str().unwrap_or_default();
-    let used = compiled.bindings.len().saturating_sub(1);
-    delete_all(
-        (used..NAMESPACE_BINDING_SLOTS)
-            .map(|slot| (bindings(client), namespace_binding_name(name, slot))),
-    )
-    .await?;
+    put_bindings(|| bindings(client), name, &compiled.bindings, owner).await?;
     dry_run_until(
         client,
         namespace,
@@ -402,15 +382,51 @@ async fn dry_run_until(
 /// Deletes the policy `name`, its bindings, and their proof objects; absent ones are fine.
 pub async fn remove(client: &Client, name: &str) -> Result<bool, PolicyBackendError> {
     let proof = injector_core::policy::proof_name(name);
-    let groups = (0..NAMESPACE_BINDING_SLOTS)
-        .map(|slot| (bindings(client), namespace_binding_name(name, slot)));
-    delete_all(groups.chain([
-        (bindings(client), name.to_owned()),
+    let own = binding_names(name).map(|binding| (bindings(client), binding));
+    delete_all(own.chain([
         (policies(client), name.to_owned()),
         (bindings(client), proof.clone()),
         (policies(client), proof),
     ]))
     .await
+}
+
+/// Every binding the policy `name` may have: the one named like it, and one per namespace
+/// group's slot.
+fn binding_names(name: &str) -> impl Iterator<Item = String> + '_ {
+    std::iter::once(name.to_owned())
+        .chain((0..NAMESPACE_BINDING_SLOTS).map(move |slot| namespace_binding_name(name, slot)))
+}
+
+/// Applies `bindings` of the policy `name` (with the API `api` gives) and deletes its other
+/// bindings ([`binding_names`]). The namespace groups' go first, the last first, then the one
+/// named like the policy, and the unused ones are deleted last: the one named like the policy
+/// may narrow (to the operator's namespace, or away), and a group may move to an earlier slot,
+/// so that in between a namespace a template selects is matched by a binding twice at most
+/// (the policy then changes nothing the second time), never by none. (A group moving to a later
+/// slot is unbound for the moment between two calls.)
+async fn put_bindings(
+    api: impl Fn() -> Api<DynamicObject>,
+    name: &str,
+    bindings: &[Value],
+    owner: Option<&OwnerReference>,
+) -> Result<(), PolicyBackendError> {
+    let named = |binding: &Value| binding["metadata"]["name"].as_str() == Some(name);
+    let (own, groups): (Vec<&Value>, Vec<&Value>) = bindings.iter().partition(|b| named(b));
+    for binding in groups.into_iter().rev().chain(own) {
+        apply(&api(), binding.clone(), owner).await?;
+    }
+    let kept: Vec<&str> = bindings
+        .iter()
+        .filter_map(|binding| binding["metadata"]["name"].as_str())
+        .collect();
+    delete_all(
+        binding_names(name)
+            .filter(|binding| !kept.contains(&binding.as_str()))
+            .map(|binding| (api(), binding)),
+    )
+    .await
+    .map(drop)
 }
 
 /// What the guard beside the policy `name` puts in force, per template (empty when there is
@@ -456,34 +472,13 @@ pub async fn put_warnings(
     owner: Option<&OwnerReference>,
 ) -> Result<(), PolicyBackendError> {
     let warnings_name = warnings_name(name);
-    // Its bindings: the one named like it, or one per namespace group.
-    let every_binding = std::iter::once(warnings_name.clone()).chain(
-        (0..NAMESPACE_BINDING_SLOTS).map(|slot| namespace_binding_name(&warnings_name, slot)),
-    );
     match warnings {
         Some((policy, bindings)) => {
             apply(&guards(client), policy, owner).await?;
-            // As the policy's (`apply_and_confirm`): the last group first, stale ones last.
-            let mut kept = Vec::new();
-            for binding in bindings.into_iter().rev() {
-                kept.push(
-                    binding["metadata"]["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                );
-                apply(&guard_bindings(client), binding, owner).await?;
-            }
-            delete_all(
-                every_binding
-                    .filter(|binding| !kept.contains(binding))
-                    .map(|binding| (guard_bindings(client), binding)),
-            )
-            .await
-            .map(drop)
+            put_bindings(|| guard_bindings(client), &warnings_name, &bindings, owner).await
         }
         None => delete_all(
-            every_binding
+            binding_names(&warnings_name)
                 .map(|binding| (guard_bindings(client), binding))
                 .chain([(guards(client), warnings_name.clone())]),
         )
