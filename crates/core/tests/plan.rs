@@ -801,6 +801,16 @@ fn injected_containers_carry_the_token_mount_so_the_plugin_changes_nothing() {
     let pod = pod_with_token();
     let templates = TOKEN_TEMPLATES.map(template);
     let plan = plan_in(&pod, &templates);
+    // Each mount is part of its container's value: no operation of its own for the API
+    // server to apply.
+    assert!(
+        plan.patch
+            .0
+            .iter()
+            .all(|op| !op.path.as_str().ends_with("/volumeMounts/-")),
+        "{:?}",
+        plan.patch
+    );
     let mut out = apply(&pod, &plan);
     let token = json!({"name": "kube-api-access-x7k2p", "readOnly": true, "mountPath": TOKEN_PATH});
     let mounts = |list: &str, name: &str| -> Vec<Value> {
