@@ -822,16 +822,17 @@ fn outside_the_operators_namespace_cel(options: &PolicyOptions, token: &str) -> 
     )
 }
 
-/// A ValidatingAdmissionPolicy `name` over Pod CREATE, outside the namespaces never injected,
-/// and its binding with `action` (`Deny` or `Warn`).
+/// A ValidatingAdmissionPolicy `name` over Pod CREATE, outside the namespaces never injected
+/// and those `excluded`, and its binding with `action` (`Deny` or `Warn`).
 fn validating_policy(
     name: &str,
     failure_policy: &str,
-    match_conditions: Value,
+    excluded: &[&str],
+    match_conditions: Option<Value>,
     validations: Vec<Value>,
     action: &str,
 ) -> (Value, Value) {
-    let policy = json!({
+    let mut policy = json!({
         "apiVersion": POLICY_API_VERSION,
         "kind": "ValidatingAdmissionPolicy",
         "metadata": {"name": name},
@@ -839,12 +840,16 @@ fn validating_policy(
             "failurePolicy": failure_policy,
             "matchConstraints": {
                 "resourceRules": pod_create_rules(),
-                "namespaceSelector": {"matchExpressions": namespace_exclusions()},
+                "namespaceSelector": {
+                    "matchExpressions": selection::namespace_exclusions(excluded),
+                },
             },
-            "matchConditions": match_conditions,
             "validations": validations,
         },
     });
+    if let Some(conditions) = match_conditions {
+        policy["spec"]["matchConditions"] = conditions;
+    }
     (policy, validating_binding(name, action))
 }
 
@@ -1359,8 +1364,11 @@ pub fn presence_conditions(
                     container_presence(list, &item.body, stored, &template_init, &cel_text)
                 } else {
                     // Volumes hold no placeholder: the stored volume is the whole expectation.
+                    // The name first, as for containers: comparing every volume of the Pod
+                    // with a map literal cost a sixth of the warnings policy's validation.
                     Some(format!(
-                        "object.spec.?{list}.orValue([]).exists(v, v == {})",
+                        "object.spec.?{list}.orValue([]).exists(v, v.?name.orValue(\"\") == {} && v == {})",
+                        cel_string(&item.key),
                         cel_json(stored)
                     ))
                 };

@@ -359,7 +359,8 @@ fn guard_of(options: &PolicyOptions, kept: Vec<(String, GuardKept)>) -> Option<C
     let (mut policy, binding) = validating_policy(
         &guard_name(&options.name),
         "Fail",
-        outside_the_operators_namespace(options, &token),
+        &[],
+        Some(outside_the_operators_namespace(options, &token)),
         validations,
         "Deny",
     );

@@ -530,7 +530,7 @@ fn presence_is_learned_from_the_stored_proof_pod() {
         proxy.starts_with("object.spec.?initContainers.orValue([]).exists(c, "),
         "{proxy}"
     );
-    assert!(proxy.contains(r#"object.spec.?volumes.orValue([]).exists(v, v == {"emptyDir": dyn({}), "name": dyn("proxy-certs")})"#), "{proxy}");
+    assert!(proxy.contains(r#"object.spec.?volumes.orValue([]).exists(v, v.?name.orValue("") == "proxy-certs" && v == {"emptyDir": dyn({}), "name": dyn("proxy-certs")})"#), "{proxy}");
     assert!(
         !proxy.contains("--node\", \"sidecar-injector-policy-proof-"),
         "{proxy}"
@@ -1185,6 +1185,16 @@ spec:
     assert_eq!(binding["spec"]["validationActions"], json!(["Warn"]));
     assert!(binding["spec"].get("matchResources").is_none(), "{binding}");
     assert_eq!(policy["spec"]["failurePolicy"], "Ignore");
+    // The operator's namespace is left out by the selector, with the namespaces never
+    // injected: no match condition, which would cost every Pod a CEL copy of its own.
+    assert!(policy["spec"].get("matchConditions").is_none(), "{policy}");
+    assert!(
+        policy["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("operator-ns")),
+        "{policy}"
+    );
     let validations = policy["spec"]["validations"].as_array().unwrap();
     let messages: Vec<&str> = validations
         .iter()

@@ -68,13 +68,18 @@ pub fn compile_warnings(
     if validations.is_empty() {
         return None;
     }
-    // A warning that fails to evaluate is no reason to refuse a Pod.
-    let outside = json!([{
-        "name": "not-the-operators-namespace",
-        "expression": format!("request.namespace != {}", cel_string(&options.operator_namespace)),
-    }]);
+    // A warning that fails to evaluate is no reason to refuse a Pod. The operator's namespace
+    // (its dry-run Pods) is left out by the namespace selector, not by a match condition: the
+    // API server gives each match condition a CEL copy of the Pod of its own.
     let name = warnings_name(&options.name);
-    let (policy, _) = validating_policy(&name, "Ignore", outside, validations, "Warn");
+    let (policy, _) = validating_policy(
+        &name,
+        "Ignore",
+        &[options.operator_namespace.as_str()],
+        None,
+        validations,
+        "Warn",
+    );
     Some((policy, warnings_bindings(options, &compiled.served, &name)))
 }
 
