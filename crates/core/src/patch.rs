@@ -3,7 +3,9 @@
 //! The webhook writes the patch once and throws it away, so copying every injected container
 //! into an owned `serde_json::Value` first would be wasted work (it was most of the cost of
 //! planning a typical Pod). Fixed parts of a template are borrowed; an array or object with
-//! placeholders is the template's node and its rendered strings ([`PatchValue::Rendered`]).
+//! placeholders is the template's node and its rendered strings ([`PatchValue::Rendered`]); an
+//! injected container given the token's mount is its fields' own fixed parts and strings
+//! ([`PatchValue::Object`]), so its long fixed fields are still copied.
 //! [`Patch::write_json`] writes the patch by hand, copying the JSON written when the template
 //! was compiled (the same bytes as `serde_json` gives); [`Patch::write_base64`] writes its
 //! base64, as an AdmissionResponse carries it, copying also the base64 of each long fixed text,
@@ -24,9 +26,6 @@ pub enum PatchValue<'t> {
     Fixed(&'t Fixed),
     /// A value made for this Pod.
     Owned(Value),
-    /// A part of a template's fixed value: a field of a fixed container the plan extends for
-    /// this Pod (written as `serde_json` writes it, with no text made in advance).
-    Borrowed(&'t Value),
     /// A string with Pod metadata substituted.
     String(String),
     /// An array with something made for this Pod inside.
@@ -60,7 +59,6 @@ impl PatchValue<'_> {
         match self {
             PatchValue::Fixed(fixed) => fixed.value().clone(),
             PatchValue::Owned(value) => value.clone(),
-            PatchValue::Borrowed(value) => (*value).clone(),
             PatchValue::String(text) => Value::String(text.clone()),
             PatchValue::Array(items) => {
                 Value::Array(items.iter().map(PatchValue::to_value).collect())
@@ -85,7 +83,6 @@ impl PatchValue<'_> {
         match self {
             PatchValue::Fixed(fixed) => is_subset(fixed.value(), theirs),
             PatchValue::Owned(value) => is_subset(value, theirs),
-            PatchValue::Borrowed(value) => is_subset(value, theirs),
             PatchValue::String(text) => theirs.as_str() == Some(text.as_str()),
             PatchValue::Array(items) => theirs.as_array().is_some_and(|t| {
                 t.len() == items.len() && items.iter().zip(t).all(|(v, w)| v.is_subset_of(w))
@@ -172,7 +169,6 @@ impl Serialize for PatchValue<'_> {
         match self {
             PatchValue::Fixed(fixed) => fixed.value().serialize(serializer),
             PatchValue::Owned(value) => value.serialize(serializer),
-            PatchValue::Borrowed(value) => value.serialize(serializer),
             PatchValue::String(text) => serializer.serialize_str(text),
             PatchValue::Array(items) => {
                 let mut seq = serializer.serialize_seq(Some(items.len()))?;
@@ -456,7 +452,6 @@ fn write_value<O: JsonOut + ?Sized>(
     match value {
         PatchValue::Fixed(fixed) => out.json(fixed.json()),
         PatchValue::Owned(value) => write_owned(value, out)?,
-        PatchValue::Borrowed(value) => write_owned(value, out)?,
         PatchValue::String(text) => write_str(text, out),
         PatchValue::Array(items) => {
             out.text(b"[");

@@ -278,6 +278,15 @@ impl JsonText {
 pub struct Fixed {
     value: Value,
     json: JsonText,
+    children: OnceLock<Children>,
+}
+
+/// The fields of an object, or the items of an array, each a [`Fixed`] of its own.
+#[derive(Clone, Debug)]
+enum Children {
+    Fields(Vec<(String, Fixed)>),
+    Items(Vec<Fixed>),
+    None,
 }
 
 impl Fixed {
@@ -288,6 +297,7 @@ impl Fixed {
         Fixed {
             value,
             json: JsonText::new(json),
+            children: OnceLock::new(),
         }
     }
 
@@ -299,6 +309,37 @@ impl Fixed {
     /// The value as compact JSON, as `serde_json` writes it.
     pub fn json(&self) -> &JsonText {
         &self.json
+    }
+
+    /// An object's fields, each with its JSON, in the order `serde_json` writes them; `None`
+    /// for any other value. Made the first time they are asked for: a patch that extends a
+    /// template's container for one Pod (its token's mount) still copies each part's JSON.
+    pub fn fields(&self) -> Option<&[(String, Fixed)]> {
+        match self.children() {
+            Children::Fields(fields) => Some(fields),
+            _ => None,
+        }
+    }
+
+    /// An array's items, each with its JSON (as [`Fixed::fields`]); `None` for any other value.
+    pub fn items(&self) -> Option<&[Fixed]> {
+        match self.children() {
+            Children::Items(items) => Some(items),
+            _ => None,
+        }
+    }
+
+    fn children(&self) -> &Children {
+        self.children.get_or_init(|| match &self.value {
+            Value::Object(fields) => Children::Fields(
+                fields
+                    .iter()
+                    .map(|(key, value)| (key.clone(), Fixed::new(value.clone())))
+                    .collect(),
+            ),
+            Value::Array(items) => Children::Items(items.iter().cloned().map(Fixed::new).collect()),
+            _ => Children::None,
+        })
     }
 }
 
@@ -434,6 +475,17 @@ impl Node {
             Node::Text(template) => texts.push(template.render(pod)),
             Node::Array(items) => items.iter().for_each(|n| n.render_texts(pod, texts)),
             Node::Object(fields) => fields.iter().for_each(|(_, n)| n.render_texts(pod, texts)),
+        }
+    }
+
+    /// How many strings with placeholders the node holds: its share of
+    /// [`Node::render_texts`], in that order.
+    pub fn text_count(&self) -> usize {
+        match self {
+            Node::Fixed(_) => 0,
+            Node::Text(_) => 1,
+            Node::Array(items) => items.iter().map(Node::text_count).sum(),
+            Node::Object(fields) => fields.iter().map(|(_, n)| n.text_count()).sum(),
         }
     }
 

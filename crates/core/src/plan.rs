@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use crate::fingerprint::Fingerprint;
 use crate::labels::Labels;
 use crate::patch::{AddOperation, Patch, PatchPath, PatchValue};
-use crate::placeholder::{MetadataKey, Node, PodFacts};
+use crate::placeholder::{Fixed, MetadataKey, Node, PodFacts};
 use crate::pod::{Container, MalformedPod, Pod, Strings, mount_path, name_of};
 use crate::registry::KnownTemplates;
 pub use crate::rules::SkipReason;
@@ -1419,33 +1419,70 @@ impl Landing<'_> {
 /// `container` with the ServiceAccount token's mount of `volume` appended to its mounts, as
 /// the plugin appends it. Part of the container's value rather than an operation of its own:
 /// the API server turns each operation into a walk of the encoded Pod, so one operation fewer
-/// is time off every injected Pod's CREATE. A fixed container's fields stay borrowed.
+/// is time off every injected Pod's CREATE. The container is written from its fields' own
+/// JSON, made once, and its rendered strings, as the whole of it is otherwise.
 fn with_token_mount<'t>(container: PatchValue<'t>, volume: &str) -> PatchValue<'t> {
-    let mount = serde_json::json!({
+    let mount = PatchValue::Owned(serde_json::json!({
         "name": volume,
         "readOnly": true,
         "mountPath": SERVICE_ACCOUNT_MOUNT_PATH,
-    });
-    if let PatchValue::Fixed(fixed) = container
-        && let Some(fields) = fixed.value().as_object()
-    {
-        let mut out: Vec<(&'t str, PatchValue<'t>)> = fields
-            .iter()
-            .filter(|(key, _)| key.as_str() != "volumeMounts")
-            .map(|(key, value)| (key.as_str(), PatchValue::Borrowed(value)))
-            .collect();
-        let mut mounts: Vec<PatchValue<'t>> = match fields.get("volumeMounts") {
-            Some(Value::Array(mounts)) => mounts.iter().map(PatchValue::Borrowed).collect(),
-            _ => Vec::new(),
-        };
-        mounts.push(PatchValue::Owned(mount));
-        // Where `serde_json` writes the key, so the patch reads as the container's own JSON.
-        let at = out.partition_point(|(key, _)| *key < "volumeMounts");
-        out.insert(at, ("volumeMounts", PatchValue::Array(mounts)));
-        return PatchValue::Object(out);
+    }));
+    let mut mounts = Vec::new();
+    let mut out: Vec<(&'t str, PatchValue<'t>)> = Vec::new();
+    match container {
+        PatchValue::Fixed(fixed) if fixed.fields().is_some() => {
+            for (key, field) in fixed.fields().unwrap_or_default() {
+                fixed_field(key, field, &mut out, &mut mounts);
+            }
+        }
+        PatchValue::Rendered(Node::Object(fields), texts)
+            if fields
+                .iter()
+                .all(|(key, node)| key != "volumeMounts" || matches!(node, Node::Fixed(_))) =>
+        {
+            let mut texts = texts.into_iter();
+            for (key, node) in fields.iter() {
+                let mine: Vec<String> = texts.by_ref().take(node.text_count()).collect();
+                match node {
+                    Node::Fixed(field) => fixed_field(key, field, &mut out, &mut mounts),
+                    Node::Text(_) => out.push((
+                        key.as_str(),
+                        PatchValue::String(mine.into_iter().next().unwrap_or_default()),
+                    )),
+                    node => out.push((key.as_str(), PatchValue::Rendered(node, mine))),
+                }
+            }
+        }
+        other => return owned_with_mount(other, mount),
     }
+    mounts.push(mount);
+    // Where `serde_json` writes the key, so the patch reads as the container's own JSON.
+    let at = out.partition_point(|(key, _)| *key < "volumeMounts");
+    out.insert(at, ("volumeMounts", PatchValue::Array(mounts)));
+    PatchValue::Object(out)
+}
+
+/// A fixed field of a container [`with_token_mount`] writes: its mounts (validation keeps
+/// placeholders out of them) go before the token's, any other field into `out` as it is.
+fn fixed_field<'t>(
+    key: &'t str,
+    field: &'t Fixed,
+    out: &mut Vec<(&'t str, PatchValue<'t>)>,
+    mounts: &mut Vec<PatchValue<'t>>,
+) {
+    if key == "volumeMounts" {
+        let items = field.items().unwrap_or_default();
+        mounts.extend(items.iter().map(PatchValue::Fixed));
+    } else {
+        out.push((key, PatchValue::Fixed(field)));
+    }
+}
+
+/// [`with_token_mount`] for a container of any other shape, through an owned copy.
+fn owned_with_mount<'t>(container: PatchValue<'t>, mount: PatchValue<'t>) -> PatchValue<'t> {
     let mut value = container.to_value();
     if let Some(fields) = value.as_object_mut() {
+        let mount = mount.to_value();
         match fields.get_mut("volumeMounts") {
             Some(Value::Array(mounts)) => mounts.push(mount),
             _ => {

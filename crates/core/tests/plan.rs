@@ -778,8 +778,10 @@ spec:
   containers:
   - name: agent
     image: agent:1
+    args: ["--pod", "{{ pod.name }}"]
+    env: [{name: APP, value: "{{ pod.labels['app'] }}"}]
     volumeMounts: [{name: certs, mountPath: /certs}]
-  - {name: bare, image: bare:1}
+  - {name: bare, image: bare:1, workingDir: "/srv/{{ pod.namespace }}"}
   volumes:
   - {name: certs, emptyDir: {}}
 "#,
@@ -807,7 +809,7 @@ fn injected_containers_carry_the_token_mount_so_the_plugin_changes_nothing() {
         plan.patch
             .0
             .iter()
-            .all(|op| !op.path.as_str().ends_with("/volumeMounts/-")),
+            .all(|op| !op.path.as_str().contains("/volumeMounts")),
         "{:?}",
         plan.patch
     );
@@ -836,6 +838,22 @@ fn injected_containers_carry_the_token_mount_so_the_plugin_changes_nothing() {
     );
     assert_eq!(mounts("containers", "agent"), [certs, token.clone()]);
     assert_eq!(mounts("containers", "bare"), [token]);
+    // Containers with placeholders keep their rendered strings beside the mount.
+    let container = |name: &str| -> Value {
+        out["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(container("agent")["args"], json!(["--pod", "web-1"]));
+    assert_eq!(
+        container("agent")["env"],
+        json!([{"name": "APP", "value": "web"}])
+    );
+    assert_eq!(container("bare")["workingDir"], "/srv/shop");
     // A mount of its own at the token's path keeps the plugin away: nothing is added.
     assert_eq!(
         mounts("containers", "tokened"),

@@ -515,8 +515,11 @@ fn write_report(
         // Two decimals: a sum over every Pod is exact where the buckets are coarse, and the
         // A/B of a change to what the API server runs lives in its tens of µs.
         let per_pod = |h: &Histogram| {
-            let seconds = if pods == 0.0 { f64::NAN } else { h.sum / pods };
-            format!("{:.2} ms", seconds * 1e3)
+            if pods == 0.0 {
+                "—".to_owned()
+            } else {
+                format!("{:.2} ms", h.sum / pods * 1e3)
+            }
         };
         let requests = sum(&|s| &s.requests);
         let (calls, own) = (sum(&|s| &s.calls), sum(&|s| &s.own));
