@@ -863,16 +863,8 @@ fn warnings_bindings(
     let Some(groups) = namespace_groups(options, served) else {
         return vec![validating_binding(name, "Warn")];
     };
-    groups
-        .into_iter()
-        .enumerate()
-        .map(|(slot, selector)| {
-            let mut binding = bound_to(
-                "ValidatingAdmissionPolicyBinding",
-                &namespace_binding_name(name, slot),
-                name,
-                selector,
-            );
+    group_bindings("ValidatingAdmissionPolicyBinding", name, groups)
+        .map(|mut binding| {
             binding["spec"]["validationActions"] = json!(["Warn"]);
             binding
         })
@@ -938,15 +930,24 @@ fn policy_bindings(options: &PolicyOptions, served: &[Arc<CompiledTemplate>]) ->
         name,
         json!({"matchLabels": {NAMESPACE_NAME_LABEL: options.operator_namespace}}),
     )];
-    for (slot, selector) in groups.into_iter().enumerate() {
-        bindings.push(bound_to(
-            "MutatingAdmissionPolicyBinding",
-            &namespace_binding_name(name, slot),
-            name,
-            selector,
-        ));
-    }
+    bindings.extend(group_bindings(
+        "MutatingAdmissionPolicyBinding",
+        name,
+        groups,
+    ));
     bindings
+}
+
+/// The bindings (of `kind`) of the policy `name` to the namespace groups' selectors `groups`
+/// ([`namespace_groups`]), each in its slot ([`namespace_binding_name`]).
+fn group_bindings<'a>(
+    kind: &'a str,
+    name: &'a str,
+    groups: Vec<Value>,
+) -> impl Iterator<Item = Value> + 'a {
+    groups.into_iter().enumerate().map(move |(slot, selector)| {
+        bound_to(kind, &namespace_binding_name(name, slot), name, selector)
+    })
 }
 
 /// The namespace selectors of the templates `served`, each with the operator's namespace left
