@@ -1422,11 +1422,11 @@ impl Landing<'_> {
 /// is time off every injected Pod's CREATE. The container is written from its fields' own
 /// JSON, made once, and its rendered strings, as the whole of it is otherwise.
 fn with_token_mount<'t>(container: PatchValue<'t>, volume: &str) -> PatchValue<'t> {
-    let mount = PatchValue::Owned(serde_json::json!({
+    let mount = serde_json::json!({
         "name": volume,
         "readOnly": true,
         "mountPath": SERVICE_ACCOUNT_MOUNT_PATH,
-    }));
+    });
     let mut mounts = Vec::new();
     let mut out: Vec<(&'t str, PatchValue<'t>)> = Vec::new();
     match container {
@@ -1455,7 +1455,7 @@ fn with_token_mount<'t>(container: PatchValue<'t>, volume: &str) -> PatchValue<'
         }
         other => return owned_with_mount(other, mount),
     }
-    mounts.push(mount);
+    mounts.push(PatchValue::Owned(mount));
     // Where `serde_json` writes the key, so the patch reads as the container's own JSON.
     let at = out.partition_point(|(key, _)| *key < "volumeMounts");
     out.insert(at, ("volumeMounts", PatchValue::Array(mounts)));
@@ -1479,10 +1479,9 @@ fn fixed_field<'t>(
 }
 
 /// [`with_token_mount`] for a container of any other shape, through an owned copy.
-fn owned_with_mount<'t>(container: PatchValue<'t>, mount: PatchValue<'t>) -> PatchValue<'t> {
+fn owned_with_mount<'t>(container: PatchValue<'t>, mount: Value) -> PatchValue<'t> {
     let mut value = container.to_value();
     if let Some(fields) = value.as_object_mut() {
-        let mount = mount.to_value();
         match fields.get_mut("volumeMounts") {
             Some(Value::Array(mounts)) => mounts.push(mount),
             _ => {
