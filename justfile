@@ -164,7 +164,7 @@ bench-admission-sizes *args:
 bench-webhook-instructions:
     bench/webhook-callgrind.sh
 
-# End-to-end figures against a local control plane: template apply to first injection, Pod CREATE latency by backend and where it goes (SIDECAR_INJECTOR_BENCH_PATHS=... for some paths), operator start to ready, the census (figures go in BENCHMARKS.md)
+# End-to-end figures against a local control plane: template apply to first injection, Pod CREATE latency by backend and where it goes (SIDECAR_INJECTOR_BENCH_PATHS=... for some paths, SIDECAR_INJECTOR_BENCH_ROUNDS=N for more rounds than 3), operator start to ready, the census (figures go in BENCHMARKS.md)
 bench-e2e: release
     SIDECAR_INJECTOR_BIN="$PWD/target/x86_64-unknown-linux-gnu/release/sidecar-injector" cargo run --release --quiet -p injector-e2e --bin bench-e2e
 

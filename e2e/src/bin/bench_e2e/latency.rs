@@ -2,7 +2,8 @@
 //!
 //! A steady stream of creations per path, each path once per round and the rounds repeated,
 //! so that the machine's drift touches every path alike; each path's cost is its p50 over the
-//! same round's *no injection*. Besides the backends, two paths that no backend can beat
+//! same round's *no injection*. A stream's Pods are deleted after it, so that however many
+//! rounds ran, every stream meets the same store and every operator start the same census. Besides the backends, two paths that no backend can beat
 //! split the cost: *the injected Pod, posted* (the Pod as the webhook leaves it, created with
 //! no injection to do: what the larger Pod itself costs) and *a minimal policy* (a
 //! hand-written MutatingAdmissionPolicy adding the same container and volume with no
@@ -18,7 +19,7 @@ use injector_e2e::bench::{Histogram, percentile};
 use injector_e2e::steps::{example, wait_injected, wait_policy_alone, wait_served};
 use injector_e2e::{Backend, ControlPlane, Operator, OperatorOptions};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use super::{ms, ms_f, probe_pod};
@@ -26,8 +27,14 @@ use super::{ms, ms_f, probe_pod};
 /// Pods created per second, and for how long, in each stream.
 const STREAM_RATE: u32 = 20;
 const STREAM_SECONDS: u32 = 20;
-/// Every path is measured once per round.
+/// How long the watchers (the operator's census, the controller-manager) get to take in a
+/// stream's deletions before the next stream.
+const SETTLE: Duration = Duration::from_secs(3);
+/// Every path is measured once per round, this many rounds unless [`ROUNDS_VAR`] says.
 const ROUNDS: usize = 3;
+/// More rounds (say `9`) narrow what the machine's drift does to the medians, at about half a
+/// minute per path and round.
+const ROUNDS_VAR: &str = "SIDECAR_INJECTOR_BENCH_ROUNDS";
 /// Measures only these paths (say `none,policy`; *no injection* always), for a quicker
 /// comparison of two builds.
 const PATHS_VAR: &str = "SIDECAR_INJECTOR_BENCH_PATHS";
@@ -168,10 +175,19 @@ pub(super) fn pod_create_latency(
         .into_iter()
         .filter(|path| (policies || !path.needs_policies()) && wanted(path))
         .collect();
+    let rounds = match std::env::var(ROUNDS_VAR) {
+        Ok(value) => value
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .with_context(|| format!("{ROUNDS_VAR}={value:?}: not a number of rounds"))?,
+        Err(_) => ROUNDS,
+    };
     let streams = prepare(cp, policies)?;
     let mut samples: BTreeMap<usize, Vec<Sample>> = BTreeMap::new();
     let mut backend = Backend::Webhook;
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         for (index, path) in paths.iter().enumerate() {
             if path.backend() != backend {
                 backend = path.backend();
@@ -182,7 +198,7 @@ pub(super) fn pod_create_latency(
             samples.entry(index).or_default().push(sample);
         }
     }
-    write_report(report, &paths, &samples)?;
+    write_report(report, &paths, &samples, rounds)?;
     Ok(operator)
 }
 
@@ -266,6 +282,7 @@ fn measure(
     let before = scrape()?;
     let latencies = runtime.block_on(stream(client, namespace, pod))?;
     let after = scrape()?;
+    runtime.block_on(clear(client, namespace))?;
     // From the API server's metrics ([0]) or the operator's ([1]).
     let delta = |from: usize, name: &str, keep: &dyn Fn(&BTreeMap<String, String>) -> bool| {
         Histogram::parse(&after[from], name, keep).minus(&Histogram::parse(
@@ -342,6 +359,18 @@ async fn stream(client: &kube::Client, namespace: &str, pod: Pod) -> anyhow::Res
         latencies.push(task.await??);
     }
     Ok(latencies)
+}
+
+/// Deletes the stream's Pods (Pending, bound to no node: gone at once) and lets the watchers
+/// catch up, so that every stream meets the same store and every operator start lists the
+/// same few Pods, however many rounds ran before.
+async fn clear(client: &kube::Client, namespace: &str) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    pods.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .with_context(|| format!("deleting the Pods of {namespace}"))?;
+    tokio::time::sleep(SETTLE).await;
+    Ok(())
 }
 
 /// A dry run's injected Pod as a client would post it: named by the API server, without what
@@ -451,15 +480,16 @@ fn write_report(
     report: &mut String,
     paths: &[Path],
     samples: &BTreeMap<usize, Vec<Sample>>,
+    rounds: usize,
 ) -> anyhow::Result<()> {
     let none = samples.get(&0).context("no stream without injection")?;
     let p50 = |sample: &Sample| percentile(&sample.latencies, 50.0).as_secs_f64();
     writeln!(
         report,
         "### Pod CREATE latency: where injection's time goes\n\n\
-         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per stream (real creates, stored; they \
-         stay Pending), one template (examples/nginx-sidecar), every path once per round, \
-         {ROUNDS} rounds. *The injected Pod, posted*: the Pod as the webhook leaves it, created \
+         {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per stream (real creates, stored, \
+         Pending, deleted after their stream), one template (examples/nginx-sidecar), every \
+         path once per round, {rounds} rounds. *The injected Pod, posted*: the Pod as the webhook leaves it, created \
          where nothing selects it (the larger Pod's own cost). *A minimal policy*: a \
          hand-written MutatingAdmissionPolicy appending the same container and volume, no \
          condition. *Policy backend*: `--injection-backend policy` (the policy and its guard, \
@@ -469,11 +499,11 @@ fn write_report(
          Client p50 per round, and over that round's no injection:\n"
     )?;
     write!(report, "| path |")?;
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         write!(report, " round {round} |")?;
     }
-    writeln!(report, " median over none |")?;
-    writeln!(report, "|---|{}---:|", "---:|".repeat(ROUNDS))?;
+    writeln!(report, " median over none (range) |")?;
+    writeln!(report, "|---|{}---:|", "---:|".repeat(rounds))?;
     for (index, path) in paths.iter().enumerate() {
         let rounds = samples.get(&index).map(Vec::as_slice).unwrap_or_default();
         write!(report, "| {} |", path.label())?;
@@ -488,11 +518,16 @@ fn write_report(
             }
         }
         over.sort_by(f64::total_cmp);
-        let median = over.get(over.len() / 2).copied().unwrap_or(f64::NAN);
-        if index == 0 {
-            writeln!(report, " — |")?;
-        } else {
-            writeln!(report, " **{:+.1} ms** |", median * 1e3)?;
+        match (over.first(), over.get(over.len() / 2), over.last()) {
+            (Some(low), Some(median), Some(high)) if index != 0 => writeln!(
+                report,
+                // Two decimals: with many rounds the median resolves less than a tenth.
+                " **{:+.2} ms** ({:+.1} to {:+.1}) |",
+                median * 1e3,
+                low * 1e3,
+                high * 1e3
+            )?,
+            _ => writeln!(report, " — |")?,
         }
     }
     writeln!(
