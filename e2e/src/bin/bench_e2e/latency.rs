@@ -3,11 +3,12 @@
 //! A steady stream of creations per path, each path once per round and the rounds repeated,
 //! so that the machine's drift touches every path alike; each path's cost is its p50 over the
 //! same round's *no injection*. A stream's Pods are deleted after it, so that however many
-//! rounds ran, every stream meets the same store and every operator start the same census. Besides the backends, two paths that no backend can beat
-//! split the cost: *the injected Pod, posted* (the Pod as the webhook leaves it, created with
-//! no injection to do: what the larger Pod itself costs) and *a minimal policy* (a
-//! hand-written MutatingAdmissionPolicy adding the same container and volume with no
-//! condition: the least a policy costs on this API server). The API server's per-plugin
+//! rounds ran, every stream meets the same store and every operator start the same census.
+//! Besides the backends, two paths that no backend can beat split the cost: *the injected
+//! Pod, posted* (the Pod as the webhook leaves it, created with no injection to do: what the
+//! larger Pod itself costs) and *a minimal policy* (a hand-written MutatingAdmissionPolicy
+//! adding the same container and volume with no condition: the least a policy costs on this
+//! API server). The API server's per-plugin
 //! admission histograms say which of its steps the time is spent in.
 
 use std::collections::BTreeMap;
@@ -489,13 +490,13 @@ fn write_report(
         "### Pod CREATE latency: where injection's time goes\n\n\
          {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per stream (real creates, stored, \
          Pending, deleted after their stream), one template (examples/nginx-sidecar), every \
-         path once per round, {rounds} rounds. *The injected Pod, posted*: the Pod as the webhook leaves it, created \
-         where nothing selects it (the larger Pod's own cost). *A minimal policy*: a \
-         hand-written MutatingAdmissionPolicy appending the same container and volume, no \
-         condition. *Policy backend*: `--injection-backend policy` (the policy and its guard, \
-         and the warnings policy), and a plain Pod where nothing selects it under that \
-         backend (what the policies cost the Pods they see and leave alone); *auto*: the \
-         policy, and the webhook entry that skips what it served.\n\n\
+         path once per round, {rounds} rounds. *The injected Pod, posted*: the Pod as the \
+         webhook leaves it, created where nothing selects it (the larger Pod's own cost). *A \
+         minimal policy*: a hand-written MutatingAdmissionPolicy appending the same container \
+         and volume, no condition. *Policy backend*: `--injection-backend policy` (the policy \
+         and its guard, and the warnings policy), and a plain Pod where nothing selects it \
+         under that backend (what the policies cost the Pods they see and leave alone); \
+         *auto*: the policy, and the webhook entry that skips what it served.\n\n\
          Client p50 per round, and over that round's no injection:\n"
     )?;
     write!(report, "| path |")?;
