@@ -490,7 +490,7 @@ fn write_report(
         "### Pod CREATE latency: where injection's time goes\n\n\
          {STREAM_RATE} Pods/s for {STREAM_SECONDS} s per stream (real creates, stored, \
          Pending, deleted after their stream), one template (examples/nginx-sidecar), every \
-         path once per round, {rounds} rounds. *The injected Pod, posted*: the Pod as the \
+         path once per round, rounds: {rounds}. *The injected Pod, posted*: the Pod as the \
          webhook leaves it, created where nothing selects it (the larger Pod's own cost). *A \
          minimal policy*: a hand-written MutatingAdmissionPolicy appending the same container \
          and volume, no condition. *Policy backend*: `--injection-backend policy` (the policy \
