@@ -5,10 +5,11 @@
 //! container name first, a native sidecar before the Pod's own init containers,
 //! env into app containers, a label one template adds and another selects on, placeholders,
 //! `OnRequest`, the opt-out, a namespace selector) are compiled by `sidecar-injector policy`
-//! and the policy is applied. Then, for generated Pods in two namespaces, the Pod the API
-//! server stores through the policy (a server-side dry run) must equal the Pod `plan` produces
-//! (`sidecar-injector render -o patch` applied to it), stored the same way in a namespace the
-//! policy does not serve, so that both get the API server's defaults. Then the operator runs
+//! and the policy is applied. Then, for generated Pods and the real ones of the Kubernetes
+//! project's examples (`fixtures/kubernetes-examples-pods.json`), in two namespaces, the Pod
+//! the API server stores through the policy (a server-side dry run) must equal the Pod `plan`
+//! produces (the webhook's patch applied to it), stored the same way in a namespace the policy
+//! does not serve, so that both get the API server's defaults. Then the operator runs
 //! its own `auto` backend (its policy, and webhook entries that skip what the policy served),
 //! and the same Pods must be stored as the webhook alone stored them, some without a webhook
 //! call. A difference is a bug in one of them; the test lists every one.
@@ -156,6 +157,31 @@ impl Lcg {
     fn pick<T: Copy>(&mut self, items: &[T]) -> T {
         items[self.next(items.len() as u64) as usize]
     }
+}
+
+/// Pods generated with a random mix of what the templates look at.
+const GENERATED: usize = 40;
+
+/// The Pods of the Kubernetes project's examples (`kubernetes/examples`, Apache-2.0: every Pod,
+/// and every workload's Pod template, with its labels and annotations): real Pods nobody here
+/// wrote. Three in four are given an `app` label that some templates select.
+fn real_pods() -> Vec<Value> {
+    let entries: Vec<Value> =
+        serde_json::from_str(include_str!("fixtures/kubernetes-examples-pods.json")).unwrap();
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            let mut pod = entry["pod"].clone();
+            pod["apiVersion"] = json!("v1");
+            pod["kind"] = json!("Pod");
+            pod["metadata"]["name"] = json!(format!("real-{index}"));
+            if let Some(app) = ["web", "api", "batch"].get(index % 4) {
+                pod["metadata"]["labels"]["app"] = json!(app);
+            }
+            pod
+        })
+        .collect()
 }
 
 /// A Pod with a random mix of what the templates look at.
@@ -380,6 +406,22 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         cp.apply_yaml(&document.to_string()).unwrap();
     }
 
+    let mut random = Lcg(0x5eed);
+    let mut pods: Vec<Value> = (0..GENERATED)
+        .map(|index| generated_pod(index, &mut random))
+        .collect();
+    pods.extend(real_pods());
+    // The ServiceAccounts the real Pods name, made in every namespace below.
+    let accounts: std::collections::BTreeSet<&str> = pods
+        .iter()
+        .filter_map(|pod| pod["spec"]["serviceAccountName"].as_str())
+        .chain(
+            pods.iter()
+                .filter_map(|pod| pod["spec"]["serviceAccount"].as_str()),
+        )
+        .filter(|name| !name.is_empty() && *name != "default")
+        .collect();
+
     // Per team (`tracing` selects team a): the webhook alone, the policy alone (the webhook
     // skips namespaces labelled sidecar.dev/injection=disabled), and both, as installed.
     for team in ["a", "b"] {
@@ -404,6 +446,10 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
             args.extend(labels);
             cp.kubectl_ok(&args).unwrap();
             cp.wait_for_service_account(&name).unwrap();
+            for account in &accounts {
+                cp.kubectl_ok(&["create", "serviceaccount", "-n", &name, account])
+                    .unwrap();
+            }
         }
     }
     // Both backends are in force once a Pod every template condition selects gets the agent.
@@ -424,7 +470,6 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
         .unwrap();
     }
 
-    let mut random = Lcg(0x5eed);
     let mut failures = Vec::new();
     // What the webhook alone stored, per Pod compared: the baseline of the operator's own
     // policy backend below.
@@ -432,11 +477,18 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     let mut denied = 0;
     let mut refused: Vec<(usize, Value)> = Vec::new();
     let mut applied: std::collections::BTreeMap<String, usize> = Default::default();
-    let cases = 40;
-    for index in 0..cases {
-        let pod = generated_pod(index, &mut random);
+    let cases = pods.len();
+    for (index, pod) in pods.into_iter().enumerate() {
         let team = ["a", "b"][index % 2];
-        let Ok(through_webhook) = dry_run_create(&cp, &format!("webhook-{team}"), &pod) else {
+        let through_webhook = dry_run_create(&cp, &format!("webhook-{team}"), &pod);
+        if let Err(refusal) = &through_webhook
+            && !refusal.to_string().contains("SidecarTemplate")
+        {
+            failures.push(format!(
+                "Pod {index} refused, not for a template, so it tests nothing:\n    {pod}\n  {refusal}"
+            ));
+        }
+        let Ok(through_webhook) = through_webhook else {
             // A required template the webhook denies (readably) is not the policy's to decide;
             // the auto backend, where the webhook stays behind the policy, must deny it too.
             denied += 1;
