@@ -1430,8 +1430,11 @@ fn with_token_mount<'t>(container: PatchValue<'t>, volume: &str) -> PatchValue<'
     let mut mounts = Vec::new();
     let mut out: Vec<(&'t str, PatchValue<'t>)> = Vec::new();
     match container {
-        PatchValue::Fixed(fixed) if fixed.fields().is_some() => {
-            for (key, field) in fixed.fields().unwrap_or_default() {
+        PatchValue::Fixed(fixed) => {
+            let Some(fields) = fixed.fields() else {
+                return owned_with_mount(PatchValue::Fixed(fixed), mount);
+            };
+            for (key, field) in fields {
                 fixed_field(key, field, &mut out, &mut mounts);
             }
         }
