@@ -414,11 +414,8 @@ fn the_policy_backend_stores_what_the_webhook_stores() {
     // The ServiceAccounts the real Pods name, made in every namespace below.
     let accounts: std::collections::BTreeSet<&str> = pods
         .iter()
-        .filter_map(|pod| pod["spec"]["serviceAccountName"].as_str())
-        .chain(
-            pods.iter()
-                .filter_map(|pod| pod["spec"]["serviceAccount"].as_str()),
-        )
+        .flat_map(|pod| ["serviceAccountName", "serviceAccount"].map(|key| &pod["spec"][key]))
+        .filter_map(Value::as_str)
         .filter(|name| !name.is_empty() && *name != "default")
         .collect();
 

@@ -8,8 +8,8 @@
 //! Pod, posted* (the Pod as the webhook leaves it, created with no injection to do: what the
 //! larger Pod itself costs) and *a minimal policy* (a hand-written MutatingAdmissionPolicy
 //! adding the same container and volume with no condition: the least a policy costs on this
-//! API server). The API server's per-plugin
-//! admission histograms say which of its steps the time is spent in.
+//! API server). The API server's per-plugin admission histograms say which of its steps the
+//! time is spent in.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use super::{ms, ms_f, probe_pod};
+use super::{count_var, ms, ms_f, probe_pod};
 
 /// Pods created per second, and for how long, in each stream.
 const STREAM_RATE: u32 = 20;
@@ -176,15 +176,10 @@ pub(super) fn pod_create_latency(
         .into_iter()
         .filter(|path| (policies || !path.needs_policies()) && wanted(path))
         .collect();
-    let rounds = match std::env::var(ROUNDS_VAR) {
-        Ok(value) => value
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|&n| n > 0)
-            .with_context(|| format!("{ROUNDS_VAR}={value:?}: not a number of rounds"))?,
-        Err(_) => ROUNDS,
-    };
+    let rounds = count_var(ROUNDS_VAR, ROUNDS, "rounds")?;
+    if rounds == 0 {
+        bail!("{ROUNDS_VAR}=0: at least one round is needed");
+    }
     let streams = prepare(cp, policies)?;
     let mut samples: BTreeMap<usize, Vec<Sample>> = BTreeMap::new();
     let mut backend = Backend::Webhook;
@@ -259,7 +254,8 @@ fn switch_backend(
     Ok(operator)
 }
 
-/// One stream down `path`, with the metrics read before and after it.
+/// One stream down `path`, with the metrics read before and after it; its Pods are then
+/// deleted ([`clear`]).
 fn measure(
     cp: &ControlPlane,
     runtime: &tokio::runtime::Runtime,

@@ -225,7 +225,7 @@ fn census(
     operator: &mut Operator,
     report: &mut String,
 ) -> anyhow::Result<()> {
-    let wanted = census_pods()?;
+    let wanted = count_var(CENSUS_PODS_VAR, CENSUS_PODS, "Pods")?;
     let pid = operator.pid().context("the operator runs no process")?;
     let template = |image: &str| {
         format!(
@@ -324,15 +324,16 @@ fn census(
     Ok(())
 }
 
-/// The number of Pods figure 4 creates: [`CENSUS_PODS_VAR`] when set, else [`CENSUS_PODS`].
-fn census_pods() -> anyhow::Result<usize> {
-    match std::env::var(CENSUS_PODS_VAR) {
+/// The number (of `what`) the environment variable `var` gives (`100_000` reads as 100000),
+/// else `default`.
+fn count_var(var: &str, default: usize, what: &str) -> anyhow::Result<usize> {
+    match std::env::var(var) {
         Ok(value) if !value.trim().is_empty() => value
             .trim()
             .replace('_', "")
             .parse()
-            .with_context(|| format!("{CENSUS_PODS_VAR}={value}: not a number of Pods")),
-        _ => Ok(CENSUS_PODS),
+            .with_context(|| format!("{var}={value}: not a number of {what}")),
+        _ => Ok(default),
     }
 }
 
